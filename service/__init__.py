@@ -1,0 +1,1 @@
+"""Detour: a shared broker fault table for RocketMQ-style producers."""

@@ -1,0 +1,65 @@
+"""``python -m service``: parse flags into DETOUR_* settings and run uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+import uvicorn
+
+from service.settings import Settings
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m service", description="Run the Detour service.")
+    p.add_argument("--host", help="address to bind (default 127.0.0.1; env DETOUR_HOST)")
+    p.add_argument("--port", type=int, help="port (default 8080; env DETOUR_PORT)")
+    p.add_argument(
+        "--redis-url", help="Redis URL; none = embedded memory store (env DETOUR_REDIS_URL)"
+    )
+    p.add_argument(
+        "--workers", type=int, help="uvicorn worker processes (default 1; env DETOUR_WORKERS)"
+    )
+    p.add_argument("--log-level", help="log level (default info; env DETOUR_LOG_LEVEL)")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    # Flags win over the environment. They are written back to the environment
+    # because each uvicorn worker builds its own app through the factory.
+    for name in ("host", "port", "redis_url", "workers", "log_level"):
+        value = getattr(args, name)
+        if value is not None:
+            os.environ[f"DETOUR_{name.upper()}"] = str(value)
+    settings = Settings()
+    logging.basicConfig(
+        level=settings.log_level.upper() if settings.log_level != "trace" else "DEBUG",
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if settings.workers > 1 and not settings.redis_url:
+        print(
+            "detour: --workers > 1 needs --redis-url: the memory store lives in one process, "
+            "so workers would not share a table",
+            file=sys.stderr,
+        )
+        return 2
+    uvicorn.run(
+        "service.app:create_app",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        log_level=settings.log_level,
+        access_log=False,
+        proxy_headers=False,
+        server_header=False,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

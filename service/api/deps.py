@@ -1,0 +1,51 @@
+"""What route handlers receive through dependency injection."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import Depends, Path, Request
+
+from service.schemas import NAME_PATTERN, ErrorBody
+from service.store import FaultStore
+
+
+def get_store(request: Request) -> FaultStore:
+    store: FaultStore = request.state.store
+    return store
+
+
+StoreDep = Annotated[FaultStore, Depends(get_store)]
+TopicPath = Annotated[
+    str,
+    Path(
+        min_length=1,
+        max_length=127,
+        pattern=NAME_PATTERN,
+        description="Topic name.",
+        examples=["orders"],
+    ),
+]
+BrokerPath = Annotated[
+    str,
+    Path(
+        min_length=1,
+        max_length=127,
+        pattern=NAME_PATTERN,
+        description="Broker name.",
+        examples=["broker-a"],
+    ),
+]
+
+#: Error responses every route may give, for the OpenAPI document.
+ERRORS: dict[int | str, dict[str, Any]] = {
+    413: {"description": "Body larger than the limit."},
+    422: {"description": "A field failed validation; `field` names it."},
+}
+UNAVAILABLE: dict[int | str, dict[str, Any]] = {
+    503: {"model": ErrorBody, "description": "Store unavailable."}
+}
+
+
+def not_found(what: str) -> dict[int | str, dict[str, Any]]:
+    return {404: {"model": ErrorBody, "description": what}}

@@ -1,0 +1,26 @@
+"""Liveness and readiness for Kubernetes probes."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from service.api.deps import StoreDep
+from service.schemas import ErrorBody, Health
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", response_model=Health, summary="The process is alive")
+async def healthz(store: StoreDep) -> Health:
+    return Health(status="ok", store=store.kind)  # type: ignore[arg-type]
+
+
+@router.get(
+    "/readyz",
+    response_model=Health,
+    responses={503: {"model": ErrorBody, "description": "Store not reachable."}},
+    summary="The store is reachable and this replica's table is synced",
+)
+async def readyz(store: StoreDep) -> Health:
+    await store.ping()
+    return Health(status="ready", store=store.kind)  # type: ignore[arg-type]

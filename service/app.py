@@ -1,0 +1,70 @@
+"""The application factory: wiring only, nothing built at import time."""
+
+from __future__ import annotations
+
+import gc
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TypedDict
+from urllib.parse import urlsplit
+
+from fastapi import FastAPI
+
+from service.api import admin, health, reports, routes, select
+from service.errors import install_error_handlers
+from service.limits import BodyLimit
+from service.settings import Settings
+from service.store import FaultStore, open_store
+
+log = logging.getLogger("detour")
+
+
+class State(TypedDict):
+    store: FaultStore
+
+
+def _describe(settings: Settings) -> str:
+    if not settings.redis_url:
+        return "store=memory (embedded, this process only)"
+    url = urlsplit(settings.redis_url)
+    where = url.hostname or url.path  # never the password
+    port = f":{url.port}" if url.port else ""
+    return (
+        f"store=redis at {url.scheme}://{where}{port} "
+        f"namespace={settings.namespace} prefix={settings.redis_prefix}"
+    )
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[State]:
+        store = await open_store(settings)
+        log.info("detour ready: %s", _describe(settings))
+        # Start-up objects live for the whole process; keeping them out of the
+        # cyclic GC's generations removes its pauses from the request path.
+        gc.collect()
+        gc.freeze()
+        try:
+            yield {"store": store}
+        finally:
+            await store.close()
+
+    app = FastAPI(
+        title="Detour",
+        version="0.1.0",
+        summary="A shared broker fault table for RocketMQ-style producers.",
+        description="Producers ask which queue to send to (`POST /select`) and report how each "
+        "send went (`POST /report-latency`); brokers that were slow or failed are avoided for "
+        "a while, for every producer that shares the table. See docs/semantics.md.",
+        lifespan=lifespan,
+        # Producers in any language post JSON; do not insist on the header (curl -d omits it).
+        strict_content_type=False,
+    )
+    install_error_handlers(app)
+    for module in (select, reports, routes, admin, health):
+        app.include_router(module.router)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    return app

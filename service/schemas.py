@@ -1,0 +1,268 @@
+"""Request and response bodies: the components of openapi.yaml, validated at the edge."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic.alias_generators import to_camel
+
+from service.model import DEFAULT_LATENCY_MAX, DEFAULT_NOT_AVAILABLE_DURATION
+
+#: RocketMQ's topic rule (letters, digits, ``_ - % |``) plus ``.``, at most 127 characters.
+NAME_PATTERN = r"^[A-Za-z0-9_.%|-]{1,127}$"
+#: The longest latency accepted: an hour. Anything above is a clock bug, not a send.
+MAX_LATENCY_MS = 3_600_000
+#: The longest avoidance window accepted: a day.
+MAX_WINDOW_MS = 86_400_000
+
+BrokerName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=127,
+        pattern=NAME_PATTERN,
+        description="Broker name as the route declares it (1..127 of `A-Za-z0-9_.%|-`).",
+        examples=["broker-a"],
+    ),
+]
+Topic = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=127,
+        pattern=NAME_PATTERN,
+        description="Topic name (1..127 of `A-Za-z0-9_.%|-`).",
+        examples=["orders"],
+    ),
+]
+EpochMs = Annotated[int, Field(description="Epoch milliseconds on the store's clock.")]
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        serialize_by_alias=True,
+        extra="forbid",
+        strict=True,
+    )
+
+
+class ErrorBody(Body):
+    """Every error Detour answers with."""
+
+    error: str = Field(
+        description="Stable machine-readable code: VALIDATION_ERROR, NOT_FOUND, "
+        "PAYLOAD_TOO_LARGE, METHOD_NOT_ALLOWED, STORE_UNAVAILABLE, INTERNAL.",
+        examples=["VALIDATION_ERROR"],
+    )
+    message: str = Field(description="What went wrong, for people.", examples=["latencyMs: ..."])
+    field: str | None = Field(
+        description="The offending request field as a path (`brokers[0].writeQueueNums`), "
+        "`body` for the body as a whole, null when no field is at fault.",
+        examples=["latencyMs"],
+    )
+
+
+class ConfigBody(Body):
+    """The fault strategy's settings, one per deployment. Omitted fields take their defaults."""
+
+    send_latency_fault_enable: bool = Field(
+        True,
+        description="Avoid brokers by reported latency. Off: plain round-robin, reports change "
+        "no window.",
+        examples=[True],
+    )
+    latency_max: list[Annotated[int, Field(ge=0, le=MAX_LATENCY_MS)]] = Field(
+        default_factory=lambda: list(DEFAULT_LATENCY_MAX),
+        min_length=1,
+        max_length=32,
+        description="Latency tiers in ms, strictly increasing, 0..3600000.",
+        examples=[list(DEFAULT_LATENCY_MAX)],
+    )
+    not_available_duration: list[Annotated[int, Field(ge=0, le=MAX_WINDOW_MS)]] = Field(
+        default_factory=lambda: list(DEFAULT_NOT_AVAILABLE_DURATION),
+        min_length=1,
+        max_length=32,
+        description="Window length in ms for each tier of latencyMax (same length), 0..86400000.",
+        examples=[list(DEFAULT_NOT_AVAILABLE_DURATION)],
+    )
+    isolation_latency_ms: int = Field(
+        30000,
+        ge=0,
+        le=MAX_LATENCY_MS,
+        description="The latency a failure (`isolation: true`) counts as.",
+        examples=[30000],
+    )
+    last_report_wins: bool = Field(
+        False,
+        description="RocketMQ 4.x rule: every report overwrites the window, so a fast success "
+        "ends an isolation. Off (default): a report only ever extends a window.",
+        examples=[False],
+    )
+
+    @field_validator("latency_max")
+    @classmethod
+    def _increasing(cls, v: list[int]) -> list[int]:
+        if any(b <= a for a, b in zip(v, v[1:], strict=False)):
+            raise ValueError("must be strictly increasing")
+        return v
+
+    @field_validator("not_available_duration")
+    @classmethod
+    def _same_length(cls, v: list[int], info: ValidationInfo) -> list[int]:
+        tiers = info.data.get("latency_max")
+        if tiers is not None and len(tiers) != len(v):
+            raise ValueError(f"must have as many entries as latencyMax ({len(tiers)})")
+        return v
+
+
+class BrokerSpec(Body):
+    broker_name: BrokerName
+    write_queue_nums: int = Field(
+        ge=1, le=1024, description="Number of write queues on this broker, 1..1024.", examples=[4]
+    )
+    address: str | None = Field(
+        None,
+        min_length=3,
+        max_length=255,
+        pattern=r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$",
+        description="The broker's `host:port`, returned with a select; optional.",
+        examples=["10.0.0.5:10911"],
+    )
+
+
+class RouteBody(Body):
+    """A topic's brokers; the queue list is ordered by brokerName, then queueId."""
+
+    brokers: list[BrokerSpec] = Field(
+        min_length=1,
+        max_length=256,
+        description="1..256 brokers with distinct names.",
+        examples=[[{"brokerName": "broker-a", "writeQueueNums": 4, "address": "10.0.0.5:10911"}]],
+    )
+
+    @field_validator("brokers")
+    @classmethod
+    def _distinct(cls, v: list[BrokerSpec]) -> list[BrokerSpec]:
+        names = [b.broker_name for b in v]
+        if len(set(names)) != len(names):
+            raise ValueError("broker names must be distinct")
+        return v
+
+
+class RouteOut(Body):
+    topic: Topic
+    brokers: list[BrokerSpec] = Field(
+        description="The route's brokers, by name.",
+        examples=[[{"brokerName": "broker-a", "writeQueueNums": 4, "address": "10.0.0.5:10911"}]],
+    )
+
+
+class RoutesOut(Body):
+    routes: list[RouteOut] = Field(
+        description="Every registered route, by topic.",
+        examples=[
+            [
+                {
+                    "topic": "orders",
+                    "brokers": [{"brokerName": "broker-a", "writeQueueNums": 4, "address": None}],
+                }
+            ]
+        ],
+    )
+
+
+class QueueRef(Body):
+    broker_name: BrokerName
+    queue_id: int = Field(ge=0, le=1023, description="Queue id on that broker.", examples=[0])
+
+
+class SelectRequest(Body):
+    topic: Topic
+    last_broker_name: BrokerName | None = Field(
+        None,
+        description="The broker the previous attempt of this message failed on; avoided when "
+        "another available broker exists.",
+        examples=[None],
+    )
+    queues: list[QueueRef] | None = Field(
+        None,
+        min_length=1,
+        max_length=4096,
+        description="Inline queue list used instead of the registered route (duplicates are "
+        "ignored; no addresses).",
+        examples=[None],
+    )
+
+
+class SelectResponse(Body):
+    topic: Topic
+    broker_name: BrokerName
+    queue_id: int = Field(description="Queue id on the chosen broker.", examples=[2])
+    address: str | None = Field(
+        description="The broker's address from the route, if registered.",
+        examples=["10.0.0.5:10911"],
+    )
+    decision: Literal["available", "pick_one_at_least", "round_robin"] = Field(
+        description="`available`: an available broker; `pick_one_at_least`: every broker is "
+        "avoided and the least bad was chosen; `round_robin`: avoidance is off.",
+        examples=["available"],
+    )
+    avoided_brokers: list[str] = Field(
+        description="Brokers this select passed over because their window is open, in the "
+        "order met; never the returned broker.",
+        examples=[["broker-b"]],
+    )
+
+
+class ReportRequest(Body):
+    broker_name: BrokerName
+    latency_ms: float = Field(
+        ge=0,
+        le=MAX_LATENCY_MS,
+        allow_inf_nan=False,
+        description="The send's latency in ms, 0..3600000; fractions are truncated.",
+        examples=[120],
+    )
+    isolation: bool = Field(
+        False,
+        description="The send failed: the latency counts as isolationLatencyMs.",
+        examples=[False],
+    )
+
+
+class ReportResponse(Body):
+    broker_name: BrokerName
+    latency_ms: int = Field(description="The latency recorded, whole ms.", examples=[120])
+    not_available_duration_ms: int = Field(
+        description="The window this report asked for (0 when avoidance is off).",
+        examples=[0],
+    )
+    available_at: EpochMs = Field(
+        description="The broker's window end after the update (epoch ms).",
+        examples=[1763791234567],
+    )
+
+
+class FaultItemOut(Body):
+    broker_name: BrokerName
+    current_latency_ms: int = Field(description="Latency of the last report.", examples=[120])
+    available_at: EpochMs = Field(description="Window end (epoch ms).", examples=[1763791234567])
+    available: bool = Field(description="Whether the window has ended at `now`.", examples=[True])
+
+
+class FaultItemsOut(Body):
+    now: EpochMs = Field(
+        description="The store's time the items were judged at (epoch ms).",
+        examples=[1763791200000],
+    )
+    items: list[FaultItemOut] = Field(
+        description="Every fault item, by broker name.", examples=[[]]
+    )
+
+
+class Health(Body):
+    status: Literal["ok", "ready"] = Field(description="`ok` (alive) or `ready`.", examples=["ok"])
+    store: Literal["memory", "redis"] = Field(description="The store in use.", examples=["redis"])

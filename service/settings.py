@@ -1,0 +1,30 @@
+"""Process configuration, read once from flags and DETOUR_* environment variables."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """How this process runs; the fault strategy's config lives in the store, not here."""
+
+    model_config = SettingsConfigDict(env_prefix="DETOUR_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=1, le=65535)
+    #: None selects the embedded memory store (one process, nothing shared).
+    redis_url: str | None = None
+    workers: int = Field(1, ge=1, le=64)
+    #: Every Redis key is ``{prefix}:{namespace}:...`` with the namespace as the
+    #: Cluster hash tag, so one namespace's keys live in one slot.
+    redis_prefix: str = Field("detour", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
+    namespace: str = Field("default", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    #: How often a replica checks the table version in Redis: the bound on how
+    #: long a missed push can go unnoticed (seconds).
+    sync_interval_s: float = Field(1.0, gt=0, le=60)
+    #: Per-call Redis socket timeout (seconds).
+    redis_timeout_s: float = Field(1.0, gt=0, le=60)
+    #: Largest request body accepted (bytes); larger ones get 413.
+    max_body_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    log_level: str = Field("info", pattern=r"^(critical|error|warning|info|debug|trace)$")

@@ -1,0 +1,53 @@
+"""The storage interface every backend implements, and what a report returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from service.model import Config, FaultItem, Route
+from service.view import TableView
+
+
+@dataclass(frozen=True, slots=True)
+class ReportOutcome:
+    broker_name: str
+    latency_ms: int
+    #: window length this report asked for (0 when avoidance is off)
+    not_available_duration_ms: int
+    #: the broker's window end after the update, epoch ms on the store's clock
+    available_at: int
+    now_ms: int
+
+
+class FaultStore(Protocol):
+    """The shared fault table.
+
+    Reads for /select go to ``view`` (this replica's copy, never a round trip);
+    every write is one atomic operation on the store and is reflected in
+    ``view`` before the call returns. Methods raise ``StoreUnavailable`` when the
+    backing store does not answer.
+    """
+
+    kind: str
+    view: TableView
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def ping(self) -> None: ...
+
+    async def report(self, broker: str, latency_ms: int, isolation: bool) -> ReportOutcome: ...
+
+    async def fault_items(self) -> tuple[int, list[FaultItem]]:
+        """``(now ms, items)`` read from the store itself, not from the view."""
+        ...
+
+    async def delete_fault(self, broker: str) -> bool: ...
+
+    async def put_route(self, route: Route) -> None: ...
+
+    async def delete_route(self, topic: str) -> bool: ...
+
+    async def put_config(self, config: Config) -> None: ...

@@ -1,0 +1,20 @@
+-- set_entry.lua: write or delete one entry of the shared table and push the change.
+-- Used for routes (hash routes, field topic), config (hash meta, field "config") and an
+-- operator clearing a fault item (hash faults, field broker, delete).
+-- KEYS[1] the hash   KEYS[2] meta hash (version, config_version)
+-- ARGV[1] change channel   ARGV[2] kind ("route" | "config" | "fault")   ARGV[3] field
+-- ARGV[4] value; "" deletes the field
+-- returns the new version, or 0 when deleting a field that does not exist (nothing pushed)
+if ARGV[4] == '' then
+  if redis.call('HDEL', KEYS[1], ARGV[3]) == 0 then
+    return 0
+  end
+else
+  redis.call('HSET', KEYS[1], ARGV[3], ARGV[4])
+end
+local version = redis.call('HINCRBY', KEYS[2], 'version', 1)
+if ARGV[2] == 'config' then
+  redis.call('HSET', KEYS[2], 'config_version', version)
+end
+redis.call('PUBLISH', ARGV[1], cjson.encode({k = ARGV[2], v = version, f = ARGV[3], x = ARGV[4]}))
+return version

@@ -1,0 +1,286 @@
+"""The shared store: the fault table in Redis, mirrored into this replica's view by push.
+
+Layout (all keys share the ``{namespace}`` hash tag, so one Cluster slot):
+
+    {prefix}:{ns}:faults   hash broker -> "latencyMs,availableAt"
+    {prefix}:{ns}:routes   hash topic  -> JSON [[brokerName, writeQueueNums, address], ...]
+    {prefix}:{ns}:meta     hash version (bumped by every visible change),
+                                config_version (version that wrote config), config (JSON)
+    {prefix}:{ns}:changes  pub/sub channel: one message per visible change
+
+Writes are Lua scripts (one round trip, atomic, Redis's clock). A report that
+changes no window bumps nothing and pushes nothing, so thousands of sidecar
+replicas receive one message per window opened, moved or cleared. Each
+replica applies pushes in version order, resyncs from a snapshot on a gap or
+a reconnect, and polls the version every ``sync_interval_s`` as a safety net.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Sequence
+from importlib import resources
+from typing import Any
+
+from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio.client import PubSub
+from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError
+
+from service import strategy
+from service.errors import StoreUnavailable
+from service.model import Config, FaultItem, Route
+from service.settings import Settings
+from service.store import codec
+from service.store.base import ReportOutcome
+from service.view import Snapshot, TableView
+
+log = logging.getLogger("detour.store")
+
+_MAX_BACKOFF_S = 5.0
+
+
+def _load_lua(name: str) -> str:
+    return (resources.files("service.store") / "lua" / f"{name}.lua").read_text()
+
+
+def _mono_ms() -> float:
+    return time.monotonic_ns() / 1_000_000
+
+
+@contextlib.asynccontextmanager
+async def _wrap_errors() -> AsyncIterator[None]:
+    """Callers handle one error type whatever went wrong on the wire."""
+    try:
+        yield
+    except (TimeoutError, RedisError, OSError) as exc:
+        raise StoreUnavailable(f"redis: {exc.__class__.__name__}: {exc}") from exc
+
+
+class RedisStore:
+    kind = "redis"
+
+    def __init__(self, settings: Settings) -> None:
+        assert settings.redis_url
+        self._settings = settings
+        base = f"{settings.redis_prefix}:{{{settings.namespace}}}"
+        self._faults, self._routes, self._meta = f"{base}:faults", f"{base}:routes", f"{base}:meta"
+        self._channel = f"{base}:changes"
+        self._pool = ConnectionPool.from_url(
+            settings.redis_url,
+            decode_responses=True,
+            socket_timeout=settings.redis_timeout_s,
+            socket_connect_timeout=settings.redis_timeout_s,
+        )
+        self._client = Redis.from_pool(self._pool)
+        self._scripts: dict[str, AsyncScript] = {
+            name: self._client.register_script(_load_lua(name))
+            for name in ("report", "set_entry", "snapshot", "fault_items")
+        }
+        # Until the first sync, the local wall clock stands in for Redis's.
+        self._offset_ms = time.time_ns() / 1_000_000 - _mono_ms()
+        self.view = TableView(lambda: int(_mono_ms() + self._offset_ms))
+        self.synced = asyncio.Event()
+        self._resync_needed = False
+        self._task: asyncio.Task[None] | None = None
+
+    # -- lifecycle ---------------------------------------------------------
+    async def start(self) -> None:
+        """Load the scripts and take a first snapshot; keep syncing in the background.
+
+        An unreachable Redis does not stop the process: the background task
+        retries with backoff and /readyz reports not ready meanwhile.
+        """
+        try:
+            async with _wrap_errors():
+                for script in self._scripts.values():
+                    await self._client.script_load(script.script)
+                await self._resync()
+        except StoreUnavailable as exc:
+            log.warning("redis not reachable at start, will retry: %s", exc.message)
+        self._task = asyncio.create_task(self._sync_forever(), name="detour-redis-sync")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._client.aclose()
+        await self._pool.aclose()
+
+    async def ping(self) -> None:
+        async with _wrap_errors():
+            await self._client.ping()
+        if not self.synced.is_set():
+            raise StoreUnavailable("redis reachable but the table is not synced yet")
+
+    # -- writes ------------------------------------------------------------
+    async def _eval(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        async with _wrap_errors():
+            return await self._scripts[name](keys=list(keys), args=list(args))
+
+    async def report(self, broker: str, latency_ms: int, isolation: bool) -> ReportOutcome:
+        view = self.view
+        for _ in range(3):
+            config, config_version = view.config, view.config_version
+            if not config.send_latency_fault_enable:
+                rule, duration = "off", 0
+            else:
+                rule = "overwrite" if config.last_report_wins else "extend"
+                duration = strategy.report_duration(config, latency_ms, isolation)
+            status, now, available_at, version = await self._eval(
+                "report",
+                (self._faults, self._meta),
+                (broker, latency_ms, duration, rule, config_version, self._channel),
+            )
+            if status == -1:
+                # Another replica changed the config and its push has not
+                # arrived yet: take the table as it is now and recompute.
+                await self._resync()
+                continue
+            if version:
+                view.apply_fault(broker, FaultItem(broker, latency_ms, int(available_at)), version)
+            return ReportOutcome(broker, latency_ms, duration, int(available_at), int(now))
+        raise StoreUnavailable("config kept changing during the report; retry")
+
+    async def _set_entry(self, key: str, kind: str, field: str, value: str) -> int:
+        version = await self._eval(
+            "set_entry", (key, self._meta), (self._channel, kind, field, value)
+        )
+        return int(version)
+
+    async def delete_fault(self, broker: str) -> bool:
+        version = await self._set_entry(self._faults, "fault", broker, "")
+        if version:
+            self.view.apply_fault(broker, None, version)
+        return version > 0
+
+    async def put_route(self, route: Route) -> None:
+        encoded = codec.encode_route(route)
+        version = await self._set_entry(self._routes, "route", route.topic, encoded)
+        self.view.apply_route(route.topic, route, version)
+
+    async def delete_route(self, topic: str) -> bool:
+        version = await self._set_entry(self._routes, "route", topic, "")
+        if version:
+            self.view.apply_route(topic, None, version)
+        return version > 0
+
+    async def put_config(self, config: Config) -> None:
+        version = await self._set_entry(self._meta, "config", "config", codec.encode_config(config))
+        self.view.apply_config(config, version)
+
+    # -- reads -------------------------------------------------------------
+    async def fault_items(self) -> tuple[int, list[FaultItem]]:
+        now, flat = await self._eval("fault_items", (self._faults,), ())
+        return int(now), [codec.decode_fault(b, v) for b, v in codec.pairs(flat)]
+
+    # -- sync --------------------------------------------------------------
+    async def _resync(self) -> None:
+        sent = _mono_ms()
+        version, config_version, config, now, faults, routes = await self._eval(
+            "snapshot", (self._faults, self._routes, self._meta), ()
+        )
+        received = _mono_ms()
+        self._set_clock(int(now), sent, received)
+        self.view.replace(
+            Snapshot(
+                version=int(version),
+                config=codec.decode_config(config),
+                config_version=int(config_version),
+                routes={t: codec.decode_route(t, r) for t, r in codec.pairs(routes)},
+                faults={b: codec.decode_fault(b, v) for b, v in codec.pairs(faults)},
+            )
+        )
+        self._resync_needed = False
+        self.synced.set()
+
+    def _set_clock(self, redis_now_ms: int, sent_ms: float, received_ms: float) -> None:
+        """Track Redis time against the local monotonic clock (midpoint of the round trip)."""
+        self._offset_ms = redis_now_ms - (sent_ms + received_ms) / 2
+
+    async def _poll(self, pubsub: PubSub) -> None:
+        sent = _mono_ms()
+        async with self._client.pipeline(transaction=False) as pipe:
+            pipe.hget(self._meta, "version")
+            pipe.time()
+            raw_version, (sec, usec) = await pipe.execute()
+        self._set_clock(int(sec) * 1000 + int(usec) // 1000, sent, _mono_ms())
+        if int(raw_version or 0) > self.view.version:
+            # Pushes for that version may still be in flight: drain them first.
+            while (msg := await pubsub.get_message(ignore_subscribe_messages=True)) is not None:
+                self._on_message(msg)
+            if int(raw_version or 0) > self.view.version:
+                self._resync_needed = True
+        elif int(raw_version or 0) < self.view.version:
+            self._resync_needed = True  # Redis lost its data (restart, flush)
+
+    def _on_message(self, msg: dict[str, Any]) -> None:
+        if msg.get("type") != "message":
+            return
+        change = json.loads(msg["data"])
+        version, kind, field, value = int(change["v"]), change["k"], change["f"], change["x"]
+        view = self.view
+        if kind == "fault":
+            view.apply_fault(field, codec.decode_fault(field, value) if value else None, version)
+        elif kind == "route":
+            view.apply_route(field, codec.decode_route(field, value) if value else None, version)
+        elif kind == "config":
+            view.apply_config(codec.decode_config(value), version)
+        if version == view.version + 1:
+            view.version = version
+        elif version > view.version + 1:
+            self._resync_needed = True
+
+    async def _wait_subscribed(self, pubsub: PubSub) -> None:
+        deadline = _mono_ms() + 1000 * self._settings.redis_timeout_s
+        while _mono_ms() < deadline:
+            msg = await pubsub.get_message(timeout=self._settings.redis_timeout_s)
+            if msg is not None and msg.get("type") == "subscribe":
+                return
+        raise StoreUnavailable("no subscribe confirmation from redis")
+
+    async def _follow(self) -> None:
+        """Subscribe, snapshot, then apply pushes until the connection fails."""
+        interval = self._settings.sync_interval_s
+        pubsub = self._client.pubsub()
+        try:
+            async with _wrap_errors():
+                await pubsub.subscribe(self._channel)
+                # Snapshot only once Redis confirms, so no change falls between.
+                await self._wait_subscribed(pubsub)
+                await self._resync()
+                next_poll = _mono_ms() + interval * 1000
+                while True:
+                    timeout = max(0.0, (next_poll - _mono_ms()) / 1000)
+                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=timeout)
+                    if msg is not None:
+                        self._on_message(msg)
+                    if _mono_ms() >= next_poll:
+                        await self._poll(pubsub)
+                        next_poll = _mono_ms() + interval * 1000
+                    if self._resync_needed:
+                        await self._resync()
+        finally:
+            self.synced.clear()
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def _sync_forever(self) -> None:
+        backoff = 0.05
+        while True:
+            started = _mono_ms()
+            try:
+                await self._follow()
+            except StoreUnavailable as exc:
+                log.warning("redis sync lost: %s", exc.message)
+            if _mono_ms() - started > 10_000:
+                backoff = 0.05  # it was healthy for a while: start the backoff over
+            # Full jitter, so many replicas do not reconnect in step.
+            await asyncio.sleep(random.uniform(0, backoff))
+            backoff = min(backoff * 2, _MAX_BACKOFF_S)

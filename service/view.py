@@ -1,0 +1,118 @@
+"""A replica's copy of the shared table: config, routes and fault windows, read by /select.
+
+/select never waits on a store: it reads this view. The memory store writes it
+directly; the Redis store keeps it current from pushed changes and resyncs.
+Every entry carries the store version it was written at, so a late or
+duplicated change can never overwrite a newer one (deletes leave tombstones).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from service.model import Config, FaultItem, Route
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The whole table as of one store version."""
+
+    version: int
+    config: Config
+    config_version: int
+    routes: Mapping[str, Route]
+    faults: Mapping[str, FaultItem]
+
+
+class TableView:
+    def __init__(self, clock: Callable[[], int]) -> None:
+        #: Epoch ms on the store's clock (Redis TIME for Redis, the process clock for memory).
+        self.now_ms = clock
+        self.config = Config()
+        #: Store version at which ``config`` was written; reports carry it so a
+        #: replica never applies tiers it has not seen yet.
+        self.config_version = 0
+        self.routes: dict[str, Route] = {}
+        self.faults: dict[str, FaultItem] = {}
+        #: Highest version applied in sequence (gap detection for pushes).
+        self.version = 0
+        self._route_v: dict[str, int] = {}
+        self._fault_v: dict[str, int] = {}
+        self._counters: dict[str, int] = {}
+
+    # -- round robin -------------------------------------------------------
+    def counter(self, topic: str) -> int:
+        """The topic's round-robin position on this replica.
+
+        Starts at a random value, as RocketMQ's per-thread index does, so many
+        replicas starting together do not all send their first message to the
+        same queue.
+        """
+        c = self._counters.get(topic)
+        if c is None:
+            c = self._counters[topic] = random.randrange(1 << 16)
+        return c
+
+    def set_counter(self, topic: str, value: int) -> None:
+        # Keep it bounded; only its value modulo small route sizes matters.
+        self._counters[topic] = value & 0x7FFFFFFF
+
+    # -- changes -----------------------------------------------------------
+    def apply_fault(self, broker: str, item: FaultItem | None, version: int) -> None:
+        if version < self._fault_v.get(broker, -1):
+            return
+        self._fault_v[broker] = version
+        if item is None:
+            self.faults.pop(broker, None)
+        else:
+            self.faults[broker] = item
+
+    def apply_route(self, topic: str, route: Route | None, version: int) -> None:
+        if version < self._route_v.get(topic, -1):
+            return
+        self._route_v[topic] = version
+        if route is None:
+            self.routes.pop(topic, None)
+        else:
+            self.routes[topic] = route
+
+    def apply_config(self, config: Config, version: int) -> None:
+        if version < self.config_version:
+            return
+        self.config = config
+        self.config_version = version
+
+    def replace(self, snap: Snapshot) -> None:
+        """Install a full snapshot, keeping entries already applied at a newer version.
+
+        A snapshot older than what this view has applied means the store lost
+        its data (a restart without persistence, a flush): then the snapshot
+        wins whole, because the version numbers started again.
+        """
+        if snap.version < self.version:
+            self._route_v, self._fault_v, self.config_version, self.version = {}, {}, -1, 0
+        routes = dict(snap.routes)
+        route_v = {t: snap.version for t in routes}
+        for topic, v in self._route_v.items():
+            if v > snap.version:
+                route_v[topic] = v
+                if topic in self.routes:
+                    routes[topic] = self.routes[topic]
+                else:
+                    routes.pop(topic, None)
+        faults = dict(snap.faults)
+        fault_v = {b: snap.version for b in faults}
+        for broker, v in self._fault_v.items():
+            if v > snap.version:
+                fault_v[broker] = v
+                if broker in self.faults:
+                    faults[broker] = self.faults[broker]
+                else:
+                    faults.pop(broker, None)
+        self.routes, self._route_v = routes, route_v
+        self.faults, self._fault_v = faults, fault_v
+        if snap.config_version >= self.config_version:
+            self.config, self.config_version = snap.config, snap.config_version
+        self.version = max(self.version, snap.version)

@@ -1,0 +1,49 @@
+"""Shared fixtures: a real redis-server per session, apps on both stores, live service processes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.settings import Settings
+from tests.procs import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> Iterator[str]:
+    """A flushed Redis for each test."""
+    with redis_server.client() as c:
+        c.flushall()
+    yield redis_server.url
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def settings(store_kind: str, request: pytest.FixtureRequest) -> Settings:
+    if store_kind == "redis":
+        url = request.getfixturevalue("redis_url")
+        return Settings(redis_url=url)
+    return Settings()
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[TestClient]:
+    """The app on the parametrized store, lifespan running."""
+    with TestClient(create_app(settings)) as c:
+        yield c

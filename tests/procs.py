@@ -1,0 +1,115 @@
+"""Real processes for tests and benchmarks: redis-server and the Detour service, on free loopback ports."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+import redis
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(check: object, timeout_s: float, what: str, interval_s: float = 0.01) -> None:
+    """Poll ``check()`` until true; a bounded wait for a process to come up."""
+    deadline = time.monotonic() + timeout_s
+    last: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            if check():  # type: ignore[operator]
+                return
+        except Exception as exc:  # noqa: BLE001 - keep polling until the deadline
+            last = exc
+        time.sleep(interval_s)
+    raise TimeoutError(f"{what} not ready after {timeout_s}s (last error: {last!r})")
+
+
+class RedisServer:
+    """A throwaway ``redis-server`` with no persistence, on a free port."""
+
+    def __init__(self, port: int | None = None, extra: Sequence[str] = ()) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server not found: run `make test` (it installs it)")
+        self.port = port or free_port()
+        self.dir = tempfile.mkdtemp(prefix="detour-redis-")
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self.dir, "--protected-mode", "yes", *extra],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1)
+        try:
+            wait_until(client.ping, 10, f"redis-server on {self.port}")
+        finally:
+            client.close()
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2,
+                           decode_responses=True)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class ServiceProcess:
+    """``python -m service`` as its own process, ready when /readyz answers 200."""
+
+    def __init__(self, redis_url: str | None = None, workers: int = 1,
+                 env: dict[str, str] | None = None, log_path: Path | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        args = [sys.executable, "-m", "service", "--port", str(self.port), "--log-level",
+                "warning", "--workers", str(workers)]
+        if redis_url:
+            args += ["--redis-url", redis_url]
+        full_env = {**os.environ, **(env or {})}
+        self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(args, cwd=ROOT, env=full_env, stdout=self._log,
+                                     stderr=self._log, start_new_session=True)
+
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"service exited with {self.proc.returncode}")
+            return httpx.get(self.url + "/readyz", timeout=1).status_code == 200
+
+        try:
+            wait_until(ready, 30, f"detour on {self.port}", interval_s=0.05)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        if hasattr(self._log, "close"):
+            self._log.close()
