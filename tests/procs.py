@@ -1,4 +1,4 @@
-"""Real processes for tests and benchmarks: redis-server and the Detour service, on free loopback ports."""
+"""Real processes for tests and benchmarks: redis-server and Detour on free loopback ports."""
 
 from __future__ import annotations
 
