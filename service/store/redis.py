@@ -182,12 +182,10 @@ class RedisStore:
 
     # -- sync --------------------------------------------------------------
     async def _resync(self) -> None:
-        sent = _mono_ms()
         version, config_version, config, now, faults, routes = await self._eval(
             "snapshot", (self._faults, self._routes, self._meta), ()
         )
-        received = _mono_ms()
-        self._set_clock(int(now), sent, received)
+        self._set_clock(int(now), _mono_ms())
         self.view.replace(
             Snapshot(
                 version=int(version),
@@ -200,17 +198,22 @@ class RedisStore:
         self._resync_needed = False
         self.synced.set()
 
-    def _set_clock(self, redis_now_ms: int, sent_ms: float, received_ms: float) -> None:
-        """Track Redis time against the local monotonic clock (midpoint of the round trip)."""
-        self._offset_ms = redis_now_ms - (sent_ms + received_ms) / 2
+    def _set_clock(self, redis_now_ms: int, received_ms: float) -> None:
+        """Track Redis time against the local monotonic clock, erring early.
+
+        Redis read its clock somewhere during the round trip; pinning it to the
+        moment the reply was ``received`` makes this replica's estimate of Redis time a lower
+        bound, so it may see a window end up to one round trip late, never early:
+        a sick broker is avoided a little longer rather than retried too soon.
+        """
+        self._offset_ms = redis_now_ms - received_ms
 
     async def _poll(self, pubsub: PubSub) -> None:
-        sent = _mono_ms()
         async with self._client.pipeline(transaction=False) as pipe:
             pipe.hget(self._meta, "version")
             pipe.time()
             raw_version, (sec, usec) = await pipe.execute()
-        self._set_clock(int(sec) * 1000 + int(usec) // 1000, sent, _mono_ms())
+        self._set_clock(int(sec) * 1000 + int(usec) // 1000, _mono_ms())
         if int(raw_version or 0) > self.view.version:
             # Pushes for that version may still be in flight: drain them first.
             while (msg := await pubsub.get_message(ignore_subscribe_messages=True)) is not None:

@@ -1,0 +1,270 @@
+"""The behaviour suite: the HTTP contract, run against both stores."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.procs import wait_until
+
+pytestmark = pytest.mark.integration
+
+DEFAULT_CONFIG = {
+    "sendLatencyFaultEnable": True,
+    "latencyMax": [50, 100, 550, 1000, 2000, 3000, 15000],
+    "notAvailableDuration": [0, 0, 30000, 60000, 120000, 180000, 600000],
+    "isolationLatencyMs": 30000,
+    "lastReportWins": False,
+}
+
+
+def put_route(client: TestClient, topic: str, brokers: dict[str, int]) -> dict[str, Any]:
+    body = {"brokers": [{"brokerName": b, "writeQueueNums": n} for b, n in brokers.items()]}
+    r = client.put(f"/routes/{topic}", json=body)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def report(client: TestClient, broker: str, latency: float, isolation: bool = False) -> Any:
+    r = client.post(
+        "/report-latency", json={"brokerName": broker, "latencyMs": latency, "isolation": isolation}
+    )
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def select(client: TestClient, topic: str, last: str | None = None, **extra: Any) -> Any:
+    r = client.post("/select", json={"topic": topic, "lastBrokerName": last, **extra})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def store_now(client: TestClient) -> int:
+    return int(client.get("/fault-items").json()["now"])
+
+
+def items(client: TestClient) -> dict[str, Any]:
+    return {i["brokerName"]: i for i in client.get("/fault-items").json()["items"]}
+
+
+# -- routes -------------------------------------------------------------------
+
+
+def test_route_crud_and_ordering(client: TestClient) -> None:
+    out = client.put(
+        "/routes/orders",
+        json={"brokers": [
+            {"brokerName": "broker-b", "writeQueueNums": 2},
+            {"brokerName": "broker-a", "writeQueueNums": 3, "address": "10.0.0.5:10911"},
+        ]},
+    ).json()
+    assert out == {
+        "topic": "orders",
+        "brokers": [
+            {"brokerName": "broker-a", "writeQueueNums": 3, "address": "10.0.0.5:10911"},
+            {"brokerName": "broker-b", "writeQueueNums": 2, "address": None},
+        ],
+    }
+    assert client.get("/routes/orders").json() == out
+    put_route(client, "audit", {"broker-c": 1})
+    assert [r["topic"] for r in client.get("/routes").json()["routes"]] == ["audit", "orders"]
+    # The queue order is brokerName, then queueId: consecutive selects walk it cyclically.
+    order = [("broker-a", 0), ("broker-a", 1), ("broker-a", 2), ("broker-b", 0), ("broker-b", 1)]
+    seen = [(s["brokerName"], s["queueId"]) for s in (select(client, "orders") for _ in range(10))]
+    first = order.index(seen[0])
+    assert seen == [order[(first + i) % 5] for i in range(10)]
+    addresses = {s["brokerName"]: s["address"] for s in (select(client, "orders") for _ in range(5))}
+    assert addresses == {"broker-a": "10.0.0.5:10911", "broker-b": None}
+
+    assert client.delete("/routes/audit").status_code == 204
+    assert client.get("/routes/audit").status_code == 404
+    r = client.delete("/routes/audit")
+    assert r.status_code == 404 and r.json()["error"] == "NOT_FOUND"
+
+
+def test_put_route_replaces(client: TestClient) -> None:
+    put_route(client, "t", {"a": 4, "b": 4})
+    put_route(client, "t", {"c": 1})
+    assert {select(client, "t")["brokerName"] for _ in range(4)} == {"c"}
+
+
+def test_unknown_topic_is_404(client: TestClient) -> None:
+    r = client.post("/select", json={"topic": "nope"})
+    assert r.status_code == 404
+    assert r.json() == {"error": "NOT_FOUND", "message": "no route for topic 'nope'",
+                        "field": "topic"}
+
+
+def test_inline_queues_need_no_route(client: TestClient) -> None:
+    queues = [{"brokerName": "x", "queueId": 1}, {"brokerName": "w", "queueId": 0},
+              {"brokerName": "x", "queueId": 1}]
+    picks = {(s["brokerName"], s["queueId"]) for s in
+             (select(client, "adhoc", queues=queues) for _ in range(4))}
+    assert picks == {("w", 0), ("x", 1)}
+    report(client, "x", 0, isolation=True)
+    assert {select(client, "adhoc", queues=queues)["brokerName"] for _ in range(4)} == {"w"}
+
+
+# -- reports and tiers ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("latency", "isolation", "duration"),
+    [(0, False, 0), (49, False, 0), (100, False, 0), (549, False, 0), (549.9, False, 0),
+     (550, False, 30000), (999, False, 30000), (1000, False, 60000), (2000, False, 120000),
+     (3000, False, 180000), (14999, False, 180000), (15000, False, 600000),
+     (3_600_000, False, 600000), (5, True, 600000)],
+)
+def test_report_tiers(client: TestClient, latency: float, isolation: bool, duration: int) -> None:
+    before = store_now(client)
+    out = report(client, "broker-a", latency, isolation)
+    after = store_now(client)
+    assert out["brokerName"] == "broker-a"
+    assert out["latencyMs"] == int(latency)
+    assert out["notAvailableDurationMs"] == duration
+    assert before + duration <= out["availableAt"] <= after + duration
+    item = items(client)["broker-a"]
+    assert item["currentLatencyMs"] == int(latency)
+    assert item["availableAt"] == out["availableAt"]
+    assert item["available"] is (duration == 0)
+
+
+def test_extend_rule_keeps_an_isolation(client: TestClient) -> None:
+    end = report(client, "a", 10, isolation=True)["availableAt"]
+    out = report(client, "a", 10)
+    assert out["notAvailableDurationMs"] == 0
+    assert out["availableAt"] == end
+    assert items(client)["a"] == {"brokerName": "a", "currentLatencyMs": 10,
+                                  "availableAt": end, "available": False}
+    # A shorter window never shortens a longer one; a longer one extends it.
+    assert report(client, "a", 600)["availableAt"] == end
+    assert report(client, "a", 10, isolation=True)["availableAt"] >= end
+
+
+def test_last_report_wins_clears_an_isolation(client: TestClient) -> None:
+    assert client.put("/config", json={"lastReportWins": True}).status_code == 200
+    report(client, "a", 10, isolation=True)
+    before = store_now(client)
+    out = report(client, "a", 10)
+    assert before <= out["availableAt"] <= store_now(client)
+    assert items(client)["a"]["available"] is True
+
+
+def test_window_ends_and_broker_returns(client: TestClient) -> None:
+    client.put("/config", json={"latencyMax": [0, 100], "notAvailableDuration": [0, 300]})
+    put_route(client, "t", {"a": 1, "b": 1})
+    report(client, "a", 150)
+    assert {select(client, "t")["brokerName"] for _ in range(4)} == {"b"}
+    # Window expiry is a time event with nothing to await: poll it, bounded.
+    wait_until(lambda: select(client, "t", last="b")["brokerName"] == "a", 5, "window end")
+    assert items(client)["a"]["available"] is True
+
+
+# -- select -----------------------------------------------------------------------
+
+
+def test_avoided_broker_is_skipped_and_listed(client: TestClient) -> None:
+    put_route(client, "t", {"a": 4, "b": 4})
+    report(client, "a", 0, isolation=True)
+    picks = [select(client, "t") for _ in range(40)]
+    assert {p["brokerName"] for p in picks} == {"b"}
+    assert all(p["decision"] == "available" for p in picks)
+    # Each walk that met broker a says so; the spread over b's queues stays even.
+    assert any(p["avoidedBrokers"] == ["a"] for p in picks)
+    assert all(p["avoidedBrokers"] in ([], ["a"]) for p in picks)
+    counts = {q: sum(1 for p in picks if p["queueId"] == q) for q in range(4)}
+    assert counts == {0: 10, 1: 10, 2: 10, 3: 10}
+
+
+def test_retry_avoids_last_broker(client: TestClient) -> None:
+    put_route(client, "t", {"a": 2, "b": 2, "c": 2})
+    for _ in range(12):
+        assert select(client, "t", last="b")["brokerName"] != "b"
+
+
+def test_retry_falls_back_to_last_broker_when_it_is_the_only_available(
+    client: TestClient,
+) -> None:
+    put_route(client, "t", {"a": 2, "b": 2})
+    report(client, "b", 0, isolation=True)
+    for _ in range(4):
+        s = select(client, "t", last="a")
+        assert (s["brokerName"], s["decision"]) == ("a", "available")
+
+
+def test_pick_one_at_least_uses_the_better_half(client: TestClient) -> None:
+    put_route(client, "t", {"a": 2, "b": 2, "c": 2, "d": 2})
+    for broker, latency in (("c", 30), ("a", 40), ("d", 10), ("b", 20)):
+        report(client, broker, latency, isolation=True)
+    picks = [select(client, "t") for _ in range(16)]
+    assert {p["decision"] for p in picks} == {"pick_one_at_least"}
+    # Ranked by latency: d(10), b(20) | c, a. The better half shares the picks evenly,
+    # over every one of their queues.
+    pairs = [(p["brokerName"], p["queueId"]) for p in picks]
+    assert {b for b, _ in pairs} == {"b", "d"}
+    assert {pair: pairs.count(pair) for pair in set(pairs)} == {
+        ("b", 0): 4, ("b", 1): 4, ("d", 0): 4, ("d", 1): 4}
+    for p in picks:
+        assert sorted(p["avoidedBrokers"]) == sorted({"a", "b", "c", "d"} - {p["brokerName"]})
+
+
+def test_single_broker_all_avoided_still_answers(client: TestClient) -> None:
+    put_route(client, "t", {"only": 3})
+    report(client, "only", 0, isolation=True)
+    s = select(client, "t", last="only")
+    assert (s["brokerName"], s["decision"], s["avoidedBrokers"]) == (
+        "only", "pick_one_at_least", [])
+
+
+def test_avoidance_off_is_plain_round_robin(client: TestClient) -> None:
+    put_route(client, "t", {"a": 2, "b": 2})
+    end = report(client, "a", 0, isolation=True)["availableAt"]
+    assert client.put("/config", json={"sendLatencyFaultEnable": False}).status_code == 200
+    picks = [select(client, "t") for _ in range(8)]
+    assert {p["decision"] for p in picks} == {"round_robin"}
+    assert {p["brokerName"] for p in picks} == {"a", "b"}
+    assert all(p["avoidedBrokers"] == [] for p in picks)
+    for _ in range(4):
+        assert select(client, "t", last="a")["brokerName"] == "b"
+    # Reports are accepted but change no window.
+    out = report(client, "b", 0, isolation=True)
+    assert out["notAvailableDurationMs"] == 0
+    assert "b" not in items(client)
+    assert report(client, "a", 5)["availableAt"] == end
+    assert items(client)["a"]["currentLatencyMs"] == 0
+
+
+# -- config and fault items --------------------------------------------------------
+
+
+def test_config_defaults_and_replace(client: TestClient) -> None:
+    assert client.get("/config").json() == DEFAULT_CONFIG
+    custom = {"latencyMax": [10, 20], "notAvailableDuration": [5, 6], "isolationLatencyMs": 25}
+    out = client.put("/config", json=custom).json()
+    assert out == {**DEFAULT_CONFIG, **custom}
+    assert client.get("/config").json() == out
+    assert report(client, "a", 0, isolation=True)["notAvailableDurationMs"] == 6
+    # PUT replaces: what is omitted goes back to its default.
+    assert client.put("/config", json={"lastReportWins": True}).json() == {
+        **DEFAULT_CONFIG, "lastReportWins": True}
+
+
+def test_operator_restores_a_broker(client: TestClient) -> None:
+    put_route(client, "t", {"a": 1, "b": 1})
+    report(client, "a", 0, isolation=True)
+    report(client, "b", 20)
+    listed = client.get("/fault-items").json()["items"]
+    assert [i["brokerName"] for i in listed] == ["a", "b"]
+    assert [i["available"] for i in listed] == [False, True]
+    assert client.delete("/fault-items/a").status_code == 204
+    assert "a" not in items(client)
+    assert {select(client, "t")["brokerName"] for _ in range(4)} == {"a", "b"}
+    r = client.delete("/fault-items/a")
+    assert r.status_code == 404 and r.json()["field"] == "brokerName"
+
+
+def test_health(client: TestClient, store_kind: str) -> None:
+    assert client.get("/healthz").json() == {"status": "ok", "store": store_kind}
+    assert client.get("/readyz").json() == {"status": "ready", "store": store_kind}
