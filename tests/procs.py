@@ -84,7 +84,7 @@ class ServiceProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         args = [sys.executable, "-m", "service", "--port", str(self.port), "--log-level",
-                "warning", "--workers", str(workers)]
+                "info", "--workers", str(workers)]
         if redis_url:
             args += ["--redis-url", redis_url]
         full_env = {**os.environ, **(env or {})}

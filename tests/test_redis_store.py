@@ -1,0 +1,223 @@
+"""What only the Redis store has: Lua scripts, key layout, push sync, one round trip, outages."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from service import strategy
+from service.app import create_app
+from service.model import Config, FaultItem
+from service.settings import Settings
+from service.store.redis import RedisStore
+from tests.procs import RedisServer, wait_until
+
+pytestmark = pytest.mark.integration
+
+PREFIX = "detour:{default}"
+
+
+def commandstats(r: redis.Redis) -> dict[str, int]:
+    info: dict[str, Any] = r.info("commandstats")
+    # INFO itself is counted too: leave out the test's own calls.
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in info.items()
+            if k != "cmdstat_info"}
+
+
+@pytest.fixture
+def raw(redis_url: str, redis_server: RedisServer) -> Iterator[redis.Redis]:
+    with redis_server.client() as c:
+        yield c
+
+
+def test_keys_share_one_hash_tag(redis_url: str, raw: redis.Redis) -> None:
+    with TestClient(create_app(Settings(redis_url=redis_url))) as c:
+        c.put("/routes/t", json={"brokers": [{"brokerName": "a", "writeQueueNums": 1}]})
+        c.post("/report-latency", json={"brokerName": "a", "latencyMs": 0, "isolation": True})
+        c.put("/config", json={})
+    keys = sorted(raw.keys("*"))
+    assert keys == [f"{PREFIX}:faults", f"{PREFIX}:meta", f"{PREFIX}:routes"]
+    assert raw.hget(f"{PREFIX}:faults", "a") is not None
+
+
+def test_namespaces_do_not_share_keys(redis_url: str, raw: redis.Redis) -> None:
+    with TestClient(create_app(Settings(redis_url=redis_url, namespace="blue"))) as c:
+        c.post("/report-latency", json={"brokerName": "a", "latencyMs": 0, "isolation": True})
+    with TestClient(create_app(Settings(redis_url=redis_url, namespace="green"))) as c:
+        assert c.get("/fault-items").json()["items"] == []
+    assert raw.exists("detour:{blue}:faults") and not raw.exists("detour:{green}:faults")
+
+
+def test_one_round_trip_per_report_and_none_per_select(redis_url: str, raw: redis.Redis) -> None:
+    settings = Settings(redis_url=redis_url, sync_interval_s=60)  # no poll during the count
+    with TestClient(create_app(settings)) as c:
+        c.put("/routes/t", json={"brokers": [{"brokerName": "a", "writeQueueNums": 2},
+                                             {"brokerName": "b", "writeQueueNums": 2}]})
+        before = commandstats(raw)
+        for i in range(20):
+            c.post("/report-latency", json={"brokerName": "ab"[i % 2], "latencyMs": i * 40})
+        middle = commandstats(raw)
+        for _ in range(50):
+            assert c.post("/select", json={"topic": "t"}).status_code == 200
+        after = commandstats(raw)
+    delta = {k: middle.get(k, 0) - before.get(k, 0) for k in middle}
+    assert delta["evalsha"] == 20
+    # Redis counts the script's own commands too; nothing else came from the client.
+    assert {k for k, v in delta.items() if v} <= {"evalsha", "hget", "hset", "time",
+                                                  "hincrby", "publish"}
+    assert sum(after.values()) == sum(middle.values())
+
+
+def test_scripts_reload_after_script_flush(redis_url: str, raw: redis.Redis) -> None:
+    with TestClient(create_app(Settings(redis_url=redis_url))) as c:
+        raw.script_flush()
+        r = c.post("/report-latency", json={"brokerName": "a", "latencyMs": 0, "isolation": True})
+        assert r.status_code == 200
+        assert r.json()["notAvailableDurationMs"] == 600000
+
+
+def _run_report(raw: redis.Redis, script: Any, broker: str, latency: int, duration: int,
+                rule: str) -> list[int]:
+    out = script(keys=[f"{PREFIX}:faults", f"{PREFIX}:meta"],
+                 args=[broker, latency, duration, rule, 0, f"{PREFIX}:changes"])
+    return [int(x) for x in out]
+
+
+def test_report_lua_matches_the_python_rule(raw: redis.Redis) -> None:
+    """Differential test: report.lua and strategy.apply_report/window_changed agree."""
+    from importlib import resources
+
+    script = raw.register_script(
+        (resources.files("service.store") / "lua" / "report.lua").read_text())
+    rng = random.Random(7)
+    model: dict[str, FaultItem] = {}
+    version = 0
+    for _ in range(400):
+        broker = rng.choice("abc")
+        latency = rng.choice([0, 10, 549, 550, 1000, 15000])
+        duration = rng.choice([0, 0, 1, 5, 30000, 600000])
+        rule = rng.choice(["extend", "overwrite"])
+        status, now, end, pushed = _run_report(raw, script, broker, latency, duration, rule)
+        assert status == 1
+        old = model.get(broker)
+        expected = strategy.apply_report(old, broker, latency, duration, now,
+                                         rule == "overwrite")
+        assert end == expected.available_at
+        changed = strategy.window_changed(old.available_at if old else None, end, now)
+        assert (pushed > 0) == changed
+        if changed:
+            version += 1
+            assert pushed == version
+        model[broker] = expected
+        assert raw.hget(f"{PREFIX}:faults", broker) == f"{latency},{end}"
+    # "off" reads only.
+    before = raw.hgetall(f"{PREFIX}:faults")
+    status, now, end, pushed = _run_report(raw, script, "a", 0, 600000, "off")
+    assert (status, end, pushed) == (1, model["a"].available_at, 0)
+    assert raw.hgetall(f"{PREFIX}:faults") == before
+
+
+def test_report_lua_refuses_a_stale_config(raw: redis.Redis) -> None:
+    from importlib import resources
+
+    script = raw.register_script(
+        (resources.files("service.store") / "lua" / "report.lua").read_text())
+    raw.hset(f"{PREFIX}:meta", "config_version", 3)
+    out = script(keys=[f"{PREFIX}:faults", f"{PREFIX}:meta"],
+                 args=["a", 10, 0, "extend", 2, f"{PREFIX}:changes"])
+    assert int(out[0]) == -1 and int(out[3]) == 3
+    assert not raw.exists(f"{PREFIX}:faults")
+
+
+def test_report_recomputes_after_a_config_it_had_not_seen(redis_url: str) -> None:
+    async def scenario() -> None:
+        settings = Settings(redis_url=redis_url)
+        a, b = RedisStore(settings), RedisStore(settings)
+        await a.start()
+        await b.start()
+        try:
+            # Stop a's sync so the push of b's config change never reaches it.
+            assert a._task is not None
+            a._task.cancel()
+            await b.put_config(Config(latency_max=(0,), not_available_duration=(1234,)))
+            assert a.view.config.latency_max != (0,)
+            out = await a.report("x", 5, False)
+            assert out.not_available_duration_ms == 1234
+            assert a.view.config.latency_max == (0,)
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(scenario())
+
+
+def test_replicas_follow_each_other(redis_url: str) -> None:
+    settings = Settings(redis_url=redis_url)
+    with TestClient(create_app(settings)) as a, TestClient(create_app(settings)) as b:
+        a.put("/routes/t", json={"brokers": [{"brokerName": "x", "writeQueueNums": 1},
+                                             {"brokerName": "y", "writeQueueNums": 1}]})
+        wait_until(lambda: b.get("/routes/t").status_code == 200, 2, "route push")
+        a.post("/report-latency", json={"brokerName": "x", "latencyMs": 0, "isolation": True})
+
+        def b_avoids_x() -> bool:
+            picks = {b.post("/select", json={"topic": "t"}).json()["brokerName"] for _ in range(2)}
+            return picks == {"y"}
+
+        wait_until(b_avoids_x, 2, "fault push")
+        a.put("/config", json={"sendLatencyFaultEnable": False})
+        wait_until(lambda: b.get("/config").json()["sendLatencyFaultEnable"] is False, 1,
+                   "config push")
+        a.delete("/fault-items/x")
+        a.put("/config", json={})
+        wait_until(lambda: {b.post("/select", json={"topic": "t"}).json()["brokerName"]
+                            for _ in range(2)} == {"x", "y"}, 2, "clear push")
+        a.delete("/routes/t")
+        wait_until(lambda: b.get("/routes/t").status_code == 404, 2, "route delete push")
+
+
+def test_replica_resyncs_when_redis_loses_its_data(redis_url: str, raw: redis.Redis) -> None:
+    settings = Settings(redis_url=redis_url, sync_interval_s=0.1)
+    with TestClient(create_app(settings)) as c:
+        c.put("/routes/t", json={"brokers": [{"brokerName": "x", "writeQueueNums": 1}]})
+        raw.flushall()  # what a restart without persistence looks like
+        wait_until(lambda: c.get("/routes").json()["routes"] == [], 3, "resync after flush")
+
+
+def test_redis_outage_gives_503_not_500_and_select_keeps_answering() -> None:
+    server = RedisServer()
+    try:
+        settings = Settings(redis_url=server.url, redis_timeout_s=0.5)
+        with TestClient(create_app(settings)) as c:
+            c.put("/routes/t", json={"brokers": [{"brokerName": "x", "writeQueueNums": 2}]})
+            server.proc.kill()
+            server.proc.wait(10)
+            r = c.post("/report-latency", json={"brokerName": "x", "latencyMs": 3})
+            assert r.status_code == 503
+            assert r.json()["error"] == "STORE_UNAVAILABLE"
+            assert c.get("/readyz").status_code == 503
+            assert c.get("/fault-items").status_code == 503
+            s = c.post("/select", json={"topic": "t"})
+            assert s.status_code == 200 and s.json()["brokerName"] == "x"
+    finally:
+        server.stop()
+
+
+def test_starts_while_redis_is_down_and_syncs_when_it_comes_up() -> None:
+    from tests.procs import free_port
+
+    port = free_port()
+    settings = Settings(redis_url=f"redis://127.0.0.1:{port}/0", redis_timeout_s=0.3)
+    with TestClient(create_app(settings)) as c:
+        assert c.get("/readyz").status_code == 503
+        assert c.get("/healthz").status_code == 200
+        server = RedisServer(port=port)
+        try:
+            wait_until(lambda: c.get("/readyz").status_code == 200, 15, "sync after redis start")
+        finally:
+            server.stop()
