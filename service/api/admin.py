@@ -34,6 +34,7 @@ async def get_config(store: StoreDep) -> ConfigBody:
     summary="Replace the config; omitted fields take their defaults",
 )
 async def put_config(body: ConfigBody, store: StoreDep) -> ConfigBody:
+    """Replace the deployment's config; every replica follows within a second."""
     config = Config(
         send_latency_fault_enable=body.send_latency_fault_enable,
         latency_max=tuple(body.latency_max),

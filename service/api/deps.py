@@ -39,8 +39,8 @@ BrokerPath = Annotated[
 
 #: Error responses every route may give, for the OpenAPI document.
 ERRORS: dict[int | str, dict[str, Any]] = {
-    413: {"description": "Body larger than the limit."},
-    422: {"description": "A field failed validation; `field` names it."},
+    413: {"model": ErrorBody, "description": "Body larger than the limit."},
+    422: {"model": ErrorBody, "description": "A field failed validation; `field` names it."},
 }
 UNAVAILABLE: dict[int | str, dict[str, Any]] = {
     503: {"model": ErrorBody, "description": "Store unavailable."}

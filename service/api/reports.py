@@ -19,6 +19,15 @@ router = APIRouter(tags=["reports"])
     summary="Report a send's latency or failure",
 )
 async def report_latency(body: ReportRequest, store: StoreDep) -> ReportResponse:
+    """Record a send's latency, or its failure (`isolation: true`), for a broker.
+
+    Duration: scan `latencyMax` from the top; the first `i` with
+    `latency >= latencyMax[i]` gives `notAvailableDuration[i]`, else 0. A failure counts
+    as `isolationLatencyMs` (default 30000 ms, so 600 s). The update, atomic on the
+    store's clock `now`: `currentLatencyMs := latencyMs`; the window end becomes
+    `max(old end, now + duration)`, or `now + duration` with `lastReportWins`. With
+    avoidance off the report is accepted and changes nothing. One store round trip.
+    """
     latency = math.floor(body.latency_ms)
     out = await store.report(body.broker_name, latency, body.isolation)
     return ReportResponse(

@@ -19,6 +19,28 @@ router = APIRouter(tags=["select"])
     summary="Choose a queue for one send attempt",
 )
 async def select(body: SelectRequest, store: StoreDep) -> SelectResponse:
+    """Choose the queue for one send attempt (RocketMQ's `selectOneMessageQueue`).
+
+    The queue list is the route's, ordered by brokerName then queueId (or the inline
+    `queues`). A broker is *avoided* while `now < availableAt` of its fault item.
+
+    **Avoidance on** (`sendLatencyFaultEnable`): walk the list round-robin from the
+    topic's counter on this replica; every probed queue advances the counter, so an
+    avoided broker's share spreads evenly over the rest.
+    1. The first queue whose broker is available and is not `lastBrokerName`:
+       `decision: available`.
+    2. Else the first available queue even on `lastBrokerName`: `decision: available`.
+    3. Else *pickOneAtLeast*: rank the route's brokers that have fault items by
+       (available first, lower `currentLatencyMs`, earlier `availableAt`, name) at one
+       `now`, keep the better half (`n // 2`, at least 1), take broker `counter % half`
+       and its queue `(counter // half) % queues`: `decision: pick_one_at_least`.
+
+    **Avoidance off**: round-robin, skipping `lastBrokerName` when another broker
+    exists: `decision: round_robin`.
+
+    A select always returns a queue when the route has one. It is answered from this
+    replica's copy of the table, with no store round trip.
+    """
     inline = [Queue(q.broker_name, q.queue_id) for q in body.queues] if body.queues else None
     route, sel = choose(store.view, body.topic, inline, body.last_broker_name)
     return SelectResponse(

@@ -1,0 +1,583 @@
+"""Hostile and malformed input: every bad request is refused cleanly and changes nothing.
+
+The contract under test, on both stores (the parametrized ``client`` fixture):
+
+* an invalid request gets 422 ``VALIDATION_ERROR`` (413 ``PAYLOAD_TOO_LARGE`` for a body
+  over ``max_body_bytes``, 64 KiB by default), never a 500;
+* the body is exactly ``{"error": CODE, "message": str, "field": str | null}`` and ``field``
+  names the offending field as a path (``brokers[1].writeQueueNums``), ``body`` for a
+  malformed or missing body;
+* the shared state (``GET /config``, ``GET /routes``, ``GET /fault-items`` minus ``now``)
+  is the same after the bad request as before it.
+
+Each table row is ``(method, path, body, status, error, field)``. A ``body`` that is a
+``Raw`` is sent byte for byte as ``application/json``; ``None`` sends no body; anything
+else is sent as JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from httpx import Response
+
+from service.app import create_app
+from service.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+JSON = {"content-type": "application/json"}
+LIMIT = 64 * 1024  # the default max_body_bytes
+BIG = 2 * 1024 * 1024
+VE, NF, TL = "VALIDATION_ERROR", "NOT_FOUND", "PAYLOAD_TOO_LARGE"
+
+TOPIC = "orders"
+#: A non-default config: a 600 ms report on broker-a opens a 30 s window.
+SEED_CONFIG: dict[str, Any] = {
+    "sendLatencyFaultEnable": True,
+    "latencyMax": [100, 500, 1000, 3000],
+    "notAvailableDuration": [0, 30000, 60000, 120000],
+    "isolationLatencyMs": 20000,
+    "lastReportWins": True,
+}
+SEED_ROUTE: dict[str, Any] = {
+    "brokers": [
+        {"brokerName": "broker-a", "writeQueueNums": 4, "address": "10.0.0.5:10911"},
+        {"brokerName": "broker-b", "writeQueueNums": 2, "address": None},
+    ]
+}
+
+
+@dataclass(frozen=True)
+class Raw:
+    """A body sent as these exact bytes with ``content-type: application/json``."""
+
+    data: bytes
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def send(client: TestClient, method: str, path: str, body: Any = None) -> Response:
+    if isinstance(body, Raw):
+        return client.request(method, path, content=body.data, headers=JSON)
+    if body is None:
+        return client.request(method, path)
+    return client.request(method, path, json=body)
+
+
+def assert_error(r: Response, status: int, code: str, field: str | None) -> None:
+    """The response is the Error schema with this status, code and field."""
+    assert r.status_code == status, (r.status_code, r.text[:300])
+    assert r.headers["content-type"].startswith("application/json"), r.headers
+    body = r.json()
+    assert isinstance(body, dict) and set(body) == {"error", "message", "field"}, body
+    assert body["error"] == code, body
+    assert isinstance(body["message"], str) and body["message"], body
+    assert body["field"] == field, body
+
+
+def snapshot(client: TestClient) -> dict[str, Any]:
+    """The shared state as an operator sees it; ``now`` is dropped from the fault items."""
+    out: dict[str, Any] = {}
+    for name, path in (("config", "/config"), ("routes", "/routes"), ("faults", "/fault-items")):
+        r = client.get(path)
+        assert r.status_code == 200, (path, r.status_code, r.text[:300])
+        out[name] = r.json()
+    out["faults"].pop("now")
+    return out
+
+
+def seed(client: TestClient) -> None:
+    """A route, a non-default config and two reports (one opening a window)."""
+    assert client.put("/config", json=SEED_CONFIG).status_code == 200
+    assert client.put(f"/routes/{TOPIC}", json=SEED_ROUTE).status_code == 200
+    for broker, latency in (("broker-a", 600), ("broker-b", 10)):
+        r = client.post("/report-latency", json={"brokerName": broker, "latencyMs": latency})
+        assert r.status_code == 200, r.text
+    items = {i["brokerName"]: i for i in client.get("/fault-items").json()["items"]}
+    assert items["broker-a"]["available"] is False and items["broker-b"]["available"] is True
+
+
+@pytest.fixture
+def seeded(client: TestClient) -> TestClient:
+    seed(client)
+    return client
+
+
+@pytest.fixture
+def roomy_client(settings: Settings) -> Iterator[TestClient]:
+    """The app on the parametrized store with a 1 MiB body limit, for list-length limits."""
+    roomy = settings.model_copy(update={"max_body_bytes": 1024 * 1024})
+    with TestClient(create_app(roomy)) as c:
+        seed(c)
+        yield c
+
+
+def padded_report(size: int) -> bytes:
+    """A valid report for broker-c padded with whitespace to exactly ``size`` bytes.
+
+    Were it accepted it would add a fault item, which the state snapshot would show.
+    """
+    head, tail = b'{"brokerName":"broker-c","latencyMs":5000', b"}"
+    return head + b" " * (size - len(head) - len(tail)) + tail
+
+
+def chunks(data: bytes, size: int = 16 * 1024) -> Iterator[bytes]:
+    """A generator body: the TestClient streams it chunked, without Content-Length."""
+    for i in range(0, len(data), size):
+        yield data[i : i + size]
+
+
+# ---------------------------------------------------------------- tables
+
+
+def report(**fields: Any) -> dict[str, Any]:
+    return {"brokerName": "broker-a", "latencyMs": 120, **fields}
+
+
+def without(body: dict[str, Any], key: str) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k != key}
+
+
+def nan_report(token: str) -> Raw:
+    return Raw(b'{"brokerName":"a","latencyMs":' + token.encode() + b"}")
+
+
+REPORT_CASES = [
+    # latencyMs
+    pytest.param(report(latencyMs=-1), "latencyMs", id="latency-negative"),
+    pytest.param(report(latencyMs=-0.5), "latencyMs", id="latency-negative-fraction"),
+    pytest.param(report(latencyMs="120"), "latencyMs", id="latency-string"),
+    pytest.param(report(latencyMs=None), "latencyMs", id="latency-null"),
+    pytest.param(report(latencyMs=True), "latencyMs", id="latency-true"),
+    pytest.param(report(latencyMs=[120]), "latencyMs", id="latency-list"),
+    pytest.param(report(latencyMs={"ms": 120}), "latencyMs", id="latency-object"),
+    pytest.param(nan_report("NaN"), "latencyMs", id="latency-NaN"),
+    pytest.param(nan_report("Infinity"), "latencyMs", id="latency-Infinity"),
+    pytest.param(nan_report("-Infinity"), "latencyMs", id="latency-minus-Infinity"),
+    pytest.param(nan_report("1e400"), "latencyMs", id="latency-1e400"),
+    pytest.param(nan_report("1" + "0" * 400), "latencyMs", id="latency-401-digit-int"),
+    pytest.param(report(latencyMs=3_600_001), "latencyMs", id="latency-3600001"),
+    pytest.param(report(latencyMs=3_600_000.5), "latencyMs", id="latency-3600000.5"),
+    pytest.param(report(latencyMs=10**30), "latencyMs", id="latency-1e30-int"),
+    pytest.param(without(report(), "latencyMs"), "latencyMs", id="latency-missing"),
+    # brokerName
+    pytest.param(report(brokerName=""), "brokerName", id="broker-empty"),
+    pytest.param(report(brokerName="b" * 10_000), "brokerName", id="broker-10000"),
+    pytest.param(report(brokerName="b" * 128), "brokerName", id="broker-128"),
+    pytest.param(report(brokerName="broker a"), "brokerName", id="broker-space"),
+    pytest.param(report(brokerName="broker/a"), "brokerName", id="broker-slash"),
+    pytest.param(report(brokerName="bröker-ä"), "brokerName", id="broker-unicode"),
+    pytest.param(report(brokerName="broker-a\n"), "brokerName", id="broker-newline"),
+    pytest.param(report(brokerName="a\u0000b"), "brokerName", id="broker-nul"),
+    pytest.param(report(brokerName="a:b*"), "brokerName", id="broker-redis-glob"),
+    pytest.param(
+        Raw(b'{"brokerName":"\\ud800","latencyMs":1}'), "brokerName", id="broker-lone-surrogate"
+    ),
+    pytest.param(report(brokerName=123), "brokerName", id="broker-number"),
+    pytest.param(report(brokerName=None), "brokerName", id="broker-null"),
+    pytest.param(without(report(), "brokerName"), "brokerName", id="broker-missing"),
+    # isolation and the rest of the body
+    pytest.param(report(isolation="yes"), "isolation", id="isolation-yes"),
+    pytest.param(report(isolation=1), "isolation", id="isolation-1"),
+    pytest.param(report(isolation="true"), "isolation", id="isolation-string-true"),
+    pytest.param(report(isolation=None), "isolation", id="isolation-null"),
+    pytest.param(report(extra=1), "extra", id="unknown-field"),
+    pytest.param(report(brokername="broker-a"), "brokername", id="unknown-field-case-typo"),
+]
+
+SELECT_QUEUES_4097 = [{"brokerName": "broker-a", "queueId": i % 1024} for i in range(4097)]
+
+
+def sel(**fields: Any) -> dict[str, Any]:
+    return {"topic": TOPIC, **fields}
+
+
+def q(broker: str = "broker-a", queue_id: Any = 0) -> dict[str, Any]:
+    return {"brokerName": broker, "queueId": queue_id}
+
+
+SELECT_CASES = [
+    pytest.param({}, 422, VE, "topic", id="topic-missing"),
+    pytest.param(sel(topic=None), 422, VE, "topic", id="topic-null"),
+    pytest.param(sel(topic=""), 422, VE, "topic", id="topic-empty"),
+    pytest.param(sel(topic="t" * 128), 422, VE, "topic", id="topic-128"),
+    pytest.param(sel(topic="t" * 10_000), 422, VE, "topic", id="topic-10000"),
+    pytest.param(sel(topic="my topic"), 422, VE, "topic", id="topic-space"),
+    pytest.param(sel(topic="a/b"), 422, VE, "topic", id="topic-slash"),
+    pytest.param(sel(topic="tópico"), 422, VE, "topic", id="topic-unicode"),
+    pytest.param(sel(topic=7), 422, VE, "topic", id="topic-number"),
+    pytest.param(
+        sel(lastBrokerName="b" * 10_000), 422, VE, "lastBrokerName", id="last-broker-10000"
+    ),
+    pytest.param(sel(lastBrokerName="a b"), 422, VE, "lastBrokerName", id="last-broker-space"),
+    pytest.param(sel(lastBrokerName=5), 422, VE, "lastBrokerName", id="last-broker-number"),
+    pytest.param(sel(queues=[]), 422, VE, "queues", id="queues-empty"),
+    pytest.param(sel(queues="broker-a:0"), 422, VE, "queues", id="queues-string"),
+    pytest.param(
+        sel(queues=[q(queue_id=-1)]), 422, VE, "queues[0].queueId", id="queue-id-negative"
+    ),
+    pytest.param(
+        sel(queues=[q(), q(queue_id=1024)]), 422, VE, "queues[1].queueId", id="queue-id-1024"
+    ),
+    pytest.param(sel(queues=[q(queue_id="0")]), 422, VE, "queues[0].queueId", id="queue-id-string"),
+    pytest.param(sel(queues=[q(queue_id=0.5)]), 422, VE, "queues[0].queueId", id="queue-id-float"),
+    pytest.param(
+        sel(queues=[{"brokerName": "broker-a"}]),
+        422,
+        VE,
+        "queues[0].queueId",
+        id="queue-id-missing",
+    ),
+    pytest.param(
+        sel(queues=[q(broker="")]), 422, VE, "queues[0].brokerName", id="queue-broker-empty"
+    ),
+    pytest.param(
+        sel(queues=[{**q(), "address": "h:1"}]),
+        422,
+        VE,
+        "queues[0].address",
+        id="queue-unknown-field",
+    ),
+    pytest.param(sel(queues=SELECT_QUEUES_4097), 413, TL, "body", id="queues-4097-over-64KiB"),
+    pytest.param(sel(weight=1), 422, VE, "weight", id="unknown-field"),
+    pytest.param(sel(topic="no-such-topic"), 404, NF, "topic", id="unknown-topic-404"),
+]
+
+
+def broker(name: str = "broker-b", nums: Any = 2, **fields: Any) -> dict[str, Any]:
+    return {"brokerName": name, "writeQueueNums": nums, **fields}
+
+
+def route(*second: dict[str, Any]) -> dict[str, Any]:
+    """A route whose first broker is valid, so the bad one is at index 1."""
+    return {"brokers": [broker("broker-a", 4), *second]}
+
+
+ROUTE_BODY_CASES = [
+    pytest.param(route(broker(nums=0)), "brokers[1].writeQueueNums", id="wqn-0"),
+    pytest.param(route(broker(nums=1025)), "brokers[1].writeQueueNums", id="wqn-1025"),
+    pytest.param(route(broker(nums=-1)), "brokers[1].writeQueueNums", id="wqn-negative"),
+    pytest.param(route(broker(nums=2.5)), "brokers[1].writeQueueNums", id="wqn-2.5"),
+    pytest.param(route(broker(nums="4")), "brokers[1].writeQueueNums", id="wqn-string"),
+    pytest.param(route(broker(nums=None)), "brokers[1].writeQueueNums", id="wqn-null"),
+    pytest.param(route(broker(nums=10**30)), "brokers[1].writeQueueNums", id="wqn-1e30"),
+    pytest.param(route({"brokerName": "broker-b"}), "brokers[1].writeQueueNums", id="wqn-missing"),
+    pytest.param(route(broker(name="")), "brokers[1].brokerName", id="broker-empty"),
+    pytest.param(route(broker(name="b" * 128)), "brokers[1].brokerName", id="broker-128"),
+    pytest.param(route(broker(name="b c")), "brokers[1].brokerName", id="broker-space"),
+    pytest.param(route(broker(address="nohost")), "brokers[1].address", id="address-no-port"),
+    pytest.param(
+        route(broker(address="a:99999999")), "brokers[1].address", id="address-8-digit-port"
+    ),
+    pytest.param(
+        route(broker(address="h" * 296 + ":9876")), "brokers[1].address", id="address-300-chars"
+    ),
+    pytest.param(route(broker(address="a b:1")), "brokers[1].address", id="address-space"),
+    pytest.param(route(broker(address="http://a:1")), "brokers[1].address", id="address-url"),
+    pytest.param(route(broker(address=10911)), "brokers[1].address", id="address-number"),
+    pytest.param(
+        route(broker(address="a:99999")), "brokers[1].address", id="address-port-over-65535"
+    ),
+    pytest.param(route(broker(extra=True)), "brokers[1].extra", id="broker-unknown-field"),
+    pytest.param(route(broker("broker-a", 1)), "brokers", id="duplicate-broker"),
+    pytest.param({"brokers": []}, "brokers", id="brokers-empty"),
+    pytest.param(
+        {"brokers": [broker(f"b{i}", 1) for i in range(257)]}, "brokers", id="brokers-257"
+    ),
+    pytest.param({"brokers": broker()}, "brokers", id="brokers-object"),
+    pytest.param({"brokers": None}, "brokers", id="brokers-null"),
+    pytest.param({}, "brokers", id="brokers-missing"),
+    pytest.param({**route(), "topic": "other"}, "topic", id="unknown-field-topic"),
+]
+
+ROUTE_PATH_CASES = [
+    pytest.param("t" * 10_000, id="topic-10000"),
+    pytest.param("t" * 128, id="topic-128"),
+    pytest.param("a%20b", id="topic-space"),
+    pytest.param("%E2%82%AC", id="topic-euro"),
+    pytest.param("a%2Fb", id="topic-encoded-slash"),
+    pytest.param("a%00b", id="topic-nul"),
+    pytest.param("a:b", id="topic-colon"),
+    pytest.param("*", id="topic-star"),
+]
+
+
+def cfg(**fields: Any) -> dict[str, Any]:
+    return {**SEED_CONFIG, **fields}
+
+
+def tiers(lm: list[Any], nad: list[Any] | None = None) -> dict[str, Any]:
+    return cfg(latencyMax=lm, notAvailableDuration=nad if nad is not None else [0] * len(lm))
+
+
+CONFIG_CASES = [
+    pytest.param(tiers([50, 100, 550], [0, 0]), "notAvailableDuration", id="lengths-3-vs-2"),
+    pytest.param(tiers([50, 100], [0, 0, 30000]), "notAvailableDuration", id="lengths-2-vs-3"),
+    pytest.param(
+        {"notAvailableDuration": [0]}, "notAvailableDuration", id="lengths-default-latency-max"
+    ),
+    pytest.param(tiers([100, 100]), "latencyMax", id="latency-max-equal"),
+    pytest.param(tiers([50, 550, 100]), "latencyMax", id="latency-max-decreasing"),
+    pytest.param(tiers([], []), "latencyMax", id="latency-max-empty"),
+    pytest.param(tiers([50], []), "notAvailableDuration", id="nad-empty"),
+    pytest.param(tiers(list(range(33))), "latencyMax", id="33-tiers"),
+    pytest.param(tiers([-1, 100]), "latencyMax[0]", id="latency-max-negative"),
+    pytest.param(tiers([50, 100], [0, -5]), "notAvailableDuration[1]", id="nad-negative"),
+    pytest.param(tiers([50, 3_600_001]), "latencyMax[1]", id="latency-max-over-hour"),
+    pytest.param(tiers([50, 100], [0, 86_400_001]), "notAvailableDuration[1]", id="nad-over-day"),
+    pytest.param(tiers([50.5, 100]), "latencyMax[0]", id="latency-max-float"),
+    pytest.param(tiers([50, 100], [0, 1.5]), "notAvailableDuration[1]", id="nad-float"),
+    pytest.param(tiers(["50", "100"]), "latencyMax[0]", id="latency-max-strings"),
+    pytest.param(tiers([50, None]), "latencyMax[1]", id="latency-max-null-entry"),
+    pytest.param(cfg(latencyMax="50,100"), "latencyMax", id="latency-max-string"),
+    pytest.param(cfg(latencyMax=None), "latencyMax", id="latency-max-null"),
+    pytest.param(cfg(isolationLatencyMs=-1), "isolationLatencyMs", id="isolation-negative"),
+    pytest.param(cfg(isolationLatencyMs=3_600_001), "isolationLatencyMs", id="isolation-over-hour"),
+    pytest.param(cfg(isolationLatencyMs="30000"), "isolationLatencyMs", id="isolation-string"),
+    pytest.param(cfg(isolationLatencyMs=1.5), "isolationLatencyMs", id="isolation-float"),
+    pytest.param(cfg(latencymax=[50]), "latencymax", id="unknown-field-typo"),
+    pytest.param(
+        cfg(sendLatencyFaultEnable="true"), "sendLatencyFaultEnable", id="enable-string-true"
+    ),
+    pytest.param(cfg(sendLatencyFaultEnable=1), "sendLatencyFaultEnable", id="enable-1"),
+    pytest.param(cfg(sendLatencyFaultEnable=None), "sendLatencyFaultEnable", id="enable-null"),
+    pytest.param(cfg(lastReportWins="false"), "lastReportWins", id="last-wins-string"),
+]
+
+BODY_ENDPOINTS = [
+    pytest.param("POST", "/report-latency", id="report"),
+    pytest.param("POST", "/select", id="select"),
+    pytest.param("PUT", f"/routes/{TOPIC}", id="route"),
+    pytest.param("PUT", "/config", id="config"),
+]
+
+#: Bodies wrong as a whole: field ``body`` on every endpoint that takes one.
+MALFORMED_BODIES = [
+    pytest.param(Raw(b""), id="empty"),
+    pytest.param(Raw(b'{"brokerName":"broker-a","latencyMs":1'), id="truncated"),
+    pytest.param(Raw(b'{"brokerName":"broker-a","latencyMs":1,}'), id="trailing-comma"),
+    pytest.param(Raw(b"{'brokerName': 'broker-a'}"), id="single-quotes"),
+    pytest.param(Raw(b"\xff\xfe\x00{"), id="not-utf8"),
+    pytest.param(Raw(b"   "), id="whitespace"),
+    pytest.param(Raw(b"null"), id="null"),
+    pytest.param([{"brokerName": "broker-a", "latencyMs": 1}], id="array"),
+    pytest.param("broker-a", id="string"),
+    pytest.param(42, id="number"),
+    pytest.param(True, id="true"),
+    pytest.param(Raw(b"[" * 20_000 + b"]" * 20_000), id="nested-20000-deep"),
+    pytest.param(Raw(b"1" * 5000), id="5000-digit-int"),
+]
+
+MISC_CASES = [
+    pytest.param("GET", "/no-such-path", 404, NF, id="unknown-path"),
+    pytest.param("POST", "/routes", 405, "METHOD_NOT_ALLOWED", id="post-routes"),
+    pytest.param("GET", "/select", 405, "METHOD_NOT_ALLOWED", id="get-select"),
+    pytest.param("GET", "/report-latency", 405, "METHOD_NOT_ALLOWED", id="get-report"),
+    pytest.param("POST", "/config", 405, "METHOD_NOT_ALLOWED", id="post-config"),
+    pytest.param("DELETE", "/config", 405, "METHOD_NOT_ALLOWED", id="delete-config"),
+    pytest.param("PATCH", f"/routes/{TOPIC}", 405, "METHOD_NOT_ALLOWED", id="patch-route"),
+    pytest.param("DELETE", "/fault-items", 405, "METHOD_NOT_ALLOWED", id="delete-fault-items"),
+]
+
+
+# ---------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize(("body", "field"), REPORT_CASES)
+def test_report_latency_rejects(seeded: TestClient, body: Any, field: str) -> None:
+    before = snapshot(seeded)
+    assert_error(send(seeded, "POST", "/report-latency", body), 422, VE, field)
+    assert snapshot(seeded) == before
+
+
+@pytest.mark.parametrize(("body", "status", "code", "field"), SELECT_CASES)
+def test_select_rejects(seeded: TestClient, body: Any, status: int, code: str, field: str) -> None:
+    before = snapshot(seeded)
+    assert_error(send(seeded, "POST", "/select", body), status, code, field)
+    assert snapshot(seeded) == before
+
+
+def test_select_4097_inline_queues_is_a_validation_error(roomy_client: TestClient) -> None:
+    """Under a body limit that lets it through, the list length itself is refused."""
+    before = snapshot(roomy_client)
+    r = roomy_client.post("/select", json=sel(queues=SELECT_QUEUES_4097))
+    assert_error(r, 422, VE, "queues")
+    assert snapshot(roomy_client) == before
+    ok = roomy_client.post("/select", json=sel(queues=SELECT_QUEUES_4097[:4096]))
+    assert ok.status_code == 200, ok.text[:300]
+
+
+@pytest.mark.parametrize(("body", "field"), ROUTE_BODY_CASES)
+def test_put_route_rejects_body(seeded: TestClient, body: Any, field: str) -> None:
+    before = snapshot(seeded)
+    assert_error(send(seeded, "PUT", f"/routes/{TOPIC}", body), 422, VE, field)
+    assert_error(send(seeded, "PUT", "/routes/fresh-topic", body), 422, VE, field)
+    assert snapshot(seeded) == before
+
+
+@pytest.mark.parametrize("topic", ROUTE_PATH_CASES)
+@pytest.mark.parametrize("method", ["PUT", "GET", "DELETE"])
+def test_route_rejects_topic_path(seeded: TestClient, method: str, topic: str) -> None:
+    before = snapshot(seeded)
+    body = SEED_ROUTE if method == "PUT" else None
+    assert_error(send(seeded, method, f"/routes/{topic}", body), 422, VE, "topic")
+    assert snapshot(seeded) == before
+
+
+@pytest.mark.parametrize("method", ["GET", "DELETE"])
+def test_unknown_topic_is_not_found(seeded: TestClient, method: str) -> None:
+    before = snapshot(seeded)
+    assert_error(send(seeded, method, "/routes/no-such-topic"), 404, NF, "topic")
+    assert snapshot(seeded) == before
+
+
+@pytest.mark.parametrize(
+    ("name", "status", "code"),
+    [
+        pytest.param("no-such-broker", 404, NF, id="unknown-broker"),
+        pytest.param("b" * 128, 422, VE, id="broker-128"),
+        pytest.param("b" * 10_000, 422, VE, id="broker-10000"),
+        pytest.param("a%20b", 422, VE, id="broker-space"),
+        pytest.param("%C3%A4", 422, VE, id="broker-unicode"),
+    ],
+)
+def test_delete_fault_item_rejects(seeded: TestClient, name: str, status: int, code: str) -> None:
+    before = snapshot(seeded)
+    assert_error(send(seeded, "DELETE", f"/fault-items/{name}"), status, code, "brokerName")
+    assert snapshot(seeded) == before
+
+
+@pytest.mark.parametrize(("body", "field"), CONFIG_CASES)
+def test_put_config_rejects(seeded: TestClient, body: Any, field: str) -> None:
+    before = snapshot(seeded)
+    assert_error(send(seeded, "PUT", "/config", body), 422, VE, field)
+    assert snapshot(seeded) == before
+
+
+@pytest.mark.parametrize("body", MALFORMED_BODIES)
+@pytest.mark.parametrize(("method", "path"), BODY_ENDPOINTS)
+def test_malformed_body_rejects(seeded: TestClient, method: str, path: str, body: Any) -> None:
+    before = snapshot(seeded)
+    assert_error(send(seeded, method, path, body), 422, VE, "body")
+    assert snapshot(seeded) == before
+
+
+@pytest.mark.parametrize(("method", "path", "status", "code"), MISC_CASES)
+def test_unknown_path_and_wrong_method(
+    seeded: TestClient, method: str, path: str, status: int, code: str
+) -> None:
+    before = snapshot(seeded)
+    assert_error(send(seeded, method, path, {"topic": TOPIC}), status, code, None)
+    assert snapshot(seeded) == before
+
+
+@pytest.mark.parametrize(("method", "path"), BODY_ENDPOINTS)
+@pytest.mark.parametrize("size", [LIMIT + 1, BIG], ids=["64KiB+1", "2MiB"])
+def test_oversized_body_with_content_length(
+    seeded: TestClient, method: str, path: str, size: int
+) -> None:
+    before = snapshot(seeded)
+    r = seeded.request(method, path, content=padded_report(size), headers=JSON)
+    assert r.request.headers["content-length"] == str(size)
+    assert_error(r, 413, TL, "body")
+    assert snapshot(seeded) == before
+
+
+@pytest.mark.parametrize(("method", "path"), BODY_ENDPOINTS)
+@pytest.mark.parametrize("size", [LIMIT + 1, BIG], ids=["64KiB+1", "2MiB"])
+def test_oversized_body_chunked(seeded: TestClient, method: str, path: str, size: int) -> None:
+    """No Content-Length to refuse up front: the limit must hold while the body streams."""
+    before = snapshot(seeded)
+    r = seeded.request(method, path, content=chunks(padded_report(size)), headers=JSON)
+    assert "content-length" not in r.request.headers
+    assert r.request.headers["transfer-encoding"] == "chunked"
+    assert_error(r, 413, TL, "body")
+    assert snapshot(seeded) == before
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        pytest.param("POST", "/report-latency", report(brokerName="b" * 127), id="broker-127"),
+        pytest.param("POST", "/report-latency", report(latencyMs=3_600_000), id="latency-hour"),
+        pytest.param("POST", "/report-latency", report(latencyMs=0), id="latency-0"),
+        pytest.param("POST", "/report-latency", Raw(padded_report(LIMIT)), id="body-64KiB"),
+        pytest.param(
+            "POST",
+            "/select",
+            sel(topic="t" * 127, queues=[q(queue_id=1023)]),
+            id="topic-127-queue-1023",
+        ),
+        pytest.param(
+            "PUT",
+            "/routes/" + "t" * 127,
+            {"brokers": [broker(f"b{i}", 1024) for i in range(256)]},
+            id="route-256-brokers-1024-queues",
+        ),
+        pytest.param(
+            "PUT", "/config", tiers(list(range(32)), [86_400_000] * 32), id="config-32-tiers"
+        ),
+    ],
+)
+def test_limits_themselves_are_accepted(
+    client: TestClient, method: str, path: str, body: Any
+) -> None:
+    """The boundaries above are exact: the largest valid value still passes."""
+    r = send(client, method, path, body)
+    assert r.status_code == 200, r.text[:300]
+
+
+#: Every table-driven bad request, for the batch test below.
+def _all_bad_requests() -> list[tuple[str, str, Any]]:
+    out: list[tuple[str, str, Any]] = []
+    out += [("POST", "/report-latency", p.values[0]) for p in REPORT_CASES]
+    out += [("POST", "/select", p.values[0]) for p in SELECT_CASES]
+    out += [("PUT", f"/routes/{TOPIC}", p.values[0]) for p in ROUTE_BODY_CASES]
+    out += [("PUT", "/routes/fresh-topic", p.values[0]) for p in ROUTE_BODY_CASES]
+    for p in ROUTE_PATH_CASES:
+        out += [
+            ("PUT", f"/routes/{p.values[0]}", SEED_ROUTE),
+            ("DELETE", f"/routes/{p.values[0]}", None),
+        ]
+    out += [("DELETE", "/routes/no-such-topic", None), ("DELETE", "/fault-items/zz", None)]
+    out += [("DELETE", "/fault-items/a%20b", None)]
+    out += [("PUT", "/config", p.values[0]) for p in CONFIG_CASES]
+    for e in BODY_ENDPOINTS:
+        out += [(*e.values, p.values[0]) for p in MALFORMED_BODIES]
+        out += [(*e.values, Raw(padded_report(BIG)))]
+    out += [(m, path, {"topic": TOPIC}) for m, path, *_ in (p.values for p in MISC_CASES)]
+    return out
+
+
+def test_batch_of_bad_requests_changes_nothing_and_service_still_works(
+    seeded: TestClient,
+) -> None:
+    before = snapshot(seeded)
+    answers: list[tuple[str, str, int]] = []
+    for method, path, body in _all_bad_requests():
+        r = send(seeded, method, path, body)
+        assert r.status_code < 500, (method, path[:80], r.status_code, r.text[:300])
+        assert set(r.json()) == {"error", "message", "field"}, (method, path[:80], r.text[:300])
+        answers.append((method, path[:40], r.status_code))
+    for method, path in (p.values for p in BODY_ENDPOINTS):
+        r = seeded.request(method, path, content=chunks(padded_report(BIG)), headers=JSON)
+        assert r.status_code < 500, (method, path, r.status_code, r.text[:300])
+    assert len(answers) > 250
+    assert snapshot(seeded) == before
+
+    # Not wedged: a valid report, select and config write all still work.
+    r = seeded.post("/report-latency", json={"brokerName": "broker-b", "latencyMs": 700})
+    assert r.status_code == 200, r.text
+    assert r.json()["notAvailableDurationMs"] == 30000
+    r = seeded.post("/select", json={"topic": TOPIC})
+    assert r.status_code == 200, r.text
+    assert r.json()["decision"] == "pick_one_at_least"
+    items = {i["brokerName"]: i for i in seeded.get("/fault-items").json()["items"]}
+    assert items["broker-b"]["currentLatencyMs"] == 700 and not items["broker-b"]["available"]
+    assert seeded.get("/readyz").status_code == 200
