@@ -103,9 +103,17 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 400:
+            # The framework's answer to a body json.loads choked on in a way it does
+            # not classify (a 5,000-digit number, nesting past the recursion limit).
+            body = error_body("VALIDATION_ERROR", "request body is not valid JSON", "body")
+            return JSONResponse(body, status_code=422)
         code = _HTTP_CODES.get(exc.status_code, "HTTP_ERROR")
+        field = "body" if exc.status_code == 413 else None
         return JSONResponse(
-            error_body(code, str(exc.detail)), status_code=exc.status_code, headers=exc.headers
+            error_body(code, str(exc.detail), field),
+            status_code=exc.status_code,
+            headers=exc.headers,
         )
 
     async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:

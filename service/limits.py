@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import json
 
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import error_body
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
 class BodyLimit:
-    """413 when Content-Length says too much, or when a streamed body passes the limit.
+    """413 when Content-Length says too much, or once a streamed body passes the limit.
 
     Pure ASGI rather than BaseHTTPMiddleware: it sits on the /select hot path.
     """
@@ -39,28 +36,19 @@ class BodyLimit:
                 break
 
         received = 0
-        started = False
 
         async def limited_receive() -> Message:
+            # A chunked body has no length up front: count it as it is read. The
+            # HTTPException travels through the framework to the error handler.
             nonlocal received
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
-                    raise BodyTooLarge
+                    raise HTTPException(413, f"request body over {self.max_bytes} bytes")
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except BodyTooLarge:
-            if not started:
-                await self._reject(send)
+        await self.app(scope, limited_receive, send)
 
     async def _reject(self, send: Send) -> None:
         body = json.dumps(

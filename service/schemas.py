@@ -133,6 +133,14 @@ class BrokerSpec(Body):
     )
 
 
+    @field_validator("address")
+    @classmethod
+    def _port_in_range(cls, v: str | None) -> str | None:
+        if v is not None and not 1 <= int(v.rsplit(":", 1)[1]) <= 65535:
+            raise ValueError("port must be 1..65535")
+        return v
+
+
 class RouteBody(Body):
     """A topic's brokers; the queue list is ordered by brokerName, then queueId."""
 

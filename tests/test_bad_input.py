@@ -10,9 +10,12 @@ The contract under test, on both stores (the parametrized ``client`` fixture):
 * the shared state (``GET /config``, ``GET /routes``, ``GET /fault-items`` minus ``now``)
   is the same after the bad request as before it.
 
-Each table row is ``(method, path, body, status, error, field)``. A ``body`` that is a
-``Raw`` is sent byte for byte as ``application/json``; ``None`` sends no body; anything
-else is sent as JSON.
+Every test starts from ``seed`` (a non-default config, a route, one report that opens a
+window) and checks the three reads against what the seed wrote after its bad request;
+``test_batch_...`` replays every table on one app and compares before/after snapshots.
+
+In the tables a ``Raw`` body is sent byte for byte as ``application/json``, ``None`` sends
+no body, anything else is sent as JSON.
 """
 
 from __future__ import annotations
@@ -52,6 +55,9 @@ SEED_ROUTE: dict[str, Any] = {
 }
 
 
+State = dict[str, Any]
+
+
 @dataclass(frozen=True)
 class Raw:
     """A body sent as these exact bytes with ``content-type: application/json``."""
@@ -81,7 +87,7 @@ def assert_error(r: Response, status: int, code: str, field: str | None) -> None
     assert body["field"] == field, body
 
 
-def snapshot(client: TestClient) -> dict[str, Any]:
+def snapshot(client: TestClient) -> State:
     """The shared state as an operator sees it; ``now`` is dropped from the fault items."""
     out: dict[str, Any] = {}
     for name, path in (("config", "/config"), ("routes", "/routes"), ("faults", "/fault-items")):
@@ -92,20 +98,37 @@ def snapshot(client: TestClient) -> dict[str, Any]:
     return out
 
 
-def seed(client: TestClient) -> None:
-    """A route, a non-default config and two reports (one opening a window)."""
+def seed(client: TestClient) -> State:
+    """A non-default config, a route, and one report that opens a 30 s window on broker-a.
+
+    Returns the state that must then read back (what ``snapshot`` gives): every test
+    compares against it after its bad requests, so a change made by any of them shows.
+    """
     assert client.put("/config", json=SEED_CONFIG).status_code == 200
     assert client.put(f"/routes/{TOPIC}", json=SEED_ROUTE).status_code == 200
-    for broker, latency in (("broker-a", 600), ("broker-b", 10)):
-        r = client.post("/report-latency", json={"brokerName": broker, "latencyMs": latency})
-        assert r.status_code == 200, r.text
-    items = {i["brokerName"]: i for i in client.get("/fault-items").json()["items"]}
-    assert items["broker-a"]["available"] is False and items["broker-b"]["available"] is True
+    r = client.post("/report-latency", json={"brokerName": "broker-a", "latencyMs": 600})
+    assert r.status_code == 200 and r.json()["notAvailableDurationMs"] == 30000, r.text
+    item = {
+        "brokerName": "broker-a",
+        "currentLatencyMs": 600,
+        "availableAt": r.json()["availableAt"],
+        "available": False,
+    }
+    return {
+        "config": SEED_CONFIG,
+        "routes": {"routes": [{"topic": TOPIC, **SEED_ROUTE}]},
+        "faults": {"items": [item]},
+    }
 
 
 @pytest.fixture
-def seeded(client: TestClient) -> TestClient:
-    seed(client)
+def seeded_state(client: TestClient) -> State:
+    return seed(client)
+
+
+@pytest.fixture
+def seeded(client: TestClient, seeded_state: State) -> TestClient:
+    """The ``client`` after ``seed``; ``seeded_state`` is what it must still read back."""
     return client
 
 
@@ -151,12 +174,10 @@ def nan_report(token: str) -> Raw:
 REPORT_CASES = [
     # latencyMs
     pytest.param(report(latencyMs=-1), "latencyMs", id="latency-negative"),
-    pytest.param(report(latencyMs=-0.5), "latencyMs", id="latency-negative-fraction"),
     pytest.param(report(latencyMs="120"), "latencyMs", id="latency-string"),
     pytest.param(report(latencyMs=None), "latencyMs", id="latency-null"),
     pytest.param(report(latencyMs=True), "latencyMs", id="latency-true"),
     pytest.param(report(latencyMs=[120]), "latencyMs", id="latency-list"),
-    pytest.param(report(latencyMs={"ms": 120}), "latencyMs", id="latency-object"),
     pytest.param(nan_report("NaN"), "latencyMs", id="latency-NaN"),
     pytest.param(nan_report("Infinity"), "latencyMs", id="latency-Infinity"),
     pytest.param(nan_report("-Infinity"), "latencyMs", id="latency-minus-Infinity"),
@@ -185,10 +206,8 @@ REPORT_CASES = [
     # isolation and the rest of the body
     pytest.param(report(isolation="yes"), "isolation", id="isolation-yes"),
     pytest.param(report(isolation=1), "isolation", id="isolation-1"),
-    pytest.param(report(isolation="true"), "isolation", id="isolation-string-true"),
     pytest.param(report(isolation=None), "isolation", id="isolation-null"),
     pytest.param(report(extra=1), "extra", id="unknown-field"),
-    pytest.param(report(brokername="broker-a"), "brokername", id="unknown-field-case-typo"),
 ]
 
 SELECT_QUEUES_4097 = [{"brokerName": "broker-a", "queueId": i % 1024} for i in range(4097)]
@@ -216,7 +235,6 @@ SELECT_CASES = [
         sel(lastBrokerName="b" * 10_000), 422, VE, "lastBrokerName", id="last-broker-10000"
     ),
     pytest.param(sel(lastBrokerName="a b"), 422, VE, "lastBrokerName", id="last-broker-space"),
-    pytest.param(sel(lastBrokerName=5), 422, VE, "lastBrokerName", id="last-broker-number"),
     pytest.param(sel(queues=[]), 422, VE, "queues", id="queues-empty"),
     pytest.param(sel(queues="broker-a:0"), 422, VE, "queues", id="queues-string"),
     pytest.param(
@@ -227,13 +245,6 @@ SELECT_CASES = [
     ),
     pytest.param(sel(queues=[q(queue_id="0")]), 422, VE, "queues[0].queueId", id="queue-id-string"),
     pytest.param(sel(queues=[q(queue_id=0.5)]), 422, VE, "queues[0].queueId", id="queue-id-float"),
-    pytest.param(
-        sel(queues=[{"brokerName": "broker-a"}]),
-        422,
-        VE,
-        "queues[0].queueId",
-        id="queue-id-missing",
-    ),
     pytest.param(
         sel(queues=[q(broker="")]), 422, VE, "queues[0].brokerName", id="queue-broker-empty"
     ),
@@ -278,7 +289,6 @@ ROUTE_BODY_CASES = [
     pytest.param(
         route(broker(address="h" * 296 + ":9876")), "brokers[1].address", id="address-300-chars"
     ),
-    pytest.param(route(broker(address="a b:1")), "brokers[1].address", id="address-space"),
     pytest.param(route(broker(address="http://a:1")), "brokers[1].address", id="address-url"),
     pytest.param(route(broker(address=10911)), "brokers[1].address", id="address-number"),
     pytest.param(
@@ -291,7 +301,6 @@ ROUTE_BODY_CASES = [
         {"brokers": [broker(f"b{i}", 1) for i in range(257)]}, "brokers", id="brokers-257"
     ),
     pytest.param({"brokers": broker()}, "brokers", id="brokers-object"),
-    pytest.param({"brokers": None}, "brokers", id="brokers-null"),
     pytest.param({}, "brokers", id="brokers-missing"),
     pytest.param({**route(), "topic": "other"}, "topic", id="unknown-field-topic"),
 ]
@@ -301,10 +310,18 @@ ROUTE_PATH_CASES = [
     pytest.param("t" * 128, id="topic-128"),
     pytest.param("a%20b", id="topic-space"),
     pytest.param("%E2%82%AC", id="topic-euro"),
-    pytest.param("a%2Fb", id="topic-encoded-slash"),
     pytest.param("a%00b", id="topic-nul"),
     pytest.param("a:b", id="topic-colon"),
     pytest.param("*", id="topic-star"),
+]
+
+ROUTE_PATH_METHOD_CASES = [
+    *(pytest.param("PUT", p.values[0], id=f"PUT-{p.id}") for p in ROUTE_PATH_CASES),
+    *(
+        pytest.param(m, p.values[0], id=f"{m}-{p.id}")
+        for m in ("GET", "DELETE")
+        for p in ROUTE_PATH_CASES[:3]
+    ),
 ]
 
 
@@ -334,9 +351,7 @@ CONFIG_CASES = [
     pytest.param(tiers([50.5, 100]), "latencyMax[0]", id="latency-max-float"),
     pytest.param(tiers([50, 100], [0, 1.5]), "notAvailableDuration[1]", id="nad-float"),
     pytest.param(tiers(["50", "100"]), "latencyMax[0]", id="latency-max-strings"),
-    pytest.param(tiers([50, None]), "latencyMax[1]", id="latency-max-null-entry"),
     pytest.param(cfg(latencyMax="50,100"), "latencyMax", id="latency-max-string"),
-    pytest.param(cfg(latencyMax=None), "latencyMax", id="latency-max-null"),
     pytest.param(cfg(isolationLatencyMs=-1), "isolationLatencyMs", id="isolation-negative"),
     pytest.param(cfg(isolationLatencyMs=3_600_001), "isolationLatencyMs", id="isolation-over-hour"),
     pytest.param(cfg(isolationLatencyMs="30000"), "isolationLatencyMs", id="isolation-string"),
@@ -346,43 +361,56 @@ CONFIG_CASES = [
         cfg(sendLatencyFaultEnable="true"), "sendLatencyFaultEnable", id="enable-string-true"
     ),
     pytest.param(cfg(sendLatencyFaultEnable=1), "sendLatencyFaultEnable", id="enable-1"),
-    pytest.param(cfg(sendLatencyFaultEnable=None), "sendLatencyFaultEnable", id="enable-null"),
     pytest.param(cfg(lastReportWins="false"), "lastReportWins", id="last-wins-string"),
 ]
 
-BODY_ENDPOINTS = [
-    pytest.param("POST", "/report-latency", id="report"),
-    pytest.param("POST", "/select", id="select"),
-    pytest.param("PUT", f"/routes/{TOPIC}", id="route"),
-    pytest.param("PUT", "/config", id="config"),
+BODY_ENDPOINTS = {
+    "report": ("POST", "/report-latency"),
+    "select": ("POST", "/select"),
+    "route": ("PUT", f"/routes/{TOPIC}"),
+    "config": ("PUT", "/config"),
+}
+
+#: Bodies wrong as a whole: field ``body``.
+MALFORMED_BODIES: dict[str, Any] = {
+    "empty": Raw(b""),
+    "truncated": Raw(b'{"brokerName":"broker-a","latencyMs":1'),
+    "trailing-comma": Raw(b'{"brokerName":"broker-a","latencyMs":1,}'),
+    "single-quotes": Raw(b"{'brokerName': 'broker-a'}"),
+    "not-utf8": Raw(b"\xff\xfe\x00{"),
+    "whitespace": Raw(b"   "),
+    "null": Raw(b"null"),
+    "array": [{"brokerName": "broker-a", "latencyMs": 1}],
+    "string": "broker-a",
+    "number": 42,
+    "true": True,
+    "nested-20000-deep": Raw(b"[" * 20_000 + b"]" * 20_000),
+    "5000-digit-int": Raw(b"1" * 5000),
+}
+#: Every malformed body on /report-latency; these on every other endpoint with a body.
+MALFORMED_EVERYWHERE = ("empty", "truncated", "array", "nested-20000-deep", "5000-digit-int")
+MALFORMED_CASES = [
+    pytest.param(*BODY_ENDPOINTS[ep], body, id=f"{ep}-{name}")
+    for ep in BODY_ENDPOINTS
+    for name, body in MALFORMED_BODIES.items()
+    if ep == "report" or name in MALFORMED_EVERYWHERE
 ]
 
-#: Bodies wrong as a whole: field ``body`` on every endpoint that takes one.
-MALFORMED_BODIES = [
-    pytest.param(Raw(b""), id="empty"),
-    pytest.param(Raw(b'{"brokerName":"broker-a","latencyMs":1'), id="truncated"),
-    pytest.param(Raw(b'{"brokerName":"broker-a","latencyMs":1,}'), id="trailing-comma"),
-    pytest.param(Raw(b"{'brokerName': 'broker-a'}"), id="single-quotes"),
-    pytest.param(Raw(b"\xff\xfe\x00{"), id="not-utf8"),
-    pytest.param(Raw(b"   "), id="whitespace"),
-    pytest.param(Raw(b"null"), id="null"),
-    pytest.param([{"brokerName": "broker-a", "latencyMs": 1}], id="array"),
-    pytest.param("broker-a", id="string"),
-    pytest.param(42, id="number"),
-    pytest.param(True, id="true"),
-    pytest.param(Raw(b"[" * 20_000 + b"]" * 20_000), id="nested-20000-deep"),
-    pytest.param(Raw(b"1" * 5000), id="5000-digit-int"),
+#: Over the 64 KiB limit: just over on /report-latency, 2 MiB everywhere.
+OVERSIZE_CASES = [
+    pytest.param(*BODY_ENDPOINTS["report"], LIMIT + 1, id="report-64KiB+1"),
+    *(pytest.param(*BODY_ENDPOINTS[ep], BIG, id=f"{ep}-2MiB") for ep in BODY_ENDPOINTS),
 ]
 
 MISC_CASES = [
     pytest.param("GET", "/no-such-path", 404, NF, id="unknown-path"),
+    # %2F is decoded before routing: /routes/a/b is simply an unknown path.
+    pytest.param("PUT", "/routes/a%2Fb", 404, NF, id="route-encoded-slash"),
     pytest.param("POST", "/routes", 405, "METHOD_NOT_ALLOWED", id="post-routes"),
     pytest.param("GET", "/select", 405, "METHOD_NOT_ALLOWED", id="get-select"),
-    pytest.param("GET", "/report-latency", 405, "METHOD_NOT_ALLOWED", id="get-report"),
     pytest.param("POST", "/config", 405, "METHOD_NOT_ALLOWED", id="post-config"),
     pytest.param("DELETE", "/config", 405, "METHOD_NOT_ALLOWED", id="delete-config"),
     pytest.param("PATCH", f"/routes/{TOPIC}", 405, "METHOD_NOT_ALLOWED", id="patch-route"),
-    pytest.param("DELETE", "/fault-items", 405, "METHOD_NOT_ALLOWED", id="delete-fault-items"),
 ]
 
 
@@ -390,17 +418,19 @@ MISC_CASES = [
 
 
 @pytest.mark.parametrize(("body", "field"), REPORT_CASES)
-def test_report_latency_rejects(seeded: TestClient, body: Any, field: str) -> None:
-    before = snapshot(seeded)
+def test_report_latency_rejects(
+    seeded: TestClient, seeded_state: State, body: Any, field: str
+) -> None:
     assert_error(send(seeded, "POST", "/report-latency", body), 422, VE, field)
-    assert snapshot(seeded) == before
+    assert snapshot(seeded) == seeded_state
 
 
 @pytest.mark.parametrize(("body", "status", "code", "field"), SELECT_CASES)
-def test_select_rejects(seeded: TestClient, body: Any, status: int, code: str, field: str) -> None:
-    before = snapshot(seeded)
+def test_select_rejects(
+    seeded: TestClient, seeded_state: State, body: Any, status: int, code: str, field: str
+) -> None:
     assert_error(send(seeded, "POST", "/select", body), status, code, field)
-    assert snapshot(seeded) == before
+    assert snapshot(seeded) == seeded_state
 
 
 def test_select_4097_inline_queues_is_a_validation_error(roomy_client: TestClient) -> None:
@@ -414,27 +444,27 @@ def test_select_4097_inline_queues_is_a_validation_error(roomy_client: TestClien
 
 
 @pytest.mark.parametrize(("body", "field"), ROUTE_BODY_CASES)
-def test_put_route_rejects_body(seeded: TestClient, body: Any, field: str) -> None:
-    before = snapshot(seeded)
+def test_put_route_rejects_body(
+    seeded: TestClient, seeded_state: State, body: Any, field: str
+) -> None:
     assert_error(send(seeded, "PUT", f"/routes/{TOPIC}", body), 422, VE, field)
     assert_error(send(seeded, "PUT", "/routes/fresh-topic", body), 422, VE, field)
-    assert snapshot(seeded) == before
+    assert snapshot(seeded) == seeded_state
 
 
-@pytest.mark.parametrize("topic", ROUTE_PATH_CASES)
-@pytest.mark.parametrize("method", ["PUT", "GET", "DELETE"])
-def test_route_rejects_topic_path(seeded: TestClient, method: str, topic: str) -> None:
-    before = snapshot(seeded)
+@pytest.mark.parametrize(("method", "topic"), ROUTE_PATH_METHOD_CASES)
+def test_route_rejects_topic_path(
+    seeded: TestClient, seeded_state: State, method: str, topic: str
+) -> None:
     body = SEED_ROUTE if method == "PUT" else None
     assert_error(send(seeded, method, f"/routes/{topic}", body), 422, VE, "topic")
-    assert snapshot(seeded) == before
+    assert snapshot(seeded) == seeded_state
 
 
 @pytest.mark.parametrize("method", ["GET", "DELETE"])
-def test_unknown_topic_is_not_found(seeded: TestClient, method: str) -> None:
-    before = snapshot(seeded)
+def test_unknown_topic_is_not_found(seeded: TestClient, seeded_state: State, method: str) -> None:
     assert_error(send(seeded, method, "/routes/no-such-topic"), 404, NF, "topic")
-    assert snapshot(seeded) == before
+    assert snapshot(seeded) == seeded_state
 
 
 @pytest.mark.parametrize(
@@ -447,58 +477,53 @@ def test_unknown_topic_is_not_found(seeded: TestClient, method: str) -> None:
         pytest.param("%C3%A4", 422, VE, id="broker-unicode"),
     ],
 )
-def test_delete_fault_item_rejects(seeded: TestClient, name: str, status: int, code: str) -> None:
-    before = snapshot(seeded)
+def test_delete_fault_item_rejects(
+    seeded: TestClient, seeded_state: State, name: str, status: int, code: str
+) -> None:
     assert_error(send(seeded, "DELETE", f"/fault-items/{name}"), status, code, "brokerName")
-    assert snapshot(seeded) == before
+    assert snapshot(seeded) == seeded_state
 
 
 @pytest.mark.parametrize(("body", "field"), CONFIG_CASES)
-def test_put_config_rejects(seeded: TestClient, body: Any, field: str) -> None:
-    before = snapshot(seeded)
+def test_put_config_rejects(seeded: TestClient, seeded_state: State, body: Any, field: str) -> None:
     assert_error(send(seeded, "PUT", "/config", body), 422, VE, field)
-    assert snapshot(seeded) == before
+    assert snapshot(seeded) == seeded_state
 
 
-@pytest.mark.parametrize("body", MALFORMED_BODIES)
-@pytest.mark.parametrize(("method", "path"), BODY_ENDPOINTS)
-def test_malformed_body_rejects(seeded: TestClient, method: str, path: str, body: Any) -> None:
-    before = snapshot(seeded)
+@pytest.mark.parametrize(("method", "path", "body"), MALFORMED_CASES)
+def test_malformed_body_rejects(
+    seeded: TestClient, seeded_state: State, method: str, path: str, body: Any
+) -> None:
     assert_error(send(seeded, method, path, body), 422, VE, "body")
-    assert snapshot(seeded) == before
+    assert snapshot(seeded) == seeded_state
 
 
 @pytest.mark.parametrize(("method", "path", "status", "code"), MISC_CASES)
 def test_unknown_path_and_wrong_method(
-    seeded: TestClient, method: str, path: str, status: int, code: str
+    seeded: TestClient, seeded_state: State, method: str, path: str, status: int, code: str
 ) -> None:
-    before = snapshot(seeded)
     assert_error(send(seeded, method, path, {"topic": TOPIC}), status, code, None)
-    assert snapshot(seeded) == before
+    assert snapshot(seeded) == seeded_state
 
 
-@pytest.mark.parametrize(("method", "path"), BODY_ENDPOINTS)
-@pytest.mark.parametrize("size", [LIMIT + 1, BIG], ids=["64KiB+1", "2MiB"])
-def test_oversized_body_with_content_length(
-    seeded: TestClient, method: str, path: str, size: int
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+@pytest.mark.parametrize(("method", "path", "size"), OVERSIZE_CASES)
+def test_oversized_body_is_413(
+    seeded: TestClient, seeded_state: State, method: str, path: str, size: int, chunked: bool
 ) -> None:
-    before = snapshot(seeded)
-    r = seeded.request(method, path, content=padded_report(size), headers=JSON)
-    assert r.request.headers["content-length"] == str(size)
-    assert_error(r, 413, TL, "body")
-    assert snapshot(seeded) == before
+    """Refused up front by Content-Length, or while streaming when there is none.
 
-
-@pytest.mark.parametrize(("method", "path"), BODY_ENDPOINTS)
-@pytest.mark.parametrize("size", [LIMIT + 1, BIG], ids=["64KiB+1", "2MiB"])
-def test_oversized_body_chunked(seeded: TestClient, method: str, path: str, size: int) -> None:
-    """No Content-Length to refuse up front: the limit must hold while the body streams."""
-    before = snapshot(seeded)
-    r = seeded.request(method, path, content=chunks(padded_report(size)), headers=JSON)
-    assert "content-length" not in r.request.headers
-    assert r.request.headers["transfer-encoding"] == "chunked"
+    The body is a valid report padded with whitespace: accepting it would add broker-c.
+    """
+    data = padded_report(size)
+    r = seeded.request(method, path, content=chunks(data) if chunked else data, headers=JSON)
+    if chunked:
+        assert "content-length" not in r.request.headers
+        assert r.request.headers["transfer-encoding"] == "chunked"
+    else:
+        assert r.request.headers["content-length"] == str(size)
     assert_error(r, 413, TL, "body")
-    assert snapshot(seeded) == before
+    assert snapshot(seeded) == seeded_state
 
 
 @pytest.mark.parametrize(
@@ -517,8 +542,8 @@ def test_oversized_body_chunked(seeded: TestClient, method: str, path: str, size
         pytest.param(
             "PUT",
             "/routes/" + "t" * 127,
-            {"brokers": [broker(f"b{i}", 1024) for i in range(256)]},
-            id="route-256-brokers-1024-queues",
+            {"brokers": [broker(f"b{i}", 1024 if i == 0 else 1) for i in range(256)]},
+            id="route-256-brokers-one-with-1024-queues",
         ),
         pytest.param(
             "PUT", "/config", tiers(list(range(32)), [86_400_000] * 32), id="config-32-tiers"
@@ -533,45 +558,56 @@ def test_limits_themselves_are_accepted(
     assert r.status_code == 200, r.text[:300]
 
 
-#: Every table-driven bad request, for the batch test below.
 def _all_bad_requests() -> list[tuple[str, str, Any]]:
+    """Every table-driven bad request (the chunked ones are sent separately)."""
     out: list[tuple[str, str, Any]] = []
     out += [("POST", "/report-latency", p.values[0]) for p in REPORT_CASES]
     out += [("POST", "/select", p.values[0]) for p in SELECT_CASES]
-    out += [("PUT", f"/routes/{TOPIC}", p.values[0]) for p in ROUTE_BODY_CASES]
-    out += [("PUT", "/routes/fresh-topic", p.values[0]) for p in ROUTE_BODY_CASES]
-    for p in ROUTE_PATH_CASES:
-        out += [
-            ("PUT", f"/routes/{p.values[0]}", SEED_ROUTE),
-            ("DELETE", f"/routes/{p.values[0]}", None),
-        ]
-    out += [("DELETE", "/routes/no-such-topic", None), ("DELETE", "/fault-items/zz", None)]
-    out += [("DELETE", "/fault-items/a%20b", None)]
+    for path in (f"/routes/{TOPIC}", "/routes/fresh-topic"):
+        out += [("PUT", path, p.values[0]) for p in ROUTE_BODY_CASES]
+    out += [
+        (m, f"/routes/{t}", SEED_ROUTE if m == "PUT" else None)
+        for m, t in (p.values for p in ROUTE_PATH_METHOD_CASES)
+    ]
+    out += [("DELETE", "/routes/no-such-topic", None), ("GET", "/routes/no-such-topic", None)]
+    out += [("DELETE", f"/fault-items/{n}", None) for n in ("zz", "a%20b", "b" * 128)]
     out += [("PUT", "/config", p.values[0]) for p in CONFIG_CASES]
-    for e in BODY_ENDPOINTS:
-        out += [(*e.values, p.values[0]) for p in MALFORMED_BODIES]
-        out += [(*e.values, Raw(padded_report(BIG)))]
+    out += [tuple(p.values) for p in MALFORMED_CASES]
+    out += [
+        (m, path, Raw(padded_report(size))) for m, path, size in (p.values for p in OVERSIZE_CASES)
+    ]
     out += [(m, path, {"topic": TOPIC}) for m, path, *_ in (p.values for p in MISC_CASES)]
     return out
 
 
 def test_batch_of_bad_requests_changes_nothing_and_service_still_works(
-    seeded: TestClient,
+    seeded: TestClient, seeded_state: State
 ) -> None:
+    """All of the above in a row on one app: none is a 5xx or a success, nothing changes,
+    and the service still takes a valid report and select afterwards."""
     before = snapshot(seeded)
-    answers: list[tuple[str, str, int]] = []
-    for method, path, body in _all_bad_requests():
-        r = send(seeded, method, path, body)
-        assert r.status_code < 500, (method, path[:80], r.status_code, r.text[:300])
-        assert set(r.json()) == {"error", "message", "field"}, (method, path[:80], r.text[:300])
-        answers.append((method, path[:40], r.status_code))
-    for method, path in (p.values for p in BODY_ENDPOINTS):
-        r = seeded.request(method, path, content=chunks(padded_report(BIG)), headers=JSON)
-        assert r.status_code < 500, (method, path, r.status_code, r.text[:300])
-    assert len(answers) > 250
-    assert snapshot(seeded) == before
+    assert before == seeded_state
+    wrong: list[tuple[str, str, int, str]] = []
 
-    # Not wedged: a valid report, select and config write all still work.
+    def check(method: str, path: str, r: Response) -> None:
+        ok = 400 <= r.status_code < 500
+        try:
+            ok = ok and set(r.json()) == {"error", "message", "field"}
+        except ValueError:
+            ok = False
+        if not ok:
+            wrong.append((method, path[:60], r.status_code, r.text[:160]))
+
+    requests = _all_bad_requests()
+    assert len(requests) > 150
+    for method, path, body in requests:
+        check(method, path, send(seeded, method, path, body))
+    for method, path, size in (p.values for p in OVERSIZE_CASES):
+        r = seeded.request(method, path, content=chunks(padded_report(size)), headers=JSON)
+        check(method, path, r)
+    after = snapshot(seeded)
+
+    # Not wedged: a valid report and select still work and see the seeded state.
     r = seeded.post("/report-latency", json={"brokerName": "broker-b", "latencyMs": 700})
     assert r.status_code == 200, r.text
     assert r.json()["notAvailableDurationMs"] == 30000
@@ -581,3 +617,6 @@ def test_batch_of_bad_requests_changes_nothing_and_service_still_works(
     items = {i["brokerName"]: i for i in seeded.get("/fault-items").json()["items"]}
     assert items["broker-b"]["currentLatencyMs"] == 700 and not items["broker-b"]["available"]
     assert seeded.get("/readyz").status_code == 200
+
+    assert after == before, f"state changed; bad requests not refused with a 4xx: {wrong}"
+    assert wrong == [], "bad requests not refused with a 4xx Error body"

@@ -69,7 +69,7 @@ async def fault_items(store: StoreDep) -> FaultItemsOut:
 
 
 @router.delete(
-    "/fault-items/{broker_name}",
+    "/fault-items/{brokerName}",
     status_code=204,
     response_class=Response,
     responses={**ERRORS, **UNAVAILABLE, **not_found("No fault item.")},

@@ -32,6 +32,7 @@ BrokerPath = Annotated[
         min_length=1,
         max_length=127,
         pattern=NAME_PATTERN,
+        alias="brokerName",
         description="Broker name.",
         examples=["broker-a"],
     ),
