@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 from fastapi import FastAPI
 
-from service.api import admin, health, reports, routes, select
+from service.api import admin, health, reports, routes, select, stream
 from service.errors import install_error_handlers
 from service.limits import BodyLimit
 from service.settings import Settings
@@ -64,7 +64,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         strict_content_type=False,
     )
     install_error_handlers(app)
-    for module in (select, reports, routes, admin, health):
+    for module in (select, reports, routes, stream, admin, health):
         app.include_router(module.router)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=settings.max_body_bytes,
+        overrides={"/report-latency:batch": settings.max_batch_body_bytes},
+    )
     return app

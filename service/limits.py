@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -16,22 +17,27 @@ class BodyLimit:
     Pure ASGI rather than BaseHTTPMiddleware: it sits on the /select hot path.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, overrides: Mapping[str, int] | None = None
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        #: path -> its own limit (the batch endpoint takes more)
+        self.overrides = dict(overrides or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.overrides.get(scope["path"], self.max_bytes)
         for name, value in scope["headers"]:
             if name == b"content-length":
                 try:
-                    too_large = int(value) > self.max_bytes
+                    too_large = int(value) > limit
                 except ValueError:
                     too_large = False
                 if too_large:
-                    await self._reject(send)
+                    await self._reject(send, limit)
                     return
                 break
 
@@ -44,15 +50,15 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise HTTPException(413, f"request body over {self.max_bytes} bytes")
+                if received > limit:
+                    raise HTTPException(413, f"request body over {limit} bytes")
             return message
 
         await self.app(scope, limited_receive, send)
 
-    async def _reject(self, send: Send) -> None:
+    async def _reject(self, send: Send, limit: int) -> None:
         body = json.dumps(
-            error_body("PAYLOAD_TOO_LARGE", f"request body over {self.max_bytes} bytes", "body")
+            error_body("PAYLOAD_TOO_LARGE", f"request body over {limit} bytes", "body")
         ).encode()
         await send(
             {

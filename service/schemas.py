@@ -132,7 +132,6 @@ class BrokerSpec(Body):
         examples=["10.0.0.5:10911"],
     )
 
-
     @field_validator("address")
     @classmethod
     def _port_in_range(cls, v: str | None) -> str | None:
@@ -241,6 +240,30 @@ class ReportRequest(Body):
     )
 
 
+#: Most reports in one batch call.
+MAX_BATCH = 1000
+
+
+class BatchReport(ReportRequest):
+    age_ms: int = Field(
+        0,
+        ge=0,
+        le=MAX_LATENCY_MS,
+        description="How long ago the send completed, in ms (a client replaying reports it "
+        "queued while Detour was unreachable): the window is computed from that moment.",
+        examples=[0],
+    )
+
+
+class BatchReportRequest(Body):
+    reports: list[BatchReport] = Field(
+        min_length=1,
+        max_length=MAX_BATCH,
+        description="1..1000 reports, applied in order, all in one atomic store operation.",
+        examples=[[{"brokerName": "broker-a", "latencyMs": 120, "isolation": False}]],
+    )
+
+
 class ReportResponse(Body):
     broker_name: BrokerName
     latency_ms: int = Field(description="The latency recorded, whole ms.", examples=[120])
@@ -274,3 +297,19 @@ class FaultItemsOut(Body):
 class Health(Body):
     status: Literal["ok", "ready"] = Field(description="`ok` (alive) or `ready`.", examples=["ok"])
     store: Literal["memory", "redis"] = Field(description="The store in use.", examples=["redis"])
+
+
+class BatchReportResponse(Body):
+    results: list[ReportResponse] = Field(
+        description="One result per report, in the request's order.",
+        examples=[
+            [
+                {
+                    "brokerName": "broker-a",
+                    "latencyMs": 120,
+                    "notAvailableDurationMs": 0,
+                    "availableAt": 1763791234567,
+                }
+            ]
+        ],
+    )

@@ -27,4 +27,6 @@ class Settings(BaseSettings):
     redis_timeout_s: float = Field(1.0, gt=0, le=60)
     #: Largest request body accepted (bytes); larger ones get 413.
     max_body_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    #: The same for POST /report-latency:batch (up to 1,000 reports).
+    max_batch_body_bytes: int = Field(256 * 1024, ge=1024, le=16 * 1024 * 1024)
     log_level: str = Field("info", pattern=r"^(critical|error|warning|info|debug|trace)$")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from service.model import Config, FaultItem, Route
 
@@ -24,6 +25,12 @@ class Snapshot:
     config_version: int
     routes: Mapping[str, Route]
     faults: Mapping[str, FaultItem]
+
+
+ChangeKind = Literal["fault", "route", "config", "snapshot"]
+#: (kind, key, value): ("fault", broker, FaultItem | None), ("route", topic, Route | None),
+#: ("config", "", Config), ("snapshot", "", None) after a resync replaced everything.
+Listener = Callable[[ChangeKind, str, object], None]
 
 
 class TableView:
@@ -41,6 +48,19 @@ class TableView:
         self._route_v: dict[str, int] = {}
         self._fault_v: dict[str, int] = {}
         self._counters: dict[str, int] = {}
+        self._listeners: list[Listener] = []
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener`` after every applied change; returns the unsubscribe function.
+
+        Listeners run inline and must not block (the push stream queues).
+        """
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    def _notify(self, kind: ChangeKind, key: str, value: object) -> None:
+        for listener in tuple(self._listeners):
+            listener(kind, key, value)
 
     # -- round robin -------------------------------------------------------
     def counter(self, topic: str) -> int:
@@ -61,28 +81,32 @@ class TableView:
 
     # -- changes -----------------------------------------------------------
     def apply_fault(self, broker: str, item: FaultItem | None, version: int) -> None:
-        if version < self._fault_v.get(broker, -1):
+        # The writer applies its own change, then receives its push: apply once.
+        if version <= self._fault_v.get(broker, 0):
             return
         self._fault_v[broker] = version
         if item is None:
             self.faults.pop(broker, None)
         else:
             self.faults[broker] = item
+        self._notify("fault", broker, item)
 
     def apply_route(self, topic: str, route: Route | None, version: int) -> None:
-        if version < self._route_v.get(topic, -1):
+        if version <= self._route_v.get(topic, 0):
             return
         self._route_v[topic] = version
         if route is None:
             self.routes.pop(topic, None)
         else:
             self.routes[topic] = route
+        self._notify("route", topic, route)
 
     def apply_config(self, config: Config, version: int) -> None:
-        if version < self.config_version:
+        if version <= self.config_version:
             return
         self.config = config
         self.config_version = version
+        self._notify("config", "", config)
 
     def replace(self, snap: Snapshot) -> None:
         """Install a full snapshot, keeping entries already applied at a newer version.
@@ -116,3 +140,4 @@ class TableView:
         if snap.config_version >= self.config_version:
             self.config, self.config_version = snap.config, snap.config_version
         self.version = max(self.version, snap.version)
+        self._notify("snapshot", "", None)

@@ -269,3 +269,46 @@ def test_operator_restores_a_broker(client: TestClient) -> None:
 def test_health(client: TestClient, store_kind: str) -> None:
     assert client.get("/healthz").json() == {"status": "ok", "store": store_kind}
     assert client.get("/readyz").json() == {"status": "ready", "store": store_kind}
+
+
+# -- batch reports ---------------------------------------------------------------
+
+
+def test_batch_applies_in_order(client: TestClient) -> None:
+    before = store_now(client)
+    r = client.post("/report-latency:batch", json={"reports": [
+        {"brokerName": "a", "latencyMs": 600},
+        {"brokerName": "b", "latencyMs": 10},
+        {"brokerName": "a", "latencyMs": 20, "isolation": True},
+    ]})
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert [(x["brokerName"], x["latencyMs"], x["notAvailableDurationMs"]) for x in results] == [
+        ("a", 600, 30000), ("b", 10, 0), ("a", 20, 600000)]
+    assert results[2]["availableAt"] >= before + 600000
+    table = items(client)
+    assert table["a"]["currentLatencyMs"] == 20 and table["a"]["available"] is False
+    assert table["b"]["available"] is True
+
+
+def test_batch_age_dates_the_window_from_the_send(client: TestClient) -> None:
+    now = store_now(client)
+    r = client.post("/report-latency:batch", json={"reports": [
+        {"brokerName": "a", "latencyMs": 0, "isolation": True, "ageMs": 590000},
+        {"brokerName": "b", "latencyMs": 0, "isolation": True, "ageMs": 700000},
+    ]}).json()["results"]
+    # a failed 590 s ago: 10 s of its 600 s window are left. b's window is over already.
+    assert now + 10000 - 1000 <= r[0]["availableAt"] <= store_now(client) + 10000
+    assert r[1]["availableAt"] <= store_now(client)
+    assert items(client)["b"]["available"] is True
+
+
+def test_batch_takes_a_larger_body_and_caps_the_count(client: TestClient) -> None:
+    name = "b" * 120
+    reports = [{"brokerName": f"{name}{i % 7}", "latencyMs": i % 500} for i in range(1000)]
+    r = client.post("/report-latency:batch", json={"reports": reports})
+    assert r.status_code == 200, r.text[:200]
+    assert len(r.json()["results"]) == 1000
+    r = client.post("/report-latency:batch", json={"reports": reports + reports[:1]})
+    assert r.status_code == 422 and r.json()["field"] == "reports"
+    assert client.post("/report-latency:batch", json={"reports": []}).json()["field"] == "reports"

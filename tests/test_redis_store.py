@@ -15,6 +15,7 @@ from service import strategy
 from service.app import create_app
 from service.model import Config, FaultItem
 from service.settings import Settings
+from service.store import ReportIn
 from service.store.redis import RedisStore
 from tests.procs import RedisServer, wait_until
 
@@ -82,56 +83,63 @@ def test_scripts_reload_after_script_flush(redis_url: str, raw: redis.Redis) -> 
         assert r.json()["notAvailableDurationMs"] == 600000
 
 
-def _run_report(raw: redis.Redis, script: Any, broker: str, latency: int, duration: int,
-                rule: str) -> list[int]:
-    out = script(keys=[f"{PREFIX}:faults", f"{PREFIX}:meta"],
-                 args=[broker, latency, duration, rule, 0, f"{PREFIX}:changes"])
-    return [int(x) for x in out]
+def _report_script(raw: redis.Redis) -> Any:
+    from importlib import resources
+
+    return raw.register_script(
+        (resources.files("service.store") / "lua" / "report.lua").read_text())
+
+
+def _run_reports(raw: redis.Redis, script: Any, rule: str,
+                 reports: list[tuple[str, int, int, int]], config_version: int = 0) -> Any:
+    args: list[Any] = [config_version, rule, f"{PREFIX}:changes"]
+    for r in reports:
+        args += list(r)
+    return script(keys=[f"{PREFIX}:faults", f"{PREFIX}:meta"], args=args)
 
 
 def test_report_lua_matches_the_python_rule(raw: redis.Redis) -> None:
     """Differential test: report.lua and strategy.apply_report/window_changed agree."""
-    from importlib import resources
-
-    script = raw.register_script(
-        (resources.files("service.store") / "lua" / "report.lua").read_text())
+    script = _report_script(raw)
     rng = random.Random(7)
     model: dict[str, FaultItem] = {}
     version = 0
-    for _ in range(400):
-        broker = rng.choice("abc")
-        latency = rng.choice([0, 10, 549, 550, 1000, 15000])
-        duration = rng.choice([0, 0, 1, 5, 30000, 600000])
+    for _ in range(150):
         rule = rng.choice(["extend", "overwrite"])
-        status, now, end, pushed = _run_report(raw, script, broker, latency, duration, rule)
-        assert status == 1
-        old = model.get(broker)
-        expected = strategy.apply_report(old, broker, latency, duration, now,
-                                         rule == "overwrite")
-        assert end == expected.available_at
-        changed = strategy.window_changed(old.available_at if old else None, end, now)
-        assert (pushed > 0) == changed
-        if changed:
-            version += 1
-            assert pushed == version
-        model[broker] = expected
-        assert raw.hget(f"{PREFIX}:faults", broker) == f"{latency},{end}"
+        batch = [
+            (rng.choice("abc"), rng.choice([0, 10, 549, 550, 1000, 15000]),
+             rng.choice([0, 0, 1, 5, 30000, 600000]), rng.choice([0, 0, 0, 3, 40000]))
+            for _ in range(rng.randint(1, 4))
+        ]
+        status, now, ends, pushed = _run_reports(raw, script, rule, batch)
+        assert status == 1 and len(ends) == len(pushed) == len(batch)
+        for (broker, latency, duration, age), end, v in zip(batch, ends, pushed, strict=True):
+            old = model.get(broker)
+            expected = strategy.apply_report(old, broker, latency, duration, now - age,
+                                             rule == "overwrite")
+            assert end == expected.available_at
+            changed = strategy.window_changed(old.available_at if old else None, end, now)
+            assert (v > 0) == changed
+            if changed:
+                version += 1
+                assert v == version
+            model[broker] = expected
+        for broker, item in model.items():
+            assert raw.hget(f"{PREFIX}:faults", broker) == \
+                f"{item.current_latency_ms},{item.available_at}"
     # "off" reads only.
     before = raw.hgetall(f"{PREFIX}:faults")
-    status, now, end, pushed = _run_report(raw, script, "a", 0, 600000, "off")
-    assert (status, end, pushed) == (1, model["a"].available_at, 0)
+    status, now, ends, pushed = _run_reports(raw, script, "off", [("a", 0, 600000, 0),
+                                                                  ("zz", 0, 1, 0)])
+    assert (status, ends, pushed) == (1, [model["a"].available_at, now], [0, 0])
     assert raw.hgetall(f"{PREFIX}:faults") == before
 
 
 def test_report_lua_refuses_a_stale_config(raw: redis.Redis) -> None:
-    from importlib import resources
-
-    script = raw.register_script(
-        (resources.files("service.store") / "lua" / "report.lua").read_text())
+    script = _report_script(raw)
     raw.hset(f"{PREFIX}:meta", "config_version", 3)
-    out = script(keys=[f"{PREFIX}:faults", f"{PREFIX}:meta"],
-                 args=["a", 10, 0, "extend", 2, f"{PREFIX}:changes"])
-    assert int(out[0]) == -1 and int(out[3]) == 3
+    out = _run_reports(raw, script, "extend", [("a", 10, 0, 0)], config_version=2)
+    assert out[0] == -1 and out[4] == 3
     assert not raw.exists(f"{PREFIX}:faults")
 
 
@@ -147,7 +155,7 @@ def test_report_recomputes_after_a_config_it_had_not_seen(redis_url: str) -> Non
             a._task.cancel()
             await b.put_config(Config(latency_max=(0,), not_available_duration=(1234,)))
             assert a.view.config.latency_max != (0,)
-            out = await a.report("x", 5, False)
+            (out,) = await a.report_many([ReportIn("x", 5)])
             assert out.not_available_duration_ms == 1234
             assert a.view.config.latency_max == (0,)
         finally:

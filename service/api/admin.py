@@ -5,26 +5,16 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from service.api.deps import ERRORS, UNAVAILABLE, BrokerPath, StoreDep, not_found
+from service.api.render import config_in, config_out
 from service.errors import NotFound
-from service.model import Config
 from service.schemas import ConfigBody, FaultItemOut, FaultItemsOut
 
 router = APIRouter(tags=["admin"])
 
 
-def _config_out(c: Config) -> ConfigBody:
-    return ConfigBody(
-        send_latency_fault_enable=c.send_latency_fault_enable,
-        latency_max=list(c.latency_max),
-        not_available_duration=list(c.not_available_duration),
-        isolation_latency_ms=c.isolation_latency_ms,
-        last_report_wins=c.last_report_wins,
-    )
-
-
 @router.get("/config", response_model=ConfigBody, summary="The fault strategy's config")
 async def get_config(store: StoreDep) -> ConfigBody:
-    return _config_out(store.view.config)
+    return config_out(store.view.config)
 
 
 @router.put(
@@ -35,15 +25,9 @@ async def get_config(store: StoreDep) -> ConfigBody:
 )
 async def put_config(body: ConfigBody, store: StoreDep) -> ConfigBody:
     """Replace the deployment's config; every replica follows within a second."""
-    config = Config(
-        send_latency_fault_enable=body.send_latency_fault_enable,
-        latency_max=tuple(body.latency_max),
-        not_available_duration=tuple(body.not_available_duration),
-        isolation_latency_ms=body.isolation_latency_ms,
-        last_report_wins=body.last_report_wins,
-    )
+    config = config_in(body)
     await store.put_config(config)
-    return _config_out(config)
+    return config_out(config)
 
 
 @router.get(

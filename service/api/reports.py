@@ -1,4 +1,4 @@
-"""POST /report-latency: a producer tells how a send went; one atomic store write."""
+"""POST /report-latency and its batch form: producers tell how sends went."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import math
 from fastapi import APIRouter
 
 from service.api.deps import ERRORS, UNAVAILABLE, StoreDep
-from service.schemas import ReportRequest, ReportResponse
+from service.api.render import report_out
+from service.schemas import BatchReportRequest, BatchReportResponse, ReportRequest, ReportResponse
+from service.store import ReportIn
 
 router = APIRouter(tags=["reports"])
 
@@ -28,11 +30,26 @@ async def report_latency(body: ReportRequest, store: StoreDep) -> ReportResponse
     `max(old end, now + duration)`, or `now + duration` with `lastReportWins`. With
     avoidance off the report is accepted and changes nothing. One store round trip.
     """
-    latency = math.floor(body.latency_ms)
-    out = await store.report(body.broker_name, latency, body.isolation)
-    return ReportResponse(
-        broker_name=out.broker_name,
-        latency_ms=out.latency_ms,
-        not_available_duration_ms=out.not_available_duration_ms,
-        available_at=out.available_at,
-    )
+    report = ReportIn(body.broker_name, math.floor(body.latency_ms), body.isolation)
+    (out,) = await store.report_many([report])
+    return report_out(out)
+
+
+@router.post(
+    "/report-latency:batch",
+    response_model=BatchReportResponse,
+    responses={**ERRORS, **UNAVAILABLE},
+    summary="Report up to 1,000 sends at once",
+)
+async def report_latency_batch(body: BatchReportRequest, store: StoreDep) -> BatchReportResponse:
+    """Apply reports in order, all in one atomic store operation (one Redis round trip).
+
+    Each report follows the single report's rule, computed from the moment the send
+    completed: `now - ageMs`. A replayed failure whose window has already ended changes
+    no window. The body limit for this endpoint is 256 KiB.
+    """
+    reports = [
+        ReportIn(r.broker_name, math.floor(r.latency_ms), r.isolation, r.age_ms)
+        for r in body.reports
+    ]
+    return BatchReportResponse(results=[report_out(o) for o in await store.report_many(reports)])

@@ -5,23 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from service.api.deps import ERRORS, UNAVAILABLE, StoreDep, TopicPath, not_found
+from service.api.render import route_out
 from service.errors import NotFound
-from service.model import BrokerRoute, Route, route_brokers
-from service.schemas import BrokerSpec, RouteBody, RouteOut, RoutesOut
+from service.model import BrokerRoute, Route
+from service.schemas import RouteBody, RouteOut, RoutesOut
 
 router = APIRouter(tags=["routes"])
-
-
-def _out(route: Route) -> RouteOut:
-    return RouteOut(
-        topic=route.topic,
-        brokers=[
-            BrokerSpec(
-                broker_name=b.broker_name, write_queue_nums=b.write_queue_nums, address=b.address
-            )
-            for b in route_brokers(route)
-        ],
-    )
 
 
 @router.put(
@@ -35,12 +24,12 @@ async def put_route(topic: TopicPath, body: RouteBody, store: StoreDep) -> Route
         topic, (BrokerRoute(b.broker_name, b.write_queue_nums, b.address) for b in body.brokers)
     )
     await store.put_route(route)
-    return _out(route)
+    return route_out(route)
 
 
 @router.get("/routes", response_model=RoutesOut, summary="List every route")
 async def list_routes(store: StoreDep) -> RoutesOut:
-    return RoutesOut(routes=[_out(store.view.routes[t]) for t in sorted(store.view.routes)])
+    return RoutesOut(routes=[route_out(store.view.routes[t]) for t in sorted(store.view.routes)])
 
 
 @router.get(
@@ -53,7 +42,7 @@ async def get_route(topic: TopicPath, store: StoreDep) -> RouteOut:
     route = store.view.routes.get(topic)
     if route is None:
         raise NotFound(f"no route for topic {topic!r}", field="topic")
-    return _out(route)
+    return route_out(route)
 
 
 @router.delete(

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from service.model import Config, FaultItem, Route
 from service.view import TableView
+
+
+@dataclass(frozen=True, slots=True)
+class ReportIn:
+    """One report as a producer made it; ``age_ms`` > 0 for a report replayed late."""
+
+    broker_name: str
+    latency_ms: int
+    isolation: bool = False
+    #: how long before the store's ``now`` the send completed (replayed reports)
+    age_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +50,9 @@ class FaultStore(Protocol):
 
     async def ping(self) -> None: ...
 
-    async def report(self, broker: str, latency_ms: int, isolation: bool) -> ReportOutcome: ...
+    async def report_many(self, reports: Sequence[ReportIn]) -> list[ReportOutcome]:
+        """Apply reports in order, all at once (one atomic store operation)."""
+        ...
 
     async def fault_items(self) -> tuple[int, list[FaultItem]]:
         """``(now ms, items)`` read from the store itself, not from the view."""

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from service import strategy
 from service.model import Config, FaultItem, Route
-from service.store.base import ReportOutcome
+from service.store.base import ReportIn, ReportOutcome
 from service.view import TableView
 
 
@@ -35,20 +36,30 @@ class MemoryStore:
     async def ping(self) -> None:
         return None
 
-    async def report(self, broker: str, latency_ms: int, isolation: bool) -> ReportOutcome:
+    async def report_many(self, reports: Sequence[ReportIn]) -> list[ReportOutcome]:
         view = self.view
         config = view.config
         now = view.now_ms()
-        old = view.faults.get(broker)
-        if not config.send_latency_fault_enable:
-            # RocketMQ's updateFaultItem does nothing when avoidance is off.
-            return ReportOutcome(broker, latency_ms, 0, old.available_at if old else now, now)
-        duration = strategy.report_duration(config, latency_ms, isolation)
-        item = strategy.apply_report(
-            old, broker, latency_ms, duration, now, config.last_report_wins
-        )
-        view.apply_fault(broker, item, self._next_version())
-        return ReportOutcome(broker, latency_ms, duration, item.available_at, now)
+        out = []
+        for r in reports:
+            old = view.faults.get(r.broker_name)
+            if not config.send_latency_fault_enable:
+                # RocketMQ's updateFaultItem does nothing when avoidance is off.
+                end = old.available_at if old else now
+                out.append(ReportOutcome(r.broker_name, r.latency_ms, 0, end, now))
+                continue
+            duration = strategy.report_duration(config, r.latency_ms, r.isolation)
+            item = strategy.apply_report(
+                old,
+                r.broker_name,
+                r.latency_ms,
+                duration,
+                now - r.age_ms,
+                config.last_report_wins,
+            )
+            view.apply_fault(r.broker_name, item, self._next_version())
+            out.append(ReportOutcome(r.broker_name, r.latency_ms, duration, item.available_at, now))
+        return out
 
     async def fault_items(self) -> tuple[int, list[FaultItem]]:
         return self.view.now_ms(), list(self.view.faults.values())

@@ -37,7 +37,7 @@ from service.errors import StoreUnavailable
 from service.model import Config, FaultItem, Route
 from service.settings import Settings
 from service.store import codec
-from service.store.base import ReportOutcome
+from service.store.base import ReportIn, ReportOutcome
 from service.view import Snapshot, TableView
 
 log = logging.getLogger("detour.store")
@@ -124,28 +124,38 @@ class RedisStore:
         async with _wrap_errors():
             return await self._scripts[name](keys=list(keys), args=list(args))
 
-    async def report(self, broker: str, latency_ms: int, isolation: bool) -> ReportOutcome:
+    async def report_many(self, reports: Sequence[ReportIn]) -> list[ReportOutcome]:
         view = self.view
         for _ in range(3):
             config, config_version = view.config, view.config_version
-            if not config.send_latency_fault_enable:
-                rule, duration = "off", 0
-            else:
-                rule = "overwrite" if config.last_report_wins else "extend"
-                duration = strategy.report_duration(config, latency_ms, isolation)
-            status, now, available_at, version = await self._eval(
-                "report",
-                (self._faults, self._meta),
-                (broker, latency_ms, duration, rule, config_version, self._channel),
+            rule = (
+                ("overwrite" if config.last_report_wins else "extend")
+                if config.send_latency_fault_enable
+                else "off"
+            )
+            durations = [
+                strategy.report_duration(config, r.latency_ms, r.isolation) if rule != "off" else 0
+                for r in reports
+            ]
+            args: list[str | int] = [config_version, rule, self._channel]
+            for r, d in zip(reports, durations, strict=True):
+                args += [r.broker_name, r.latency_ms, d, r.age_ms]
+            status, now, ends, versions, *_ = await self._eval(
+                "report", (self._faults, self._meta), args
             )
             if status == -1:
                 # Another replica changed the config and its push has not
                 # arrived yet: take the table as it is now and recompute.
                 await self._resync()
                 continue
-            if version:
-                view.apply_fault(broker, FaultItem(broker, latency_ms, int(available_at)), version)
-            return ReportOutcome(broker, latency_ms, duration, int(available_at), int(now))
+            out = []
+            for r, d, end, version in zip(reports, durations, ends, versions, strict=True):
+                if version:
+                    view.apply_fault(
+                        r.broker_name, FaultItem(r.broker_name, r.latency_ms, int(end)), version
+                    )
+                out.append(ReportOutcome(r.broker_name, r.latency_ms, d, int(end), int(now)))
+            return out
         raise StoreUnavailable("config kept changing during the report; retry")
 
     async def _set_entry(self, key: str, kind: str, field: str, value: str) -> int:

@@ -1,0 +1,58 @@
+"""Domain objects as API bodies, shared by the routers and the push stream."""
+
+from __future__ import annotations
+
+from service.model import Config, FaultItem, Route, route_brokers
+from service.schemas import BrokerSpec, ConfigBody, ReportResponse, RouteOut
+from service.store import ReportOutcome
+
+
+def config_out(c: Config) -> ConfigBody:
+    return ConfigBody(
+        send_latency_fault_enable=c.send_latency_fault_enable,
+        latency_max=list(c.latency_max),
+        not_available_duration=list(c.not_available_duration),
+        isolation_latency_ms=c.isolation_latency_ms,
+        last_report_wins=c.last_report_wins,
+    )
+
+
+def config_in(body: ConfigBody) -> Config:
+    return Config(
+        send_latency_fault_enable=body.send_latency_fault_enable,
+        latency_max=tuple(body.latency_max),
+        not_available_duration=tuple(body.not_available_duration),
+        isolation_latency_ms=body.isolation_latency_ms,
+        last_report_wins=body.last_report_wins,
+    )
+
+
+def route_out(route: Route) -> RouteOut:
+    return RouteOut(
+        topic=route.topic,
+        brokers=[
+            BrokerSpec(
+                broker_name=b.broker_name, write_queue_nums=b.write_queue_nums, address=b.address
+            )
+            for b in route_brokers(route)
+        ],
+    )
+
+
+def report_out(out: ReportOutcome) -> ReportResponse:
+    return ReportResponse(
+        broker_name=out.broker_name,
+        latency_ms=out.latency_ms,
+        not_available_duration_ms=out.not_available_duration_ms,
+        available_at=out.available_at,
+    )
+
+
+def fault_event(broker: str, item: FaultItem | None) -> dict[str, object]:
+    if item is None:
+        return {"brokerName": broker, "deleted": True}
+    return {
+        "brokerName": broker,
+        "currentLatencyMs": item.current_latency_ms,
+        "availableAt": item.available_at,
+    }
