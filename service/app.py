@@ -6,10 +6,11 @@ import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TypedDict
+from typing import Any, TypedDict
 from urllib.parse import urlsplit
 
 from fastapi import FastAPI
+from pydantic import BaseModel
 
 from service.api import admin, health, reports, routes, select, stream
 from service.errors import install_error_handlers
@@ -34,6 +35,27 @@ def _describe(settings: Settings) -> str:
         f"store=redis at {url.scheme}://{where}{port} "
         f"namespace={settings.namespace} prefix={settings.redis_prefix}"
     )
+
+
+def _document_extra_schemas(app: FastAPI, models: tuple[type[BaseModel], ...]) -> None:
+    """Add models that routes reading raw bodies reference to the OpenAPI components."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            doc = generate()
+            schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+            for model in models:
+                schema = model.model_json_schema(
+                    by_alias=True, ref_template="#/components/schemas/{model}"
+                )
+                schemas.update(schema.pop("$defs", {}))
+                schemas[model.__name__] = schema
+            doc["components"]["schemas"] = dict(sorted(schemas.items()))
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -63,6 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Producers in any language post JSON; do not insist on the header (curl -d omits it).
         strict_content_type=False,
     )
+    _document_extra_schemas(app, select.SCHEMAS)
     install_error_handlers(app)
     for module in (select, reports, routes, stream, admin, health):
         app.include_router(module.router)

@@ -10,7 +10,9 @@ from service.schemas import NAME_PATTERN, ErrorBody
 from service.store import FaultStore
 
 
-def get_store(request: Request) -> FaultStore:
+async def get_store(request: Request) -> FaultStore:
+    # async on purpose: FastAPI runs a plain ``def`` dependency in a worker thread,
+    # a hand-off that cost more than the whole select.
     store: FaultStore = request.state.store
     return store
 
