@@ -238,6 +238,14 @@ class ReportRequest(Body):
         description="The send failed: the latency counts as isolationLatencyMs.",
         examples=[False],
     )
+    producer: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9_.:@%|/-]{1,128}$",
+        description="Who sent (host, pod, executor id); recorded in the latency log only.",
+        examples=["spark-executor-3"],
+    )
 
 
 #: Most reports in one batch call.
@@ -312,4 +320,23 @@ class BatchReportResponse(Body):
                 }
             ]
         ],
+    )
+
+
+class LogEntryOut(Body):
+    id: str = Field(
+        description="Log position; pass it as `after` to read on.", examples=["1763791234567-0"]
+    )
+    broker_name: BrokerName
+    latency_ms: int = Field(description="Reported latency (ms).", examples=[120])
+    isolation: bool = Field(description="The send failed.", examples=[False])
+    producer: str = Field(description="Reporter, empty when not given.", examples=["exec-3"])
+    at: EpochMs = Field(description="When the send completed (epoch ms).", examples=[1763791234567])
+
+
+class LatencyLogOut(Body):
+    entries: list[LogEntryOut] = Field(description="Oldest first.", examples=[[]])
+    next: str | None = Field(
+        description="The `after` for the next page; null when this page is empty.",
+        examples=["1763791234567-0"],
     )

@@ -29,4 +29,6 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
     #: The same for POST /report-latency:batch (up to 1,000 reports).
     max_batch_body_bytes: int = Field(256 * 1024, ge=1024, le=16 * 1024 * 1024)
+    #: Reports kept in the latency log (a Redis stream, trimmed approximately); 0 = no log.
+    latency_log_max: int = Field(100_000, ge=0, le=10_000_000)
     log_level: str = Field("info", pattern=r"^(critical|error|warning|info|debug|trace)$")

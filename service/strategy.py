@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 
 from service.model import Config, FaultItem, Queue, Route
 
@@ -40,18 +40,29 @@ class Selection:
     next_counter: int
 
 
-def not_available_duration(config: Config, latency_ms: int) -> int:
-    """Window length in ms for a latency: scan tiers from the top, first ``latency >= max`` wins."""
+def tier(config: Config, latency_ms: int, isolation: bool = False) -> int | None:
+    """Index of the latency tier a report falls in (top-down scan), None below every tier.
+
+    A failure counts as ``isolation_latency_ms``.
+    """
+    latency = config.isolation_latency_ms if isolation else latency_ms
     tiers = config.latency_max
     for i in range(len(tiers) - 1, -1, -1):
-        if latency_ms >= tiers[i]:
-            return config.not_available_duration[i]
-    return 0
+        if latency >= tiers[i]:
+            return i
+    return None
+
+
+def not_available_duration(config: Config, latency_ms: int) -> int:
+    """Window length in ms for a latency: scan tiers from the top, first ``latency >= max`` wins."""
+    i = tier(config, latency_ms)
+    return 0 if i is None else config.not_available_duration[i]
 
 
 def report_duration(config: Config, latency_ms: int, isolation: bool) -> int:
     """Window length in ms a report opens; a failure counts as ``isolation_latency_ms``."""
-    return not_available_duration(config, config.isolation_latency_ms if isolation else latency_ms)
+    i = tier(config, latency_ms, isolation)
+    return 0 if i is None else config.not_available_duration[i]
 
 
 def updated_available_at(
@@ -79,17 +90,34 @@ def apply_report(
     return FaultItem(broker_name, latency_ms, end)
 
 
-def window_changed(old_available_at: int | None, new_available_at: int, now_ms: int) -> bool:
-    """Whether a report changed what selects see: a window opened, moved, or cleared.
+class WindowChange(IntEnum):
+    """What a report did to what selects see (the codes report.lua returns)."""
+
+    NONE = 0
+    OPENED = 1
+    MOVED = 2
+    CLEARED = 3
+
+
+def window_change(old_available_at: int | None, new_available_at: int, now_ms: int) -> WindowChange:
+    """Whether a report opened, moved or cleared a window, or changed nothing visible.
 
     Most reports change nothing (a fast broker stays available), and only
     changes are pushed to other replicas.
     """
     was_open = old_available_at is not None and old_available_at > now_ms
     is_open = new_available_at > now_ms
-    if is_open:
-        return new_available_at != old_available_at
-    return was_open
+    if is_open and not was_open:
+        return WindowChange.OPENED
+    if is_open and new_available_at != old_available_at:
+        return WindowChange.MOVED
+    if was_open and not is_open:
+        return WindowChange.CLEARED
+    return WindowChange.NONE
+
+
+def window_changed(old_available_at: int | None, new_available_at: int, now_ms: int) -> bool:
+    return window_change(old_available_at, new_available_at, now_ms) is not WindowChange.NONE
 
 
 def _is_avoided(faults: Mapping[str, FaultItem], broker: str, now_ms: int) -> bool:

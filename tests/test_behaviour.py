@@ -312,3 +312,29 @@ def test_batch_takes_a_larger_body_and_caps_the_count(client: TestClient) -> Non
     r = client.post("/report-latency:batch", json={"reports": reports + reports[:1]})
     assert r.status_code == 422 and r.json()["field"] == "reports"
     assert client.post("/report-latency:batch", json={"reports": []}).json()["field"] == "reports"
+
+
+# -- latency log -------------------------------------------------------------------
+
+
+def test_latency_log_records_every_report_in_order(client: TestClient) -> None:
+    before = store_now(client)
+    client.post("/report-latency", json={"brokerName": "a", "latencyMs": 12.7,
+                                         "producer": "exec-1"})
+    client.post("/report-latency:batch", json={"reports": [
+        {"brokerName": "b", "latencyMs": 30, "isolation": True, "ageMs": 5000},
+        {"brokerName": "a", "latencyMs": 40},
+    ]})
+    client.put("/config", json={"sendLatencyFaultEnable": False})
+    client.post("/report-latency", json={"brokerName": "c", "latencyMs": 1})
+    page = client.get("/latency-log", params={"limit": 2}).json()
+    rest = client.get("/latency-log", params={"after": page["next"]}).json()
+    entries = page["entries"] + rest["entries"]
+    assert [(e["brokerName"], e["latencyMs"], e["isolation"], e["producer"]) for e in entries] == [
+        ("a", 12, False, "exec-1"), ("b", 30, True, ""), ("a", 40, False, ""), ("c", 1, False, "")]
+    assert before - 5000 <= entries[1]["at"] <= store_now(client) - 5000
+    assert all(before <= e["at"] <= store_now(client) for e in entries if e["brokerName"] != "b")
+    last = client.get("/latency-log", params={"after": rest["next"]}).json()
+    assert last == {"entries": [], "next": None}
+    bad = client.get("/latency-log", params={"after": "x"})
+    assert bad.status_code == 422 and bad.json()["field"] == "after"

@@ -43,7 +43,8 @@ def test_keys_share_one_hash_tag(redis_url: str, raw: redis.Redis) -> None:
         c.post("/report-latency", json={"brokerName": "a", "latencyMs": 0, "isolation": True})
         c.put("/config", json={})
     keys = sorted(raw.keys("*"))
-    assert keys == [f"{PREFIX}:faults", f"{PREFIX}:meta", f"{PREFIX}:routes"]
+    assert keys == [f"{PREFIX}:faults", f"{PREFIX}:latency-log", f"{PREFIX}:meta",
+                    f"{PREFIX}:routes"]
     assert raw.hget(f"{PREFIX}:faults", "a") is not None
 
 
@@ -71,7 +72,7 @@ def test_one_round_trip_per_report_and_none_per_select(redis_url: str, raw: redi
     assert delta["evalsha"] == 20
     # Redis counts the script's own commands too; nothing else came from the client.
     assert {k for k, v in delta.items() if v} <= {"evalsha", "hget", "hset", "time",
-                                                  "hincrby", "publish"}
+                                                  "hincrby", "publish", "xadd"}
     assert sum(after.values()) == sum(middle.values())
 
 
@@ -92,10 +93,11 @@ def _report_script(raw: redis.Redis) -> Any:
 
 def _run_reports(raw: redis.Redis, script: Any, rule: str,
                  reports: list[tuple[str, int, int, int]], config_version: int = 0) -> Any:
-    args: list[Any] = [config_version, rule, f"{PREFIX}:changes"]
-    for r in reports:
-        args += list(r)
-    return script(keys=[f"{PREFIX}:faults", f"{PREFIX}:meta"], args=args)
+    args: list[Any] = [config_version, rule, f"{PREFIX}:changes", 1000]
+    for broker, latency, duration, age in reports:
+        args += [broker, latency, duration, age, 0, "test"]
+    return script(keys=[f"{PREFIX}:faults", f"{PREFIX}:meta", f"{PREFIX}:latency-log"],
+                  args=args)
 
 
 def test_report_lua_matches_the_python_rule(raw: redis.Redis) -> None:
@@ -103,7 +105,7 @@ def test_report_lua_matches_the_python_rule(raw: redis.Redis) -> None:
     script = _report_script(raw)
     rng = random.Random(7)
     model: dict[str, FaultItem] = {}
-    version = 0
+    version = sent = 0
     for _ in range(150):
         rule = rng.choice(["extend", "overwrite"])
         batch = [
@@ -111,14 +113,18 @@ def test_report_lua_matches_the_python_rule(raw: redis.Redis) -> None:
              rng.choice([0, 0, 1, 5, 30000, 600000]), rng.choice([0, 0, 0, 3, 40000]))
             for _ in range(rng.randint(1, 4))
         ]
-        status, now, ends, pushed = _run_reports(raw, script, rule, batch)
-        assert status == 1 and len(ends) == len(pushed) == len(batch)
-        for (broker, latency, duration, age), end, v in zip(batch, ends, pushed, strict=True):
+        status, now, ends, pushed, changes = _run_reports(raw, script, rule, batch)
+        sent += len(batch)
+        assert status == 1 and len(ends) == len(pushed) == len(changes) == len(batch)
+        for (broker, latency, duration, age), end, v, change in zip(
+                batch, ends, pushed, changes, strict=True):
             old = model.get(broker)
             expected = strategy.apply_report(old, broker, latency, duration, now - age,
                                              rule == "overwrite")
             assert end == expected.available_at
-            changed = strategy.window_changed(old.available_at if old else None, end, now)
+            kind = strategy.window_change(old.available_at if old else None, end, now)
+            assert change == kind.value
+            changed = kind is not strategy.WindowChange.NONE
             assert (v > 0) == changed
             if changed:
                 version += 1
@@ -129,17 +135,19 @@ def test_report_lua_matches_the_python_rule(raw: redis.Redis) -> None:
                 f"{item.current_latency_ms},{item.available_at}"
     # "off" reads only.
     before = raw.hgetall(f"{PREFIX}:faults")
-    status, now, ends, pushed = _run_reports(raw, script, "off", [("a", 0, 600000, 0),
-                                                                  ("zz", 0, 1, 0)])
-    assert (status, ends, pushed) == (1, [model["a"].available_at, now], [0, 0])
+    status, now, ends, pushed, changes = _run_reports(
+        raw, script, "off", [("a", 0, 600000, 0), ("zz", 0, 1, 0)])
+    assert (status, ends, pushed, changes) == (1, [model["a"].available_at, now], [0, 0], [0, 0])
     assert raw.hgetall(f"{PREFIX}:faults") == before
+    # Every report went to the latency log, "off" ones too.
+    assert raw.xlen(f"{PREFIX}:latency-log") == sent + 2
 
 
 def test_report_lua_refuses_a_stale_config(raw: redis.Redis) -> None:
     script = _report_script(raw)
     raw.hset(f"{PREFIX}:meta", "config_version", 3)
     out = _run_reports(raw, script, "extend", [("a", 10, 0, 0)], config_version=2)
-    assert out[0] == -1 and out[4] == 3
+    assert out[0] == -1 and out[5] == 3
     assert not raw.exists(f"{PREFIX}:faults")
 
 

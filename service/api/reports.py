@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 
 from service.api.deps import ERRORS, UNAVAILABLE, StoreDep
 from service.api.render import report_out
-from service.schemas import BatchReportRequest, BatchReportResponse, ReportRequest, ReportResponse
+from service.schemas import (
+    BatchReportRequest,
+    BatchReportResponse,
+    LatencyLogOut,
+    LogEntryOut,
+    ReportRequest,
+    ReportResponse,
+)
 from service.store import ReportIn
 
 router = APIRouter(tags=["reports"])
@@ -30,7 +38,9 @@ async def report_latency(body: ReportRequest, store: StoreDep) -> ReportResponse
     `max(old end, now + duration)`, or `now + duration` with `lastReportWins`. With
     avoidance off the report is accepted and changes nothing. One store round trip.
     """
-    report = ReportIn(body.broker_name, math.floor(body.latency_ms), body.isolation)
+    report = ReportIn(
+        body.broker_name, math.floor(body.latency_ms), body.isolation, 0, body.producer or ""
+    )
     (out,) = await store.report_many([report])
     return report_out(out)
 
@@ -49,7 +59,46 @@ async def report_latency_batch(body: BatchReportRequest, store: StoreDep) -> Bat
     no window. The body limit for this endpoint is 256 KiB.
     """
     reports = [
-        ReportIn(r.broker_name, math.floor(r.latency_ms), r.isolation, r.age_ms)
+        ReportIn(r.broker_name, math.floor(r.latency_ms), r.isolation, r.age_ms, r.producer or "")
         for r in body.reports
     ]
     return BatchReportResponse(results=[report_out(o) for o in await store.report_many(reports)])
+
+
+@router.get(
+    "/latency-log",
+    response_model=LatencyLogOut,
+    responses={**ERRORS, **UNAVAILABLE},
+    summary="Read the latency log: every report, oldest first",
+)
+async def latency_log(
+    store: StoreDep,
+    after: Annotated[
+        str | None,
+        Query(
+            pattern=r"^[0-9]{1,20}-[0-9]{1,20}$",
+            description="Read entries after this id.",
+            examples=["1763791234567-0"],
+        ),
+    ] = None,
+    limit: Annotated[
+        int, Query(ge=1, le=10000, description="Most entries to return.", examples=[1000])
+    ] = 1000,
+) -> LatencyLogOut:
+    """Page through the latency log (bounded: `DETOUR_LATENCY_LOG_MAX` entries, default
+    100,000). `pipeline/export_log.py` turns it into Parquet for the analysis job."""
+    entries = await store.latency_log(after, limit)
+    return LatencyLogOut(
+        entries=[
+            LogEntryOut(
+                id=e.id,
+                broker_name=e.broker_name,
+                latency_ms=e.latency_ms,
+                isolation=e.isolation,
+                producer=e.producer,
+                at=e.at,
+            )
+            for e in entries
+        ],
+        next=entries[-1].id if entries else None,
+    )

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from service.model import Config, FaultItem, Route
+from service.strategy import WindowChange
 from service.view import TableView
 
 
@@ -19,6 +20,8 @@ class ReportIn:
     isolation: bool = False
     #: how long before the store's ``now`` the send completed (replayed reports)
     age_ms: int = 0
+    #: who reported (for the latency log); "" when not given
+    producer: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +33,23 @@ class ReportOutcome:
     #: the broker's window end after the update, epoch ms on the store's clock
     available_at: int
     now_ms: int
+    isolation: bool = False
+    #: the latency tier the report fell in (None: below every tier, or avoidance off)
+    tier: int | None = None
+    change: WindowChange = WindowChange.NONE
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """One report in the latency log."""
+
+    id: str
+    broker_name: str
+    latency_ms: int
+    isolation: bool
+    producer: str
+    #: when the send completed, epoch ms on the store's clock
+    at: int
 
 
 class FaultStore(Protocol):
@@ -52,6 +72,10 @@ class FaultStore(Protocol):
 
     async def report_many(self, reports: Sequence[ReportIn]) -> list[ReportOutcome]:
         """Apply reports in order, all at once (one atomic store operation)."""
+        ...
+
+    async def latency_log(self, after: str | None, limit: int) -> list[LogEntry]:
+        """Log entries after id ``after`` (from the oldest kept when None), oldest first."""
         ...
 
     async def fault_items(self) -> tuple[int, list[FaultItem]]:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Sequence
 
 from service import strategy
 from service.model import Config, FaultItem, Route
-from service.store.base import ReportIn, ReportOutcome
+from service.store.base import LogEntry, ReportIn, ReportOutcome
 from service.view import TableView
 
 
@@ -15,12 +16,20 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _log_key(entry_id: str) -> tuple[int, int]:
+    """Log ids are ``ms-seq`` as in a Redis stream; order them numerically."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
 class MemoryStore:
     kind = "memory"
 
-    def __init__(self) -> None:
+    def __init__(self, latency_log_max: int = 100_000) -> None:
         self.view = TableView(_wall_ms)
         self._version = 0
+        self._log: deque[LogEntry] = deque(maxlen=latency_log_max)
+        self._log_seq = 0
 
     def _next_version(self) -> int:
         self._version += 1
@@ -42,12 +51,14 @@ class MemoryStore:
         now = view.now_ms()
         out = []
         for r in reports:
+            self._log_report(r, now)
             old = view.faults.get(r.broker_name)
             if not config.send_latency_fault_enable:
                 # RocketMQ's updateFaultItem does nothing when avoidance is off.
                 end = old.available_at if old else now
-                out.append(ReportOutcome(r.broker_name, r.latency_ms, 0, end, now))
+                out.append(ReportOutcome(r.broker_name, r.latency_ms, 0, end, now, r.isolation))
                 continue
+            tier = strategy.tier(config, r.latency_ms, r.isolation)
             duration = strategy.report_duration(config, r.latency_ms, r.isolation)
             item = strategy.apply_report(
                 old,
@@ -57,9 +68,41 @@ class MemoryStore:
                 now - r.age_ms,
                 config.last_report_wins,
             )
+            change = strategy.window_change(
+                old.available_at if old else None, item.available_at, now
+            )
             view.apply_fault(r.broker_name, item, self._next_version())
-            out.append(ReportOutcome(r.broker_name, r.latency_ms, duration, item.available_at, now))
+            out.append(
+                ReportOutcome(
+                    r.broker_name,
+                    r.latency_ms,
+                    duration,
+                    item.available_at,
+                    now,
+                    r.isolation,
+                    tier,
+                    change,
+                )
+            )
         return out
+
+    def _log_report(self, r: ReportIn, now: int) -> None:
+        if self._log.maxlen == 0:
+            return
+        self._log_seq += 1
+        at = now - r.age_ms
+        self._log.append(
+            LogEntry(
+                f"{now}-{self._log_seq}", r.broker_name, r.latency_ms, r.isolation, r.producer, at
+            )
+        )
+
+    async def latency_log(self, after: str | None, limit: int) -> list[LogEntry]:
+        entries = list(self._log)
+        if after is not None:
+            key = _log_key(after)
+            entries = [e for e in entries if _log_key(e.id) > key]
+        return entries[:limit]
 
     async def fault_items(self) -> tuple[int, list[FaultItem]]:
         return self.view.now_ms(), list(self.view.faults.values())

@@ -6,6 +6,8 @@ Layout (all keys share the ``{namespace}`` hash tag, so one Cluster slot):
     {prefix}:{ns}:routes   hash topic  -> JSON [[brokerName, writeQueueNums, address], ...]
     {prefix}:{ns}:meta     hash version (bumped by every visible change),
                                 config_version (version that wrote config), config (JSON)
+    {prefix}:{ns}:latency-log  stream: every report (broker, latency, isolation, producer,
+                           time), trimmed to about ``latency_log_max`` entries
     {prefix}:{ns}:changes  pub/sub channel: one message per visible change
 
 Writes are Lua scripts (one round trip, atomic, Redis's clock). A report that
@@ -37,7 +39,7 @@ from service.errors import StoreUnavailable
 from service.model import Config, FaultItem, Route
 from service.settings import Settings
 from service.store import codec
-from service.store.base import ReportIn, ReportOutcome
+from service.store.base import LogEntry, ReportIn, ReportOutcome
 from service.view import Snapshot, TableView
 
 log = logging.getLogger("detour.store")
@@ -71,6 +73,8 @@ class RedisStore:
         base = f"{settings.redis_prefix}:{{{settings.namespace}}}"
         self._faults, self._routes, self._meta = f"{base}:faults", f"{base}:routes", f"{base}:meta"
         self._channel = f"{base}:changes"
+        self._log = f"{base}:latency-log"
+        self._log_max = settings.latency_log_max
         self._pool = ConnectionPool.from_url(
             settings.redis_url,
             decode_responses=True,
@@ -128,20 +132,18 @@ class RedisStore:
         view = self.view
         for _ in range(3):
             config, config_version = view.config, view.config_version
-            rule = (
-                ("overwrite" if config.last_report_wins else "extend")
-                if config.send_latency_fault_enable
-                else "off"
-            )
-            durations = [
-                strategy.report_duration(config, r.latency_ms, r.isolation) if rule != "off" else 0
+            enabled = config.send_latency_fault_enable
+            rule = ("overwrite" if config.last_report_wins else "extend") if enabled else "off"
+            tiers = [
+                strategy.tier(config, r.latency_ms, r.isolation) if enabled else None
                 for r in reports
             ]
-            args: list[str | int] = [config_version, rule, self._channel]
+            durations = [0 if t is None else config.not_available_duration[t] for t in tiers]
+            args: list[str | int] = [config_version, rule, self._channel, self._log_max]
             for r, d in zip(reports, durations, strict=True):
-                args += [r.broker_name, r.latency_ms, d, r.age_ms]
-            status, now, ends, versions, *_ = await self._eval(
-                "report", (self._faults, self._meta), args
+                args += [r.broker_name, r.latency_ms, d, r.age_ms, int(r.isolation), r.producer]
+            status, now, ends, versions, changes, *_ = await self._eval(
+                "report", (self._faults, self._meta, self._log), args
             )
             if status == -1:
                 # Another replica changed the config and its push has not
@@ -149,14 +151,37 @@ class RedisStore:
                 await self._resync()
                 continue
             out = []
-            for r, d, end, version in zip(reports, durations, ends, versions, strict=True):
+            for r, t, d, end, version, change in zip(
+                reports, tiers, durations, ends, versions, changes, strict=True
+            ):
                 if version:
                     view.apply_fault(
                         r.broker_name, FaultItem(r.broker_name, r.latency_ms, int(end)), version
                     )
-                out.append(ReportOutcome(r.broker_name, r.latency_ms, d, int(end), int(now)))
+                out.append(
+                    ReportOutcome(
+                        r.broker_name,
+                        r.latency_ms,
+                        d,
+                        int(end),
+                        int(now),
+                        r.isolation,
+                        t,
+                        strategy.WindowChange(int(change)),
+                    )
+                )
             return out
         raise StoreUnavailable("config kept changing during the report; retry")
+
+    async def latency_log(self, after: str | None, limit: int) -> list[LogEntry]:
+        async with _wrap_errors():
+            rows: list[tuple[str, dict[str, str]]] = await self._client.xrange(
+                self._log, min=f"({after}" if after else "-", max="+", count=limit
+            )  # type: ignore[assignment]
+        return [
+            LogEntry(entry_id, f["b"], int(f["l"]), f["i"] == "1", f["p"], int(f["t"]))
+            for entry_id, f in rows
+        ]
 
     async def _set_entry(self, key: str, kind: str, field: str, value: str) -> int:
         version = await self._eval(
