@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import glob
 import logging
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
 
 import uvicorn
@@ -25,6 +27,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--log-level", help="log level (default info; env DETOUR_LOG_LEVEL)")
     return p.parse_args(argv)
+
+
+def _share_metrics_between_workers() -> None:
+    """prometheus-client's multiprocess mode: each worker writes its counters to files here.
+
+    Must be set before any worker imports prometheus_client; stale files from an
+    earlier run would be counted again, so the directory starts empty.
+    """
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not path:
+        path = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="detour-metrics-")
+    os.makedirs(path, exist_ok=True)
+    for stale in glob.glob(os.path.join(path, "*.db")):
+        os.remove(stale)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -47,6 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if settings.workers > 1:
+        _share_metrics_between_workers()
     uvicorn.run(
         "service.app:create_app",
         factory=True,

@@ -12,9 +12,10 @@ from urllib.parse import urlsplit
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from service.api import admin, health, reports, routes, select, stream
+from service.api import admin, health, reports, routes, select, status, stream
 from service.errors import install_error_handlers
 from service.limits import BodyLimit
+from service.metrics import RequestTimer
 from service.settings import Settings
 from service.store import FaultStore, open_store
 
@@ -87,8 +88,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     _document_extra_schemas(app, select.SCHEMAS)
     install_error_handlers(app)
-    for module in (select, reports, routes, stream, admin, health):
+    for module in (select, reports, routes, stream, admin, health, status):
         app.include_router(module.router)
+    app.add_middleware(RequestTimer)
     app.add_middleware(
         BodyLimit,
         max_bytes=settings.max_body_bytes,

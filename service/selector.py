@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from service import strategy
+from service import metrics, strategy
 from service.errors import NotFound
 from service.model import Queue, Route
 from service.view import TableView
@@ -19,6 +19,7 @@ def choose(
     else:
         found = view.routes.get(topic)
         if found is None:
+            metrics.observe_select(None)
             raise NotFound(f"no route for topic {topic!r}", field="topic")
         route = found
     selection = strategy.select(
@@ -30,4 +31,5 @@ def choose(
         view.config.send_latency_fault_enable,
     )
     view.set_counter(topic, selection.next_counter)
+    metrics.observe_select(selection)
     return route, selection

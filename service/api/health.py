@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 
+from service import metrics
 from service.api.deps import StoreDep
 from service.schemas import ErrorBody, Health
 
@@ -24,3 +26,19 @@ async def healthz(store: StoreDep) -> Health:
 async def readyz(store: StoreDep) -> Health:
     await store.ping()
     return Health(status="ready", store=store.kind)  # type: ignore[arg-type]
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    summary="Prometheus metrics",
+    responses={
+        200: {
+            "description": "Prometheus text exposition format.",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        }
+    },
+)
+async def prometheus(store: StoreDep) -> Response:
+    """Counters of this process (all workers' when several run) and the table's state."""
+    return Response(metrics.exposition(store.view), media_type=CONTENT_TYPE_LATEST)

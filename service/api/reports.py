@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from service import metrics
 from service.api.deps import ERRORS, UNAVAILABLE, StoreDep
 from service.api.render import report_out
 from service.schemas import (
@@ -41,8 +42,9 @@ async def report_latency(body: ReportRequest, store: StoreDep) -> ReportResponse
     report = ReportIn(
         body.broker_name, math.floor(body.latency_ms), body.isolation, 0, body.producer or ""
     )
-    (out,) = await store.report_many([report])
-    return report_out(out)
+    outcomes = await store.report_many([report])
+    metrics.observe_reports(outcomes, store.view.config)
+    return report_out(outcomes[0])
 
 
 @router.post(
@@ -62,7 +64,9 @@ async def report_latency_batch(body: BatchReportRequest, store: StoreDep) -> Bat
         ReportIn(r.broker_name, math.floor(r.latency_ms), r.isolation, r.age_ms, r.producer or "")
         for r in body.reports
     ]
-    return BatchReportResponse(results=[report_out(o) for o in await store.report_many(reports)])
+    outcomes = await store.report_many(reports)
+    metrics.observe_reports(outcomes, store.view.config)
+    return BatchReportResponse(results=[report_out(o) for o in outcomes])
 
 
 @router.get(

@@ -34,7 +34,7 @@ from redis.asyncio.client import PubSub
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
-from service import strategy
+from service import metrics, strategy
 from service.errors import StoreUnavailable
 from service.model import Config, FaultItem, Route
 from service.settings import Settings
@@ -125,8 +125,15 @@ class RedisStore:
 
     # -- writes ------------------------------------------------------------
     async def _eval(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        async with _wrap_errors():
-            return await self._scripts[name](keys=list(keys), args=list(args))
+        start = time.perf_counter()
+        try:
+            async with _wrap_errors():
+                return await self._scripts[name](keys=list(keys), args=list(args))
+        except StoreUnavailable:
+            metrics.STORE_ERRORS.labels(name).inc()
+            raise
+        finally:
+            metrics.STORE_ROUNDTRIP.labels(name).observe(time.perf_counter() - start)
 
     async def report_many(self, reports: Sequence[ReportIn]) -> list[ReportOutcome]:
         view = self.view
@@ -232,6 +239,7 @@ class RedisStore:
         )
         self._resync_needed = False
         self.synced.set()
+        metrics.RESYNCS.inc()
 
     def _set_clock(self, redis_now_ms: int, received_ms: float) -> None:
         """Track Redis time against the local monotonic clock, erring early.
@@ -316,6 +324,7 @@ class RedisStore:
             try:
                 await self._follow()
             except StoreUnavailable as exc:
+                metrics.STORE_ERRORS.labels("sync").inc()
                 log.warning("redis sync lost: %s", exc.message)
             if _mono_ms() - started > 10_000:
                 backoff = 0.05  # it was healthy for a while: start the backoff over

@@ -1,0 +1,239 @@
+"""Every Prometheus metric Detour exports, defined once, and the collector of table state.
+
+Counters and histograms count what this process did; with several uvicorn
+workers they go through prometheus-client's multiprocess mode (files in
+``PROMETHEUS_MULTIPROC_DIR``, set by ``python -m service``) so a scrape of any
+worker adds up all of them. Per-broker state (avoided, seconds until
+available, routes in panic) is *derived from the shared table* at scrape time
+by ``TableCollector``, so every replica reports the same truth whichever
+replica made the change.
+
+Label cardinality: ``broker`` is bounded by the brokers in the table and
+routes; ``decision``, ``outcome``, ``tier`` (a ``latencyMax`` value, at most 32),
+``route`` (the route template, never the raw path), ``method``, ``status`` and
+``op`` are fixed sets. Topics appear only on ``detour_route_all_avoided``,
+capped at ``MAX_TOPIC_SERIES`` topics (by name); the total is always in
+``detour_routes_all_avoided``. Producer ids are never labels.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import REGISTRY, Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.model import Config
+from service.store.base import ReportOutcome
+from service.strategy import Selection, WindowChange
+from service.view import TableView
+
+#: Seconds. Every default latencyMax tier (0.05 ... 15 s) is a bucket boundary, so
+#: `le` lines up with the tiers on the heatmap; custom tiers fall between buckets.
+LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.55,
+    1.0,
+    2.0,
+    3.0,
+    5.0,
+    10.0,
+    15.0,
+    30.0,
+    60.0,
+)
+#: Seconds, for Detour's own endpoints and Redis calls.
+FAST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+MAX_TOPIC_SERIES = 100
+
+SELECTS = Counter("detour_selects_total", "Selects by decision.", ["decision"])
+SELECT_AVOIDED = Counter(
+    "detour_select_avoided_total",
+    "Brokers passed over by a select because their avoidance window was open.",
+    ["broker"],
+)
+REPORTS = Counter("detour_reports_total", "Reports by broker and outcome.", ["broker", "outcome"])
+REPORTED_LATENCY = Histogram(
+    "detour_reported_latency_seconds",
+    "Latency producers reported, per broker.",
+    ["broker"],
+    buckets=LATENCY_BUCKETS,
+)
+WINDOWS_OPENED = Counter(
+    "detour_windows_opened_total",
+    "Avoidance windows opened (the broker was available before), by broker and tier "
+    "(the tier's latencyMax in ms).",
+    ["broker", "tier"],
+)
+WINDOWS_EXTENDED = Counter(
+    "detour_windows_extended_total", "Open windows a report moved, by broker.", ["broker"]
+)
+HTTP_DURATION = Histogram(
+    "detour_http_request_duration_seconds",
+    "Time to answer Detour's own endpoints.",
+    ["route", "method", "status"],
+    buckets=FAST_BUCKETS,
+)
+STORE_ERRORS = Counter("detour_store_errors_total", "Store calls that failed.", ["op"])
+STORE_ROUNDTRIP = Histogram(
+    "detour_store_roundtrip_seconds", "Store call round-trip time.", ["op"], buckets=FAST_BUCKETS
+)
+SHED = Counter(
+    "detour_requests_shed_total",
+    "Requests refused at once to bound the work in flight.",
+    ["reason"],
+)
+RESYNCS = Counter("detour_view_resyncs_total", "Full resyncs of this replica's table copy.")
+
+_decisions = {
+    d: SELECTS.labels(d) for d in ("available", "pick_one_at_least", "round_robin", "no_route")
+}
+
+
+def observe_select(selection: Selection | None) -> None:
+    """Count one select; None when the topic had no route."""
+    if selection is None:
+        _decisions["no_route"].inc()
+        return
+    _decisions[selection.decision.value].inc()
+    for broker in selection.avoided_brokers:
+        SELECT_AVOIDED.labels(broker).inc()
+
+
+def observe_reports(outcomes: Sequence[ReportOutcome], config: Config) -> None:
+    for o in outcomes:
+        REPORTS.labels(o.broker_name, "isolation" if o.isolation else "ok").inc()
+        REPORTED_LATENCY.labels(o.broker_name).observe(o.latency_ms / 1000)
+        if o.change is WindowChange.OPENED and o.tier is not None:
+            tier = config.latency_max[o.tier] if o.tier < len(config.latency_max) else o.tier
+            WINDOWS_OPENED.labels(o.broker_name, str(tier)).inc()
+        elif o.change is WindowChange.MOVED:
+            WINDOWS_EXTENDED.labels(o.broker_name).inc()
+
+
+class TableCollector(Collector):
+    """Per-broker and per-route state, computed from the shared table when scraped."""
+
+    def __init__(self, view: Callable[[], TableView | None]) -> None:
+        self._view = view
+
+    def collect(self) -> Iterable[Metric]:
+        view = self._view()
+        if view is None:
+            return
+        now = view.now_ms()
+        avoided = GaugeMetricFamily(
+            "detour_broker_avoided",
+            "1 while the broker's avoidance window is open.",
+            labels=["broker"],
+        )
+        until = GaugeMetricFamily(
+            "detour_broker_available_in_seconds",
+            "Seconds until the broker's window ends (0 when available).",
+            labels=["broker"],
+        )
+        latency = GaugeMetricFamily(
+            "detour_broker_current_latency_seconds",
+            "The latency of the report that set the broker's current window.",
+            labels=["broker"],
+        )
+        brokers = set(view.faults)
+        for route in view.routes.values():
+            brokers.update(route.by_broker)
+        open_count = 0
+        for broker in sorted(brokers):
+            item = view.faults.get(broker)
+            remaining = max(0, item.available_at - now) if item else 0
+            open_count += remaining > 0
+            avoided.add_metric([broker], 1.0 if remaining > 0 else 0.0)
+            until.add_metric([broker], remaining / 1000)
+            if item is not None:
+                latency.add_metric([broker], item.current_latency_ms / 1000)
+        yield avoided
+        yield until
+        yield latency
+        yield GaugeMetricFamily(
+            "detour_brokers_avoided",
+            "Brokers whose avoidance window is open now.",
+            value=open_count,
+        )
+        panic = GaugeMetricFamily(
+            "detour_route_all_avoided",
+            "1 while every broker of the route is avoided (pickOneAtLeast decides); "
+            f"first {MAX_TOPIC_SERIES} topics by name.",
+            labels=["topic"],
+        )
+        in_panic = 0
+        for i, topic in enumerate(sorted(view.routes)):
+            route = view.routes[topic]
+            all_avoided = all(
+                (item := view.faults.get(b)) is not None and now < item.available_at
+                for b in route.by_broker
+            )
+            in_panic += all_avoided
+            if i < MAX_TOPIC_SERIES:
+                panic.add_metric([topic], 1.0 if all_avoided else 0.0)
+        yield panic
+        yield GaugeMetricFamily(
+            "detour_routes_all_avoided",
+            "Routes whose every broker is avoided now.",
+            value=in_panic,
+        )
+        yield GaugeMetricFamily(
+            "detour_avoidance_enabled",
+            "1 when sendLatencyFaultEnable is on.",
+            value=1.0 if view.config.send_latency_fault_enable else 0.0,
+        )
+
+
+def exposition(view: TableView | None) -> bytes:
+    """The text for GET /metrics: counters (this process's, or every worker's) + table state."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        workers = CollectorRegistry()
+        MultiProcessCollector(workers)  # type: ignore[no-untyped-call]
+        head = generate_latest(workers)
+    else:
+        head = generate_latest(REGISTRY)
+    table = CollectorRegistry(auto_describe=False)
+    table.register(TableCollector(lambda: view))
+    return head + generate_latest(table)
+
+
+class RequestTimer:
+    """Times every request into detour_http_request_duration_seconds, by route template."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            if template != "/fault-items/stream":  # endless by design
+                HTTP_DURATION.labels(template, scope["method"], str(status)).observe(
+                    time.perf_counter() - start
+                )

@@ -1,0 +1,102 @@
+"""GET /metrics: counters from this process or all workers, broker state from the shared table."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from service.app import create_app
+from service.settings import Settings
+from tests.procs import ServiceProcess, wait_until
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(text: str, name: str, **labels: str) -> float:
+    return samples(text).get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+@pytest.mark.integration
+def test_select_and_report_metrics(client: TestClient) -> None:
+    client.put("/routes/t", json={"brokers": [{"brokerName": "a", "writeQueueNums": 2},
+                                              {"brokerName": "b", "writeQueueNums": 2}]})
+    before = client.get("/metrics").text
+    client.post("/report-latency", json={"brokerName": "a", "latencyMs": 0, "isolation": True})
+    client.post("/report-latency", json={"brokerName": "b", "latencyMs": 120})
+    client.post("/report-latency", json={"brokerName": "b", "latencyMs": 600})
+    picks = [client.post("/select", json={"topic": "t"}).json() for _ in range(8)]
+    client.post("/select", json={"topic": "nope"})
+    text = client.get("/metrics").text
+
+    def delta(name: str, **labels: str) -> float:
+        return value(text, name, **labels) - value(before, name, **labels)
+
+    # b is avoided too (600 ms -> 30 s): every select is pickOneAtLeast.
+    assert delta("detour_selects_total", decision="pick_one_at_least") == 8
+    assert delta("detour_selects_total", decision="no_route") == 1
+    avoided = sum(len(p["avoidedBrokers"]) for p in picks)
+    assert delta("detour_select_avoided_total", broker="a") + \
+        delta("detour_select_avoided_total", broker="b") == avoided
+    assert delta("detour_reports_total", broker="a", outcome="isolation") == 1
+    assert delta("detour_reports_total", broker="b", outcome="ok") == 2
+    assert delta("detour_windows_opened_total", broker="a", tier="15000") == 1
+    assert delta("detour_windows_opened_total", broker="b", tier="550") == 1
+    # 120 ms falls in the 0.25 s bucket, not in the 0.1 s one.
+    assert delta("detour_reported_latency_seconds_bucket", broker="b", le="0.1") == 0
+    assert delta("detour_reported_latency_seconds_bucket", broker="b", le="0.25") == 1
+    assert value(text, "detour_broker_avoided", broker="a") == 1
+    assert value(text, "detour_broker_avoided", broker="b") == 1
+    assert 590 < value(text, "detour_broker_available_in_seconds", broker="a") <= 600
+    assert value(text, "detour_brokers_avoided") == 2
+    assert value(text, "detour_route_all_avoided", topic="t") == 1
+    assert value(text, "detour_routes_all_avoided") == 1
+    assert delta("detour_http_request_duration_seconds_count", route="/select", method="POST",
+                 status="200") == 8
+    assert delta("detour_http_request_duration_seconds_count", route="/select", method="POST",
+                 status="404") == 1
+
+    client.delete("/fault-items/b")
+    text = client.get("/metrics").text
+    assert value(text, "detour_broker_avoided", broker="b") == 0
+    assert value(text, "detour_route_all_avoided", topic="t") == 0
+
+
+@pytest.mark.integration
+def test_broker_state_comes_from_the_shared_table(redis_url: str) -> None:
+    settings = Settings(redis_url=redis_url)
+    with TestClient(create_app(settings)) as a, TestClient(create_app(settings)) as b:
+        a.put("/routes/t", json={"brokers": [{"brokerName": "x", "writeQueueNums": 1}]})
+        a.post("/report-latency", json={"brokerName": "x", "latencyMs": 0, "isolation": True})
+        wait_until(lambda: value(b.get("/metrics").text, "detour_broker_avoided", broker="x")
+                   == 1, 2, "state on b")
+        text = b.get("/metrics").text
+        assert value(text, "detour_route_all_avoided", topic="t") == 1
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_two_workers_add_up(redis_url: str) -> None:
+    svc = ServiceProcess(redis_url=redis_url, workers=2)
+    try:
+        with httpx.Client(base_url=svc.url, timeout=5) as c:
+            c.put("/routes/t", json={"brokers": [{"brokerName": "x", "writeQueueNums": 2}]})
+        n = 60
+        for _ in range(n):  # fresh connections spread over both workers
+            with httpx.Client(base_url=svc.url, timeout=5) as fresh:
+                assert fresh.post("/select", json={"topic": "t"}).status_code == 200
+                fresh.post("/report-latency", json={"brokerName": "x", "latencyMs": 1})
+        for _ in range(6):  # whichever worker answers the scrape sees every worker's counts
+            with httpx.Client(base_url=svc.url, timeout=5) as fresh:
+                text = fresh.get("/metrics").text
+            assert value(text, "detour_selects_total", decision="available") == n
+            assert value(text, "detour_reports_total", broker="x", outcome="ok") == n
+    finally:
+        svc.stop()
