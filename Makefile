@@ -28,11 +28,22 @@ $(STAMP): requirements.lock pyproject.toml
 
 setup: $(STAMP)
 
-# Debian packages the tests run for real. Installed only when missing (needs root, as in CI).
+# Debian packages the tests run for real, installed only when missing (needs root, as in CI):
+# redis-server (the store and the stand-in brokers), prometheus (promtool and a real server),
+# chromium + chromium-driver (the status page test), a JRE for Spark, wrk (benchmarks).
+SYSTEM_DEPS := redis-server:redis-server prometheus:prometheus promtool:prometheus \
+	chromium:chromium chromedriver:chromium-driver java:openjdk-17-jre-headless wrk:wrk
+
 system-deps:
-	@command -v redis-server >/dev/null || { \
-	  echo "installing redis-server"; \
-	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server; }
+	@missing=""; for pair in $(SYSTEM_DEPS); do \
+	  bin=$${pair%%:*}; pkg=$${pair##*:}; \
+	  command -v $$bin >/dev/null 2>&1 || missing="$$missing $$pkg"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -q --no-install-recommends $$(echo $$missing | tr ' ' '\n' | sort -u); \
+	fi
 
 run: setup
 	$(BIN)/python -m service $(ARGS)
