@@ -237,3 +237,17 @@ def test_starts_while_redis_is_down_and_syncs_when_it_comes_up() -> None:
             wait_until(lambda: c.get("/readyz").status_code == 200, 15, "sync after redis start")
         finally:
             server.stop()
+
+
+def test_reports_that_change_no_window_push_nothing(redis_url: str, raw: redis.Redis) -> None:
+    """Thousands of sidecar replicas subscribe: a healthy broker's reports must not wake them."""
+    settings = Settings(redis_url=redis_url, sync_interval_s=60)
+    with TestClient(create_app(settings)) as c:
+        c.post("/report-latency", json={"brokerName": "a", "latencyMs": 700})  # opens: 1 push
+        before = commandstats(raw).get("publish", 0)
+        for latency in (10, 20, 549, 30, 0):  # inside the open window, or below every tier
+            c.post("/report-latency", json={"brokerName": "a", "latencyMs": latency})
+            c.post("/report-latency", json={"brokerName": "b", "latencyMs": latency})
+        assert commandstats(raw).get("publish", 0) == before
+        c.post("/report-latency", json={"brokerName": "b", "latencyMs": 0, "isolation": True})
+        assert commandstats(raw).get("publish", 0) == before + 1
