@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from service.api import admin, health, reports, routes, select, status, stream
 from service.errors import install_error_handlers
-from service.limits import BodyLimit
+from service.limits import AssumeJson, BodyLimit
 from service.metrics import RequestTimer
 from service.settings import Settings
 from service.store import FaultStore, open_store
@@ -83,13 +83,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         "send went (`POST /report-latency`); brokers that were slow or failed are avoided for "
         "a while, for every producer that shares the table. See docs/semantics.md.",
         lifespan=lifespan,
-        # Producers in any language post JSON; do not insist on the header (curl -d omits it).
+        # Producers in any language post JSON; a body without the header is JSON too.
         strict_content_type=False,
     )
     _document_extra_schemas(app, select.SCHEMAS)
     install_error_handlers(app)
     for module in (select, reports, routes, stream, admin, health, status):
         app.include_router(module.router)
+    app.add_middleware(AssumeJson)
     app.add_middleware(RequestTimer)
     app.add_middleware(
         BodyLimit,

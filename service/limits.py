@@ -1,4 +1,4 @@
-"""An ASGI guard that refuses bodies over the size limit before any handler reads them."""
+"""ASGI guards at the edge: bodies are JSON whatever the header says, and bounded in size."""
 
 from __future__ import annotations
 
@@ -72,3 +72,22 @@ class BodyLimit:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+class AssumeJson:
+    """Read every request body as JSON: Detour's API takes nothing else.
+
+    ``curl -d`` sends ``application/x-www-form-urlencoded`` and ``fetch`` with a
+    string body sends ``text/plain``; refusing those would fail producers over a
+    header. The body is still validated as JSON, field by field.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] in ("POST", "PUT"):
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            headers.append((b"content-type", b"application/json"))
+            scope = {**scope, "headers": headers}
+        await self.app(scope, receive, send)

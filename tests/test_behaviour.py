@@ -338,3 +338,17 @@ def test_latency_log_records_every_report_in_order(client: TestClient) -> None:
     assert last == {"entries": [], "next": None}
     bad = client.get("/latency-log", params={"after": "x"})
     assert bad.status_code == 422 and bad.json()["field"] == "after"
+
+
+@pytest.mark.parametrize("content_type", [None, "application/x-www-form-urlencoded",
+                                          "text/plain", "application/json; charset=utf-8"])
+def test_bodies_are_json_whatever_the_header(client: TestClient, content_type: str | None) -> None:
+    headers = {"content-type": content_type} if content_type else {}
+    r = client.put("/routes/t", content=b'{"brokers":[{"brokerName":"a","writeQueueNums":1}]}',
+                   headers=headers)
+    assert r.status_code == 200, r.text
+    r = client.post("/report-latency", content=b'{"brokerName":"a","latencyMs":1}',
+                    headers=headers)
+    assert r.status_code == 200, r.text
+    r = client.post("/select", content=b'{"topic":"t"}', headers=headers)
+    assert r.status_code == 200 and r.json()["brokerName"] == "a"
