@@ -22,7 +22,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import REGISTRY, Collector
@@ -94,6 +94,24 @@ SHED = Counter(
     ["reason"],
 )
 RESYNCS = Counter("detour_view_resyncs_total", "Full resyncs of this replica's table copy.")
+RESEEDS = Counter(
+    "detour_store_reseeds_total",
+    "Times this replica wrote its config and routes back to a Redis that had lost them.",
+)
+JOURNAL_SIZE = Gauge(
+    "detour_journal_reports",
+    "Reports accepted while Redis was unreachable, not yet replayed.",
+    multiprocess_mode="livesum",
+)
+JOURNAL_DROPPED = Counter(
+    "detour_journal_dropped_total",
+    "Journaled reports dropped: reason=full (journal at its cap, oldest dropped) or expired "
+    "(older than an hour at replay).",
+    ["reason"],
+)
+JOURNAL_REPLAYED = Counter(
+    "detour_journal_replayed_total", "Journaled reports handed to Redis after an outage."
+)
 
 _decisions = {
     d: SELECTS.labels(d) for d in ("available", "pick_one_at_least", "round_robin", "no_route")
@@ -124,8 +142,9 @@ def observe_reports(outcomes: Sequence[ReportOutcome], config: Config) -> None:
 class TableCollector(Collector):
     """Per-broker and per-route state, computed from the shared table when scraped."""
 
-    def __init__(self, view: Callable[[], TableView | None]) -> None:
+    def __init__(self, view: Callable[[], TableView | None], degraded: bool = False) -> None:
         self._view = view
+        self._degraded = degraded
 
     def collect(self) -> Iterable[Metric]:
         view = self._view()
@@ -190,13 +209,19 @@ class TableCollector(Collector):
             value=in_panic,
         )
         yield GaugeMetricFamily(
+            "detour_store_degraded",
+            "1 while this replica answers from its own copy because Redis is unreachable "
+            "(or journaled reports are not replayed yet).",
+            value=1.0 if self._degraded else 0.0,
+        )
+        yield GaugeMetricFamily(
             "detour_avoidance_enabled",
             "1 when sendLatencyFaultEnable is on.",
             value=1.0 if view.config.send_latency_fault_enable else 0.0,
         )
 
 
-def exposition(view: TableView | None) -> bytes:
+def exposition(view: TableView | None, degraded: bool = False) -> bytes:
     """The text for GET /metrics: counters (this process's, or every worker's) + table state."""
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         workers = CollectorRegistry()
@@ -205,7 +230,7 @@ def exposition(view: TableView | None) -> bytes:
     else:
         head = generate_latest(REGISTRY)
     table = CollectorRegistry(auto_describe=False)
-    table.register(TableCollector(lambda: view))
+    table.register(TableCollector(lambda: view, degraded))
     return head + generate_latest(table)
 
 

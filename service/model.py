@@ -6,6 +6,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+#: The longest latency (and report age) accepted, ms: an hour. Anything above is a clock
+#: bug, not a send.
+MAX_LATENCY_MS = 3_600_000
+
 #: RocketMQ's MQFaultStrategy defaults (client 4.x, unchanged in 5.x).
 DEFAULT_LATENCY_MAX: tuple[int, ...] = (50, 100, 550, 1000, 2000, 3000, 15000)
 DEFAULT_NOT_AVAILABLE_DURATION: tuple[int, ...] = (0, 0, 30000, 60000, 120000, 180000, 600000)

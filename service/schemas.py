@@ -7,12 +7,10 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic.alias_generators import to_camel
 
-from service.model import DEFAULT_LATENCY_MAX, DEFAULT_NOT_AVAILABLE_DURATION
+from service.model import DEFAULT_LATENCY_MAX, DEFAULT_NOT_AVAILABLE_DURATION, MAX_LATENCY_MS
 
 #: RocketMQ's topic rule (letters, digits, ``_ - % |``) plus ``.``, at most 127 characters.
 NAME_PATTERN = r"^[A-Za-z0-9_.%|-]{1,127}$"
-#: The longest latency accepted: an hour. Anything above is a clock bug, not a send.
-MAX_LATENCY_MS = 3_600_000
 #: The longest avoidance window accepted: a day.
 MAX_WINDOW_MS = 86_400_000
 
@@ -222,6 +220,10 @@ class SelectResponse(Body):
         "order met; never the returned broker.",
         examples=[["broker-b"]],
     )
+    degraded: bool = Field(
+        description="Decided from this replica's copy while Redis is unreachable.",
+        examples=[False],
+    )
 
 
 class ReportRequest(Body):
@@ -283,6 +285,11 @@ class ReportResponse(Body):
         description="The broker's window end after the update (epoch ms).",
         examples=[1763791234567],
     )
+    degraded: bool = Field(
+        description="Redis did not answer: applied to this replica's copy and journaled; "
+        "replayed, dated from now, when Redis is back.",
+        examples=[False],
+    )
 
 
 class FaultItemOut(Body):
@@ -305,6 +312,11 @@ class FaultItemsOut(Body):
 class Health(Body):
     status: Literal["ok", "ready"] = Field(description="`ok` (alive) or `ready`.", examples=["ok"])
     store: Literal["memory", "redis"] = Field(description="The store in use.", examples=["redis"])
+    degraded: bool = Field(
+        description="Redis is unreachable: answering from this replica's copy, reports "
+        "journaled for replay.",
+        examples=[False],
+    )
 
 
 class BatchReportResponse(Body):

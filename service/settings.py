@@ -23,8 +23,12 @@ class Settings(BaseSettings):
     #: How often a replica checks the table version in Redis: the bound on how
     #: long a missed push can go unnoticed (seconds).
     sync_interval_s: float = Field(1.0, gt=0, le=60)
-    #: Per-call Redis socket timeout (seconds).
+    #: Redis socket timeout for sync, snapshots and admin writes (seconds).
     redis_timeout_s: float = Field(1.0, gt=0, le=60)
+    #: Timeout of a report's Redis call (seconds): past it the report goes to the journal.
+    redis_call_timeout_s: float = Field(0.05, gt=0, le=60)
+    #: Reports the journal holds while Redis is unreachable; when full the oldest is dropped.
+    journal_max: int = Field(100_000, ge=1, le=10_000_000)
     #: Largest request body accepted (bytes); larger ones get 413.
     max_body_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
     #: The same for POST /report-latency:batch (up to 1,000 reports).

@@ -91,6 +91,15 @@ class TableView:
             self.faults[broker] = item
         self._notify("fault", broker, item)
 
+    def set_local_fault(self, item: FaultItem) -> None:
+        """A window this replica decided while the store was unreachable.
+
+        Its version is left alone, so the next snapshot (taken after the
+        journal is replayed) replaces it with the store's value.
+        """
+        self.faults[item.broker_name] = item
+        self._notify("fault", item.broker_name, item)
+
     def apply_route(self, topic: str, route: Route | None, version: int) -> None:
         if version <= self._route_v.get(topic, 0):
             return

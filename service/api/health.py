@@ -14,7 +14,7 @@ router = APIRouter(tags=["health"])
 
 @router.get("/healthz", response_model=Health, summary="The process is alive")
 async def healthz(store: StoreDep) -> Health:
-    return Health(status="ok", store=store.kind)  # type: ignore[arg-type]
+    return Health(status="ok", store=store.kind, degraded=store.degraded)  # type: ignore[arg-type]
 
 
 @router.get(
@@ -24,8 +24,11 @@ async def healthz(store: StoreDep) -> Health:
     summary="The store is reachable and this replica's table is synced",
 )
 async def readyz(store: StoreDep) -> Health:
+    """Ready once the replica holds a table. A Redis outage after that keeps it ready
+    (`degraded: true`): selects go on from the replica's copy and reports are journaled,
+    so Kubernetes should keep sending producers here."""
     await store.ping()
-    return Health(status="ready", store=store.kind)  # type: ignore[arg-type]
+    return Health(status="ready", store=store.kind, degraded=store.degraded)  # type: ignore[arg-type]
 
 
 @router.get(
@@ -41,4 +44,4 @@ async def readyz(store: StoreDep) -> Health:
 )
 async def prometheus(store: StoreDep) -> Response:
     """Counters of this process (all workers' when several run) and the table's state."""
-    return Response(metrics.exposition(store.view), media_type=CONTENT_TYPE_LATEST)
+    return Response(metrics.exposition(store.view, store.degraded), media_type=CONTENT_TYPE_LATEST)

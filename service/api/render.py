@@ -45,6 +45,7 @@ def report_out(out: ReportOutcome) -> ReportResponse:
         latency_ms=out.latency_ms,
         not_available_duration_ms=out.not_available_duration_ms,
         available_at=out.available_at,
+        degraded=out.degraded,
     )
 
 

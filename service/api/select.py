@@ -80,6 +80,7 @@ async def select(request: Request) -> Response:
                 "address": route.addresses.get(queue.broker_name),
                 "decision": sel.decision.value,
                 "avoidedBrokers": sel.avoided_brokers,
+                "degraded": store.degraded,
             },
             separators=(",", ":"),
         ),

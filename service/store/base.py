@@ -37,6 +37,8 @@ class ReportOutcome:
     #: the latency tier the report fell in (None: below every tier, or avoidance off)
     tier: int | None = None
     change: WindowChange = WindowChange.NONE
+    #: taken into the local journal because the store did not answer
+    degraded: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +65,16 @@ class FaultStore(Protocol):
 
     kind: str
     view: TableView
+
+    @property
+    def degraded(self) -> bool:
+        """Answering from this replica's copy because the store is unreachable."""
+        ...
+
+    @property
+    def journal_size(self) -> int:
+        """Reports accepted but not yet in the store."""
+        ...
 
     async def start(self) -> None: ...
 

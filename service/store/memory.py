@@ -36,6 +36,14 @@ class MemoryStore:
         self.view.version = self._version
         return self._version
 
+    @property
+    def degraded(self) -> bool:
+        return False
+
+    @property
+    def journal_size(self) -> int:
+        return 0
+
     async def start(self) -> None:
         return None
 

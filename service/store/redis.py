@@ -40,11 +40,14 @@ from service.model import Config, FaultItem, Route
 from service.settings import Settings
 from service.store import codec
 from service.store.base import LogEntry, ReportIn, ReportOutcome
+from service.store.journal import Journal
 from service.view import Snapshot, TableView
 
 log = logging.getLogger("detour.store")
 
 _MAX_BACKOFF_S = 5.0
+#: Journaled reports sent per script call on replay (the batch endpoint's cap).
+_REPLAY_BATCH = 1000
 
 
 def _load_lua(name: str) -> str:
@@ -86,10 +89,22 @@ class RedisStore:
             name: self._client.register_script(_load_lua(name))
             for name in ("report", "set_entry", "snapshot", "fault_items")
         }
+        # Reports are on the producers' send path: they get their own connections
+        # with a short timeout, and fall back to the journal when it passes.
+        self._fast_pool = ConnectionPool.from_url(
+            settings.redis_url,
+            decode_responses=True,
+            socket_timeout=settings.redis_call_timeout_s,
+            socket_connect_timeout=settings.redis_call_timeout_s,
+        )
+        self._fast = Redis.from_pool(self._fast_pool)
+        self._fast_report = self._fast.register_script(self._scripts["report"].script)
+        self._journal = Journal(settings.journal_max)
         # Until the first sync, the local wall clock stands in for Redis's.
         self._offset_ms = time.time_ns() / 1_000_000 - _mono_ms()
         self.view = TableView(lambda: int(_mono_ms() + self._offset_ms))
         self.synced = asyncio.Event()
+        self._ever_synced = False
         self._resync_needed = False
         self._task: asyncio.Task[None] | None = None
 
@@ -114,21 +129,45 @@ class RedisStore:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._journal:
+            # Graceful stop: one bounded attempt to hand the journal to Redis.
+            with contextlib.suppress(StoreUnavailable, TimeoutError):
+                async with asyncio.timeout(self._settings.redis_timeout_s * 2):
+                    await self._replay_journal()
+            if self._journal:
+                log.warning("stopping with %d journaled reports not in redis", len(self._journal))
+        await self._fast.aclose()
+        await self._fast_pool.aclose()
         await self._client.aclose()
         await self._pool.aclose()
 
+    @property
+    def degraded(self) -> bool:
+        """Redis is not answering, or reports taken meanwhile are not replayed yet."""
+        return not self.synced.is_set() or bool(self._journal)
+
+    @property
+    def journal_size(self) -> int:
+        return len(self._journal)
+
     async def ping(self) -> None:
-        async with _wrap_errors():
-            await self._client.ping()
-        if not self.synced.is_set():
-            raise StoreUnavailable("redis reachable but the table is not synced yet")
+        """Ready once a table was ever synced: afterwards an outage degrades, not stops."""
+        if not self._ever_synced:
+            raise StoreUnavailable("no table synced from redis yet")
 
     # -- writes ------------------------------------------------------------
-    async def _eval(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    async def _eval(
+        self,
+        name: str,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        script: AsyncScript | None = None,
+    ) -> Any:
         start = time.perf_counter()
         try:
             async with _wrap_errors():
-                return await self._scripts[name](keys=list(keys), args=list(args))
+                run = script or self._scripts[name]
+                return await run(keys=list(keys), args=list(args))
         except StoreUnavailable:
             metrics.STORE_ERRORS.labels(name).inc()
             raise
@@ -136,6 +175,72 @@ class RedisStore:
             metrics.STORE_ROUNDTRIP.labels(name).observe(time.perf_counter() - start)
 
     async def report_many(self, reports: Sequence[ReportIn]) -> list[ReportOutcome]:
+        """One atomic script; when Redis does not answer in time, the journal takes them.
+
+        While the journal holds reports, new ones queue behind them so Redis
+        receives every report in the order this replica accepted it.
+        """
+        if not self._journal and self.synced.is_set():
+            try:
+                return await self._report_remote(reports, self._fast_report)
+            except StoreUnavailable as exc:
+                log.warning("report falls back to the journal: %s", exc.message)
+        return self._report_locally(reports)
+
+    def _report_locally(self, reports: Sequence[ReportIn]) -> list[ReportOutcome]:
+        """Apply to this replica's view at once and journal for replay."""
+        view = self.view
+        config = view.config
+        now = view.now_ms()
+        received = _mono_ms()
+        out = []
+        for r in reports:
+            self._journal.append(r, received)
+            old = view.faults.get(r.broker_name)
+            if not config.send_latency_fault_enable:
+                end = old.available_at if old else now
+                out.append(
+                    ReportOutcome(
+                        r.broker_name, r.latency_ms, 0, end, now, r.isolation, degraded=True
+                    )
+                )
+                continue
+            tier = strategy.tier(config, r.latency_ms, r.isolation)
+            duration = strategy.report_duration(config, r.latency_ms, r.isolation)
+            item = strategy.apply_report(
+                old, r.broker_name, r.latency_ms, duration, now - r.age_ms, config.last_report_wins
+            )
+            change = strategy.window_change(
+                old.available_at if old else None, item.available_at, now
+            )
+            view.set_local_fault(item)
+            out.append(
+                ReportOutcome(
+                    r.broker_name,
+                    r.latency_ms,
+                    duration,
+                    item.available_at,
+                    now,
+                    r.isolation,
+                    tier,
+                    change,
+                    degraded=True,
+                )
+            )
+        return out
+
+    async def _replay_journal(self) -> None:
+        """Hand journaled reports to Redis in order, each dated from when it was accepted."""
+        while self._journal:
+            batch = self._journal.take(_REPLAY_BATCH, _mono_ms())
+            if batch:
+                await self._report_remote(batch)
+            self._journal.drop(len(batch))
+            metrics.JOURNAL_REPLAYED.inc(len(batch))
+
+    async def _report_remote(
+        self, reports: Sequence[ReportIn], script: AsyncScript | None = None
+    ) -> list[ReportOutcome]:
         view = self.view
         for _ in range(3):
             config, config_version = view.config, view.config_version
@@ -150,7 +255,7 @@ class RedisStore:
             for r, d in zip(reports, durations, strict=True):
                 args += [r.broker_name, r.latency_ms, d, r.age_ms, int(r.isolation), r.producer]
             status, now, ends, versions, changes, *_ = await self._eval(
-                "report", (self._faults, self._meta, self._log), args
+                "report", (self._faults, self._meta, self._log), args, script
             )
             if status == -1:
                 # Another replica changed the config and its push has not
@@ -223,23 +328,49 @@ class RedisStore:
         return int(now), [codec.decode_fault(b, v) for b, v in codec.pairs(flat)]
 
     # -- sync --------------------------------------------------------------
-    async def _resync(self) -> None:
+    async def _snapshot(self) -> Snapshot:
         version, config_version, config, now, faults, routes = await self._eval(
             "snapshot", (self._faults, self._routes, self._meta), ()
         )
         self._set_clock(int(now), _mono_ms())
-        self.view.replace(
-            Snapshot(
-                version=int(version),
-                config=codec.decode_config(config),
-                config_version=int(config_version),
-                routes={t: codec.decode_route(t, r) for t, r in codec.pairs(routes)},
-                faults={b: codec.decode_fault(b, v) for b, v in codec.pairs(faults)},
-            )
+        return Snapshot(
+            version=int(version),
+            config=codec.decode_config(config),
+            config_version=int(config_version),
+            routes={t: codec.decode_route(t, r) for t, r in codec.pairs(routes)},
+            faults={b: codec.decode_fault(b, v) for b, v in codec.pairs(faults)},
         )
+
+    async def _resync(self) -> None:
+        snap = await self._snapshot()
+        if snap.version < self.view.version:
+            snap = await self._reseed(snap)
+        self.view.replace(snap)
         self._resync_needed = False
         self.synced.set()
+        self._ever_synced = True
         metrics.RESYNCS.inc()
+
+    async def _reseed(self, snap: Snapshot) -> Snapshot:
+        """Redis lost its data (a restart without persistence, a flush): write back the
+        config and routes this replica holds, so producers keep their routes.
+
+        Every replica that notices does the same; the writes carry the same
+        content, so the outcome does not depend on which one wins.
+        """
+        view = self.view
+        log.warning(
+            "redis table is older than this replica's (version %d < %d): re-seeding",
+            snap.version,
+            view.version,
+        )
+        metrics.RESEEDS.inc()
+        if view.config_version > 0 and snap.config_version == 0:
+            await self._set_entry(self._meta, "config", "config", codec.encode_config(view.config))
+        for topic, route in view.routes.items():
+            if topic not in snap.routes:
+                await self._set_entry(self._routes, "route", topic, codec.encode_route(route))
+        return await self._snapshot()
 
     def _set_clock(self, redis_now_ms: int, received_ms: float) -> None:
         """Track Redis time against the local monotonic clock, erring early.
@@ -300,6 +431,7 @@ class RedisStore:
                 await pubsub.subscribe(self._channel)
                 # Snapshot only once Redis confirms, so no change falls between.
                 await self._wait_subscribed(pubsub)
+                await self._replay_journal()
                 await self._resync()
                 next_poll = _mono_ms() + interval * 1000
                 while True:
@@ -312,6 +444,8 @@ class RedisStore:
                         next_poll = _mono_ms() + interval * 1000
                     if self._resync_needed:
                         await self._resync()
+                    if self._journal:
+                        await self._replay_journal()
         finally:
             self.synced.clear()
             with contextlib.suppress(Exception):
