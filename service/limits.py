@@ -89,5 +89,7 @@ class AssumeJson:
         if scope["type"] == "http" and scope["method"] in ("POST", "PUT"):
             headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
             headers.append((b"content-type", b"application/json"))
-            scope = {**scope, "headers": headers}
+            # In place, not a copy: outer middleware reads what routing adds to the
+            # scope (the request timer labels by scope["route"]).
+            scope["headers"] = headers
         await self.app(scope, receive, send)
