@@ -117,14 +117,15 @@ class TableView:
         self.config_version = version
         self._notify("config", "", config)
 
-    def replace(self, snap: Snapshot) -> None:
+    def replace(self, snap: Snapshot, reset: bool = False) -> None:
         """Install a full snapshot, keeping entries already applied at a newer version.
 
         A snapshot older than what this view has applied means the store lost
         its data (a restart without persistence, a flush): then the snapshot
-        wins whole, because the version numbers started again.
+        wins whole, because the version numbers started again. ``reset`` says so
+        explicitly (after a re-seed the new numbers may already be higher).
         """
-        if snap.version < self.version:
+        if reset or snap.version < self.version:
             self._route_v, self._fault_v, self.config_version, self.version = {}, {}, -1, 0
         routes = dict(snap.routes)
         route_v = {t: snap.version for t in routes}

@@ -42,15 +42,20 @@ def wait_until(check: object, timeout_s: float, what: str, interval_s: float = 0
 class RedisServer:
     """A throwaway ``redis-server`` with no persistence, on a free port."""
 
-    def __init__(self, port: int | None = None, extra: Sequence[str] = ()) -> None:
+    def __init__(self, port: int | None = None, extra: Sequence[str] = (),
+                 persistent: bool = False, data_dir: str | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server not found: run `make test` (it installs it)")
         self.port = port or free_port()
-        self.dir = tempfile.mkdtemp(prefix="detour-redis-")
+        self.dir = data_dir or tempfile.mkdtemp(prefix="detour-redis-")
+        # persistent: every write fsynced to the AOF before Redis answers, so a
+        # SIGKILL loses nothing that was acknowledged.
+        aof = ["--appendonly", "yes", "--appendfsync", "always"] if persistent \
+            else ["--appendonly", "no"]
         self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir, "--protected-mode", "yes", *extra],
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *aof,
+             "--dir", self.dir, "--protected-mode", "yes", *extra],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -64,6 +69,11 @@ class RedisServer:
     def client(self) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2,
                            decode_responses=True)
+
+    def kill(self) -> None:
+        """SIGKILL, keeping the data directory (a crash)."""
+        self.proc.kill()
+        self.proc.wait(10)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

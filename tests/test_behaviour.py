@@ -267,8 +267,10 @@ def test_operator_restores_a_broker(client: TestClient) -> None:
 
 
 def test_health(client: TestClient, store_kind: str) -> None:
-    assert client.get("/healthz").json() == {"status": "ok", "store": store_kind}
-    assert client.get("/readyz").json() == {"status": "ready", "store": store_kind}
+    assert client.get("/healthz").json() == {"status": "ok", "store": store_kind,
+                                             "degraded": False}
+    assert client.get("/readyz").json() == {"status": "ready", "store": store_kind,
+                                            "degraded": False}
 
 
 # -- batch reports ---------------------------------------------------------------

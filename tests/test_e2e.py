@@ -22,7 +22,8 @@ def test_memory_store_process_logs_its_store(tmp_path: Path) -> None:
         with httpx.Client(base_url=svc.url, timeout=5) as c:
             c.put("/routes/t", json={"brokers": [{"brokerName": "a", "writeQueueNums": 1}]})
             assert c.post("/select", json={"topic": "t"}).json()["brokerName"] == "a"
-            assert c.get("/readyz").json() == {"status": "ready", "store": "memory"}
+            assert c.get("/readyz").json() == {"status": "ready", "store": "memory",
+                                               "degraded": False}
     finally:
         svc.stop()
     assert "store=memory" in log.read_text()

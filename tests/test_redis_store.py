@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -61,6 +62,7 @@ def test_one_round_trip_per_report_and_none_per_select(redis_url: str, raw: redi
     with TestClient(create_app(settings)) as c:
         c.put("/routes/t", json={"brokers": [{"brokerName": "a", "writeQueueNums": 2},
                                              {"brokerName": "b", "writeQueueNums": 2}]})
+        c.post("/report-latency", json={"brokerName": "a", "latencyMs": 1})  # connects
         before = commandstats(raw)
         for i in range(20):
             c.post("/report-latency", json={"brokerName": "ab"[i % 2], "latencyMs": i * 40})
@@ -158,9 +160,13 @@ def test_report_recomputes_after_a_config_it_had_not_seen(redis_url: str) -> Non
         await a.start()
         await b.start()
         try:
-            # Stop a's sync so the push of b's config change never reaches it.
+            # Stop a's sync so the push of b's config change never reaches it, and
+            # let a believe it is still synced (the push was merely lost).
             assert a._task is not None
             a._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await a._task
+            a.synced.set()
             await b.put_config(Config(latency_max=(0,), not_available_duration=(1234,)))
             assert a.view.config.latency_max != (0,)
             (out,) = await a.report_many([ReportIn("x", 5)])
@@ -197,29 +203,46 @@ def test_replicas_follow_each_other(redis_url: str) -> None:
         wait_until(lambda: b.get("/routes/t").status_code == 404, 2, "route delete push")
 
 
-def test_replica_resyncs_when_redis_loses_its_data(redis_url: str, raw: redis.Redis) -> None:
+def test_replica_reseeds_a_redis_that_lost_its_data(redis_url: str, raw: redis.Redis) -> None:
     settings = Settings(redis_url=redis_url, sync_interval_s=0.1)
     with TestClient(create_app(settings)) as c:
         c.put("/routes/t", json={"brokers": [{"brokerName": "x", "writeQueueNums": 1}]})
+        c.put("/config", json={"isolationLatencyMs": 1000})
         raw.flushall()  # what a restart without persistence looks like
-        wait_until(lambda: c.get("/routes").json()["routes"] == [], 3, "resync after flush")
+        wait_until(lambda: raw.hget(f"{PREFIX}:routes", "t") is not None, 3, "re-seeded route")
+        wait_until(lambda: raw.hget(f"{PREFIX}:meta", "config") is not None, 3, "re-seeded config")
+        assert c.get("/routes/t").status_code == 200
+        assert c.get("/config").json()["isolationLatencyMs"] == 1000
+        r = c.post("/report-latency", json={"brokerName": "x", "latencyMs": 0, "isolation": True})
+        assert r.json()["notAvailableDurationMs"] == 60000 and r.json()["degraded"] is False
 
 
-def test_redis_outage_gives_503_not_500_and_select_keeps_answering() -> None:
+def test_redis_outage_degrades_never_500() -> None:
     server = RedisServer()
     try:
         settings = Settings(redis_url=server.url, redis_timeout_s=0.5)
         with TestClient(create_app(settings)) as c:
-            c.put("/routes/t", json={"brokers": [{"brokerName": "x", "writeQueueNums": 2}]})
+            c.put("/routes/t", json={"brokers": [{"brokerName": "x", "writeQueueNums": 2},
+                                                 {"brokerName": "y", "writeQueueNums": 2}]})
             server.proc.kill()
             server.proc.wait(10)
-            r = c.post("/report-latency", json={"brokerName": "x", "latencyMs": 3})
-            assert r.status_code == 503
-            assert r.json()["error"] == "STORE_UNAVAILABLE"
-            assert c.get("/readyz").status_code == 503
+            r = c.post("/report-latency", json={"brokerName": "x", "latencyMs": 0,
+                                                "isolation": True})
+            assert r.status_code == 200 and r.json()["degraded"] is True
+            assert r.json()["notAvailableDurationMs"] == 600000
+            ready = c.get("/readyz")
+            assert ready.status_code == 200 and ready.json()["degraded"] is True
+            # The replica's copy obeys the journaled report at once.
+            picks = [c.post("/select", json={"topic": "t"}).json() for _ in range(4)]
+            assert {p["brokerName"] for p in picks} == {"y"}
+            assert all(p["degraded"] for p in picks)
+            # What needs Redis itself says so.
             assert c.get("/fault-items").status_code == 503
-            s = c.post("/select", json={"topic": "t"})
-            assert s.status_code == 200 and s.json()["brokerName"] == "x"
+            r = c.put("/routes/u", json={"brokers": [{"brokerName": "z", "writeQueueNums": 1}]})
+            assert r.status_code == 503 and r.json()["error"] == "STORE_UNAVAILABLE"
+            text = c.get("/metrics").text
+            assert "detour_store_degraded 1.0" in text
+            assert "detour_journal_reports 1.0" in text
     finally:
         server.stop()
 

@@ -343,9 +343,10 @@ class RedisStore:
 
     async def _resync(self) -> None:
         snap = await self._snapshot()
-        if snap.version < self.view.version:
+        lost = snap.version < self.view.version
+        if lost:
             snap = await self._reseed(snap)
-        self.view.replace(snap)
+        self.view.replace(snap, reset=lost)
         self._resync_needed = False
         self.synced.set()
         self._ever_synced = True
