@@ -90,8 +90,10 @@ class ServiceProcess:
     """``python -m service`` as its own process, ready when /readyz answers 200."""
 
     def __init__(self, redis_url: str | None = None, workers: int = 1,
-                 env: dict[str, str] | None = None, log_path: Path | None = None) -> None:
-        self.port = free_port()
+                 env: dict[str, str] | None = None, log_path: Path | None = None,
+                 port: int | None = None) -> None:
+        # ``port``: restart a stopped service where its clients expect it.
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         args = [sys.executable, "-m", "service", "--port", str(self.port), "--log-level",
                 "info", "--workers", str(workers)]
