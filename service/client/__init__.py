@@ -1,0 +1,58 @@
+"""Detour's Python producer SDK: select a queue, send, report, and keep going when Detour is down.
+
+Why a client library and not just HTTP: the rules around the two calls are
+where producers go wrong. This package implements them once:
+
+* RocketMQ's send loop (``send``): up to ``1 + retries`` attempts within a
+  deadline, each selecting with the previous attempt's broker, each reported
+  with its monotonic latency, a failure as an isolation.
+* Fail open: when Detour times out, refuses the connection, answers 5xx or sheds
+  load, selects are decided locally with the same algorithm
+  (``service.strategy`` over a ``service.view.TableView``), reports are queued
+  (bounded) and replayed with their age once Detour answers, and Detour is left
+  alone for a backoff (0.5 s doubling to 5 s) so a dead sidecar costs one
+  timeout, not one per send. 4xx answers are raised: they are bugs.
+* Cached mode: a replica of the table kept current by the event stream, so a
+  select costs microseconds and no network; reports leave in batches.
+
+Only httpx, the standard library and the pure modules ``service.strategy``,
+``service.model`` and ``service.view`` are imported: a producer does not need
+the service's web stack (a test imports this with FastAPI, uvicorn, starlette,
+redis and pydantic refused).
+"""
+
+from service.client.aio import AsyncDetourClient
+from service.client.errors import (
+    DetourClientError,
+    DetourRequestError,
+    DetourUnavailable,
+    SendError,
+    TopicNotFound,
+)
+from service.client.sync import DetourClient
+from service.client.values import (
+    Attempt,
+    ClientStats,
+    Mode,
+    Report,
+    SelectedQueue,
+    SendResult,
+)
+from service.strategy import Decision
+
+__all__ = [
+    "AsyncDetourClient",
+    "Attempt",
+    "ClientStats",
+    "Decision",
+    "DetourClient",
+    "DetourClientError",
+    "DetourRequestError",
+    "DetourUnavailable",
+    "Mode",
+    "Report",
+    "SelectedQueue",
+    "SendError",
+    "SendResult",
+    "TopicNotFound",
+]

@@ -1,0 +1,302 @@
+"""``AsyncDetourClient``: the asyncio producer SDK.
+
+The same rules as ``DetourClient`` (the shared ``ClientCore`` decides them),
+with one ``httpx.AsyncClient`` and asyncio tasks instead of threads. Its send
+loop also cuts each ``deliver`` at the deadline's time left, which a blocking
+call cannot do. Use it from one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from types import TracebackType
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+
+from service.client import wire
+from service.client.backoff import Ticket
+from service.client.cached import FLUSH_AT
+from service.client.core import ClientCore
+from service.client.errors import DetourRequestError, DetourUnavailable, TopicNotFound
+from service.client.http import AsyncHTTP, headers
+from service.client.pending import Pending
+from service.client.send import ExcTypes, send_async
+from service.client.tasks import FlushTask, StreamTask, flush_once
+from service.client.values import ClientStats, Mode, Report, SelectedQueue, SendResult
+
+log = logging.getLogger("detour.client")
+
+P = TypeVar("P")
+R = TypeVar("R")
+
+
+class AsyncDetourClient:
+    """An asyncio Detour client; ``async with`` it or ``await aclose()``.
+
+    Settings as ``DetourClient`` (seconds for ``timeout``, ``deadline`` and the
+    backoff); ``timeout`` bounds each call as a whole. Background tasks (cached
+    mode's stream reader, the report flusher) start on first use inside the loop.
+
+    Raises ValueError for an invalid setting.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = 0.2,
+        token: str | None = None,
+        mode: Mode = "remote",
+        retries: int = 2,
+        deadline: float = 3.0,
+        max_pending: int = 10_000,
+        backoff_initial: float = 0.5,
+        backoff_max: float = 5.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._core = ClientCore(
+            mode,
+            timeout=timeout,
+            retries=retries,
+            deadline=deadline,
+            max_pending=max_pending,
+            backoff_initial=backoff_initial,
+            backoff_max=backoff_max,
+        )
+        self.url = url.rstrip("/")
+        self._headers = headers(token)
+        self._http = AsyncHTTP(self.url, timeout, token, transport)
+        self._flusher: FlushTask | None = None
+        self._stream: StreamTask | None = None
+        self._closed = False
+
+    # -- lifecycle ---------------------------------------------------------------
+    async def __aenter__(self) -> AsyncDetourClient:
+        self._start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def _start(self) -> None:
+        if self._core.cached and self._stream is None and not self._closed:
+            self._stream = StreamTask(self._core, self.url, self._headers)
+            self._flusher = FlushTask(self._core, self._call)
+
+    async def aclose(self, flush_timeout: float | None = None) -> None:
+        """Stop the background tasks, send what is pending (at most ``flush_timeout``
+        seconds, default the call timeout), close the connections."""
+        if self._closed:
+            return
+        self._closed = True
+        core = self._core
+        if self._stream is not None:
+            await self._stream.stop()
+        if self._flusher is not None:
+            await self._flusher.stop()
+        await self.flush(core.timeout if flush_timeout is None else flush_timeout)
+        left = len(core.pending)
+        if left:
+            log.warning("detour client closed with %d reports unsent", left)
+            core.pending.dropped += left
+        await self._http.aclose()
+
+    async def wait_ready(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until the client can decide: cached mode has its
+        first snapshot, remote mode gets an answer from ``/readyz``."""
+        self._start()
+        if self._stream is not None:
+            try:
+                await asyncio.wait_for(self._stream.synced.wait(), timeout)
+                return True
+            except TimeoutError:
+                return False
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                await self._http.call("GET", "/readyz")
+                return True
+            except (DetourUnavailable, DetourRequestError):
+                if time.monotonic() >= deadline:
+                    return False
+                await asyncio.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    async def flush(self, timeout: float) -> bool:
+        """Send every pending report now, for at most ``timeout`` seconds (at least one
+        try); True when none is left."""
+        deadline = time.monotonic() + timeout
+        while self._core.pending.queued():
+            if not await flush_once(self._core, self._call) or time.monotonic() >= deadline:
+                break
+        return len(self._core.pending) == 0
+
+    def stats(self) -> ClientStats:
+        return self._core.stats(self._stream is not None and self._stream.connected)
+
+    # -- the calls ---------------------------------------------------------------
+    async def _call(self, method: str, path: str, body: object = None) -> Any:
+        """One call through the circuit. Raises DetourUnavailable (also while backing off)
+        or DetourRequestError."""
+        core = self._core
+        ticket = core.backoff.begin()
+        if ticket is Ticket.DENIED:
+            raise DetourUnavailable(
+                f"not calling Detour for {core.backoff.remaining_s():.2f} s after a failure"
+            )
+        answered = False
+        try:
+            result = await self._http.call(method, path, body)
+            answered = True
+            return result
+        except DetourRequestError:
+            answered = True
+            raise
+        except DetourUnavailable:
+            core.failures += 1
+            raise
+        finally:
+            core.backoff.end(ticket, answered)
+            if answered and core.pending.queued():
+                self._wake_flusher()
+
+    def _wake_flusher(self) -> None:
+        if self._flusher is None and not self._closed:
+            self._flusher = FlushTask(self._core, self._call)
+        if self._flusher is not None:
+            self._flusher.wake()
+
+    async def select(self, topic: str, last_broker: str | None = None) -> SelectedQueue:
+        """The queue for one send attempt; as ``DetourClient.select``, same errors."""
+        core = self._core
+        if core.cached:
+            self._start()
+            stream = self._stream
+            assert stream is not None
+            if not stream.synced.is_set():
+                try:
+                    await asyncio.wait_for(stream.synced.wait(), core.timeout)
+                except TimeoutError:
+                    pass
+            return core.local_select(topic, last_broker, stream_connected=stream.connected)
+        try:
+            body = await self._call("POST", "/select", wire.select_body(topic, last_broker))
+        except DetourUnavailable as exc:
+            return core.local_select(topic, last_broker, cause=exc)
+        except DetourRequestError as exc:
+            if exc.status == 404:
+                raise TopicNotFound(topic, exc.message) from None
+            raise
+        core.remote_selects += 1
+        await self._refresh(topic)
+        return wire.selected(body)
+
+    async def _refresh(self, topic: str) -> None:
+        """Best effort: the route and config a local select needs if Detour goes away."""
+        core = self._core
+        route_due, config_due = core.refresh_due(topic)
+        if config_due:
+            answered = False
+            try:
+                core.table.set_config(wire.config(await self._call("GET", "/config")))
+                answered = True
+            except (DetourUnavailable, DetourRequestError, KeyError, TypeError, ValueError):
+                pass
+            core.config_checked(answered)
+        if route_due:
+            answered = False
+            try:
+                body = await self._call("GET", f"/routes/{quote(topic, safe='')}")
+                core.table.set_route(topic, wire.route(body))
+                answered = True
+            except DetourRequestError as exc:
+                answered = True
+                if exc.status == 404:
+                    core.table.set_route(topic, None)
+            except (DetourUnavailable, KeyError, TypeError, ValueError):
+                pass
+            core.route_checked(topic, answered)
+
+    async def report(self, broker_name: str, latency_ms: float, isolation: bool = False) -> None:
+        """Report one send (latency in ms, ``isolation`` when it failed); as
+        ``DetourClient.report``, same errors."""
+        core = self._core
+        p = core.record(broker_name, latency_ms, isolation)
+        if core.must_queue():
+            self._queue([p])
+            core.apply([p])
+            return
+        core.apply([p])
+        try:
+            await self._call(
+                "POST",
+                "/report-latency",
+                wire.report_body(broker_name, latency_ms, bool(isolation)),
+            )
+        except DetourUnavailable:
+            self._queue([p])
+        else:
+            core.pending.sent += 1
+
+    async def report_batch(self, reports: Iterable[Report]) -> None:
+        """Report many sends, 1,000 per batch call; as ``DetourClient.report_batch``."""
+        core = self._core
+        items = core.record_all(reports)
+        if core.must_queue():
+            self._queue(items)
+            core.apply(items)
+            return
+        core.apply(items)
+        for i in range(0, len(items), wire.MAX_BATCH):
+            chunk = items[i : i + wire.MAX_BATCH]
+            try:
+                await self._call("POST", "/report-latency:batch", core.batch_body(chunk))
+            except DetourUnavailable:
+                self._queue(items[i:])
+                return
+            core.pending.sent += len(chunk)
+
+    def _queue(self, items: list[Pending]) -> None:
+        core = self._core
+        # The flusher sleeps while nothing waits: wake it for the first report (it then
+        # lingers up to 50 ms in cached mode), for an isolation, and at a full batch.
+        first = core.pending.queued() == 0
+        core.pending.add(items)
+        if core.cached:
+            self._start()
+        if first or not core.cached or core.pending.urgent or core.pending.queued() >= FLUSH_AT:
+            self._wake_flusher()
+
+    async def send(
+        self,
+        topic: str,
+        payload: P,
+        deliver: Callable[[SelectedQueue, P], Awaitable[R]],
+        *,
+        no_retry: ExcTypes = (),
+    ) -> SendResult[R]:
+        """RocketMQ's send loop with an async ``deliver(queue, payload)``, each call cut
+        at the deadline's time left (TimeoutError, reported as an isolation).
+
+        Returns and raises as ``DetourClient.send``.
+        """
+        core = self._core
+        return await send_async(
+            topic,
+            payload,
+            deliver,
+            select=self.select,
+            report=self.report,
+            retries=core.retries,
+            deadline=core.deadline,
+            no_retry=no_retry,
+        )

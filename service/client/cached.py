@@ -1,0 +1,92 @@
+"""Cached mode's model of the service: its clock and its table, from the event stream.
+
+The stream (``GET /fault-items/stream``) sends a snapshot, then every change,
+each event with ``now``, the service's clock when it was sent. Applying events
+here (not in the readers) keeps the sync thread and the async task identical.
+
+Two rules the stream alone would get wrong:
+
+* Clock: windows are on the service's clock (Redis ``TIME``), so the replica
+  estimates it as the local monotonic clock plus ``now - received``, refreshed
+  on every event. The reply is pinned to the moment it arrived, so the estimate
+  lags the service by the one-way delay: a window is seen to end a little late,
+  never early.
+* Own reports: this client applies its reports at once, but a snapshot (after a
+  reconnect) or an event written before its report reached Detour would undo
+  them until Detour's push of the report arrives. So reports Detour has not yet
+  accepted are re-applied after every snapshot, and after a fault event for
+  their broker.
+"""
+
+from __future__ import annotations
+
+import time
+
+from service.client import wire
+from service.client.local import LocalTable
+from service.client.pending import PendingReports, mono_ms
+from service.client.sse import Event
+
+#: Flush reports at least this often (s) ...
+FLUSH_INTERVAL_S = 0.05
+#: ... or as soon as this many are waiting (an isolation flushes at once).
+FLUSH_AT = 256
+#: The stream sends a clock event every second: this much silence means it is dead (s).
+STREAM_IDLE_S = 5.0
+
+
+class ServiceClock:
+    """Epoch ms on the service's clock, estimated from the stream's ``now``."""
+
+    def __init__(self) -> None:
+        # Until the first event, the process wall clock is the best guess.
+        self.offset_ms = time.time_ns() / 1_000_000 - mono_ms()
+
+    def observe(self, service_now_ms: int, received_mono_ms: float) -> None:
+        self.offset_ms = service_now_ms - received_mono_ms
+
+    def now_ms(self) -> int:
+        return int(time.monotonic_ns() / 1_000_000 + self.offset_ms)
+
+
+class StreamApplier:
+    """Applies stream events to the local table."""
+
+    def __init__(self, table: LocalTable, clock: ServiceClock, pending: PendingReports) -> None:
+        self.table = table
+        self.clock = clock
+        self.pending = pending
+
+    def handle(self, event: Event, received_mono_ms: float) -> None:
+        """Apply one event. Unknown kinds are ignored (a newer service may add some).
+
+        Raises KeyError, TypeError or ValueError on a malformed event; the reader
+        then reconnects and starts over from a snapshot.
+        """
+        data = event.data
+        now = data.get("now")
+        if isinstance(now, int):
+            self.clock.observe(now, received_mono_ms)
+        kind = event.kind
+        table = self.table
+        if kind == "snapshot":
+            items = (wire.fault(i) for i in data["items"])
+            table.replace(
+                wire.config(data["config"]),
+                [wire.route(r) for r in data["routes"]],
+                {i.broker_name: i for i in items if i is not None},
+            )
+            self._reapply(None, received_mono_ms)
+        elif kind == "fault":
+            broker = str(data["brokerName"])
+            table.set_fault(broker, wire.fault(data))
+            self._reapply(broker, received_mono_ms)
+        elif kind == "route":
+            topic = str(data["topic"])
+            table.set_route(topic, None if data.get("deleted") else wire.route(data))
+        elif kind == "config":
+            table.set_config(wire.config(data))
+
+    def _reapply(self, broker: str | None, now_ms: float) -> None:
+        for p in self.pending.unacked(broker):
+            self.table.apply_report(p.broker_name, p.latency_ms, p.isolation, p.age_ms(now_ms))

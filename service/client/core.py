@@ -1,0 +1,172 @@
+"""What the sync and async clients share: state and decisions, no I/O.
+
+Each client is a thin shell doing the HTTP calls its own way (blocking or
+awaiting); every rule about *when* to call Detour, what to do when it does not
+answer, how reports are kept and which table a local select reads lives here
+once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from service.client import wire
+from service.client.backoff import Backoff
+from service.client.cached import FLUSH_AT, FLUSH_INTERVAL_S, ServiceClock, StreamApplier
+from service.client.errors import DetourUnavailable, TopicNotFound
+from service.client.local import LocalTable
+from service.client.pending import Pending, PendingReports, mono_ms
+from service.client.values import ClientStats, Mode, Report, SelectedQueue
+
+#: A known route (and the config) is fetched again at most this often in remote mode (s).
+ROUTE_REFRESH_S = 30.0
+
+
+def wall_ms() -> int:
+    """The process wall clock, epoch ms: the remote client's local table runs on it."""
+    return time.time_ns() // 1_000_000
+
+
+class ClientCore:
+    def __init__(
+        self,
+        mode: Mode,
+        *,
+        timeout: float,
+        retries: int,
+        deadline: float,
+        max_pending: int,
+        backoff_initial: float,
+        backoff_max: float,
+    ) -> None:
+        if mode not in ("remote", "cached"):
+            raise ValueError(f"mode must be 'remote' or 'cached', got {mode!r}")
+        if timeout <= 0 or deadline <= 0:
+            raise ValueError("timeout and deadline must be > 0 (seconds)")
+        if retries < 0:
+            raise ValueError("retries must be >= 0")
+        self.mode: Mode = mode
+        self.cached = mode == "cached"
+        self.timeout = timeout
+        self.retries = retries
+        self.deadline = deadline
+        self.service_clock = ServiceClock()
+        self.table = LocalTable(self.service_clock.now_ms if self.cached else wall_ms)
+        self.pending = PendingReports(max_pending)
+        self.backoff = Backoff(backoff_initial, backoff_max)
+        self.applier = StreamApplier(self.table, self.service_clock, self.pending)
+        self.remote_selects = 0
+        self.local_selects = 0
+        self.failures = 0
+        self._route_checked: dict[str, float] = {}
+        self._config_checked: float | None = None
+
+    # -- selects -----------------------------------------------------------------
+    def local_select(
+        self,
+        topic: str,
+        last_broker: str | None,
+        cause: BaseException | None = None,
+        stream_connected: bool = False,
+    ) -> SelectedQueue:
+        """Decide in-process.
+
+        Raises TopicNotFound when the cached replica is connected and has no such
+        route, DetourUnavailable when no route is known and Detour cannot be asked.
+        """
+        sel = self.table.select(topic, last_broker)
+        if sel is None:
+            if self.cached and stream_connected:
+                raise TopicNotFound(topic)
+            why = f"Detour is unavailable ({cause})" if cause else "the event stream is down"
+            raise DetourUnavailable(f"{why} and no route is known for topic {topic!r}") from cause
+        self.local_selects += 1
+        return sel
+
+    def refresh_due(self, topic: str) -> tuple[bool, bool]:
+        """(route due, config due) for remote mode: first use, then every 30 s."""
+        now = time.monotonic()
+        checked = self._route_checked.get(topic)
+        route_due = checked is None or now - checked >= ROUTE_REFRESH_S
+        config_due = self._config_checked is None or now - self._config_checked >= ROUTE_REFRESH_S
+        return route_due, config_due
+
+    def route_checked(self, topic: str, answered: bool) -> None:
+        # A route never fetched is asked for again on the next remote select (the
+        # failure opened the circuit, which paces it); a known one waits 30 s.
+        if answered or self.table.has_route(topic):
+            self._route_checked[topic] = time.monotonic()
+
+    def config_checked(self, answered: bool) -> None:
+        if answered or self._config_checked is not None:
+            self._config_checked = time.monotonic()
+
+    # -- reports -----------------------------------------------------------------
+    def record(
+        self, broker_name: str, latency_ms: float, isolation: bool, age_ms: int = 0
+    ) -> Pending:
+        """Check a report; returns it ready to queue and ``apply`` (not applied yet).
+
+        Raises ValueError when Detour would refuse it (name, ms range, age).
+        """
+        wire.check_report(broker_name, latency_ms, age_ms)
+        return self.pending.make(broker_name, latency_ms, bool(isolation), mono_ms() - age_ms)
+
+    def record_all(self, reports: Iterable[Report]) -> list[Pending]:
+        """``record`` for a batch: all are checked before any is returned."""
+        batch = list(reports)
+        for r in batch:
+            wire.check_report(r.broker_name, r.latency_ms, r.age_ms)
+        return [self.record(r.broker_name, r.latency_ms, r.isolation, r.age_ms) for r in batch]
+
+    def apply(self, items: Iterable[Pending]) -> None:
+        """Apply reports to the local table, each at its age.
+
+        Cached mode queues a report *before* applying it: a stream event that
+        lands in between then re-applies it instead of undoing it.
+        """
+        now = mono_ms()
+        for p in items:
+            self.table.apply_report(p.broker_name, p.latency_ms, p.isolation, p.age_ms(now))
+
+    def must_queue(self) -> bool:
+        """Reports go to the queue, not straight to Detour: cached mode always; remote mode
+        while Detour is down or older reports wait (so they reach Detour in order)."""
+        return self.cached or self.backoff.is_open or len(self.pending) > 0
+
+    @staticmethod
+    def batch_body(batch: Iterable[Pending]) -> dict[str, Any]:
+        now = mono_ms()
+        return {
+            "reports": [
+                wire.batch_item(p.broker_name, p.latency_ms, p.isolation, p.age_ms(now))
+                for p in batch
+            ]
+        }
+
+    def flush_due_in(self) -> float | None:
+        """Seconds until the flusher should send (0 = now), None when nothing waits."""
+        pending = self.pending
+        if pending.queued() == 0:
+            return None
+        wait = self.backoff.remaining_s()
+        if self.cached and not pending.urgent and pending.queued() < FLUSH_AT:
+            oldest = pending.oldest_at_ms()
+            if oldest is not None:
+                wait = max(wait, FLUSH_INTERVAL_S - (mono_ms() - oldest) / 1000)
+        return max(0.0, wait)
+
+    def stats(self, stream_connected: bool) -> ClientStats:
+        return ClientStats(
+            mode=self.mode,
+            remote_selects=self.remote_selects,
+            local_selects=self.local_selects,
+            detour_failures=self.failures,
+            pending_reports=len(self.pending),
+            dropped_reports=self.pending.dropped,
+            sent_reports=self.pending.sent,
+            stream_connected=stream_connected,
+            clock_offset_ms=self.service_clock.offset_ms,
+        )

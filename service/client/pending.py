@@ -1,0 +1,140 @@
+"""Reports waiting to reach Detour: bounded, oldest dropped first, ages kept.
+
+While Detour is unreachable (or, in cached mode, until the next batch leaves)
+reports wait here with the monotonic time they were made, so the replay can
+send ``ageMs`` and Detour computes each window from when the send really
+finished. The queue is bounded: a producer must not run out of memory because
+its sidecar is down; the oldest reports are the least useful, so they go first,
+and every drop is counted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+#: The oldest report Detour takes (``ageMs`` limit), ms.
+MAX_AGE_MS = 3_600_000
+
+
+def mono_ms() -> float:
+    """The local monotonic clock in ms (the base of every age and latency)."""
+    return time.monotonic_ns() / 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A report not yet accepted by Detour; ``at_ms`` is when the send completed (monotonic)."""
+
+    seq: int
+    broker_name: str
+    latency_ms: float
+    isolation: bool
+    at_ms: float
+
+    def age_ms(self, now_ms: float) -> int:
+        return max(0, int(now_ms - self.at_ms))
+
+
+class PendingReports:
+    """A thread-safe bounded FIFO of reports, plus the batch currently being sent.
+
+    The batch in flight still counts as pending (``unacked``): until Detour
+    accepts it, the client keeps re-applying it to its own table.
+    """
+
+    def __init__(self, capacity: int = 10_000) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be >= 1")
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._items: deque[Pending] = deque()
+        self._inflight: list[Pending] = []
+        self._seq = itertools.count(1)
+        #: reports dropped: queue full (oldest first), or refused by Detour (4xx).
+        self.dropped = 0
+        #: reports Detour accepted.
+        self.sent = 0
+        #: an isolation is waiting: flush without lingering.
+        self.urgent = False
+
+    def __len__(self) -> int:
+        return len(self._items) + len(self._inflight)
+
+    def queued(self) -> int:
+        """Reports waiting, not counting a batch in flight."""
+        return len(self._items)
+
+    def make(self, broker_name: str, latency_ms: float, isolation: bool, at_ms: float) -> Pending:
+        return Pending(next(self._seq), broker_name, latency_ms, isolation, at_ms)
+
+    def add(self, items: Iterable[Pending]) -> None:
+        with self._lock:
+            for p in items:
+                self._items.append(p)
+                if p.isolation:
+                    self.urgent = True
+            self._trim()
+
+    def _trim(self) -> None:
+        over = len(self._items) - self.capacity
+        for _ in range(max(0, over)):
+            self._items.popleft()
+        self.dropped += max(0, over)
+
+    def take(self, n: int, now_ms: float | None = None) -> list[Pending]:
+        """Move up to ``n`` of the oldest reports in flight; settle them with ``done``/``retry``.
+
+        Reports older than ``MAX_AGE_MS`` at ``now_ms`` (monotonic, default now) are
+        dropped and counted instead: Detour refuses such an age, and drops such
+        reports from its own journal, since no default window they opened is still open.
+        """
+        now = mono_ms() if now_ms is None else now_ms
+        with self._lock:
+            while self._items and now - self._items[0].at_ms > MAX_AGE_MS:
+                self._items.popleft()
+                self.dropped += 1
+            batch = [self._items.popleft() for _ in range(min(n, len(self._items)))]
+            self._inflight.extend(batch)
+            if not any(p.isolation for p in self._items):
+                self.urgent = False
+            return batch
+
+    def done(self, batch: list[Pending], accepted: bool) -> None:
+        """Detour accepted the batch (or refused it for good: counted as dropped)."""
+        with self._lock:
+            self._forget(batch)
+            if accepted:
+                self.sent += len(batch)
+            else:
+                self.dropped += len(batch)
+
+    def retry(self, batch: list[Pending]) -> None:
+        """Detour did not answer: put the batch back in front, oldest first."""
+        with self._lock:
+            self._forget(batch)
+            self._items.extendleft(reversed(batch))
+            if any(p.isolation for p in batch):
+                self.urgent = True
+            # Over capacity now: the oldest (the batch itself) go first.
+            self._trim()
+
+    def _forget(self, batch: list[Pending]) -> None:
+        ids = {p.seq for p in batch}
+        self._inflight = [p for p in self._inflight if p.seq not in ids]
+
+    def unacked(self, broker_name: str | None = None) -> list[Pending]:
+        """Reports Detour has not accepted yet (queued and in flight), oldest first."""
+        with self._lock:
+            items = [*self._inflight, *self._items]
+        if broker_name is None:
+            return items
+        return [p for p in items if p.broker_name == broker_name]
+
+    def oldest_at_ms(self) -> float | None:
+        with self._lock:
+            return self._items[0].at_ms if self._items else None

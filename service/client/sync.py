@@ -1,0 +1,322 @@
+"""``DetourClient``: the blocking producer SDK, for threads and plain scripts.
+
+One ``httpx.Client`` (pooled keep-alive connections) shared by every thread
+that produces. Detour is asked for every select in remote mode; in cached mode
+selects never leave the process. Either way a producer keeps sending when
+Detour is down (see ``service.client`` for the rules).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from types import TracebackType
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+
+from service.client import wire
+from service.client.backoff import Ticket
+from service.client.cached import FLUSH_AT
+from service.client.core import ClientCore
+from service.client.errors import DetourRequestError, DetourUnavailable, TopicNotFound
+from service.client.http import SyncHTTP, headers
+from service.client.pending import Pending
+from service.client.send import ExcTypes, send_sync
+from service.client.threads import FlushThread, StreamThread, flush_once
+from service.client.values import ClientStats, Mode, Report, SelectedQueue, SendResult
+
+log = logging.getLogger("detour.client")
+
+P = TypeVar("P")
+R = TypeVar("R")
+
+
+class DetourClient:
+    """A blocking Detour client. Thread-safe; use it as a context manager or ``close()`` it.
+
+    ``url``: Detour's base URL. ``timeout``: seconds per call to Detour (default
+    0.2). ``token``: sent as ``Authorization: Bearer <token>``. ``mode``:
+    ``"remote"`` (default) or ``"cached"``. ``retries``: extra attempts per send
+    (default 2, RocketMQ's ``retryTimesWhenSendFailed``). ``deadline``: seconds
+    for all attempts of one send (default 3, RocketMQ's send timeout).
+    ``max_pending``: reports kept while Detour is unreachable (oldest dropped).
+    ``backoff_initial``/``backoff_max``: seconds without calling Detour after a
+    failure, doubling per failure. ``transport``: an httpx transport (tests).
+
+    Raises ValueError for an invalid setting.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = 0.2,
+        token: str | None = None,
+        mode: Mode = "remote",
+        retries: int = 2,
+        deadline: float = 3.0,
+        max_pending: int = 10_000,
+        backoff_initial: float = 0.5,
+        backoff_max: float = 5.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._core = ClientCore(
+            mode,
+            timeout=timeout,
+            retries=retries,
+            deadline=deadline,
+            max_pending=max_pending,
+            backoff_initial=backoff_initial,
+            backoff_max=backoff_max,
+        )
+        self.url = url.rstrip("/")
+        self._http = SyncHTTP(self.url, timeout, token, transport)
+        self._lock = threading.Lock()
+        self._flusher: FlushThread | None = None
+        self._stream: StreamThread | None = None
+        self._closed = False
+        if self._core.cached:
+            self._stream = StreamThread(self._core, self.url, headers(token))
+            self._flusher = FlushThread(self._core, self._call)
+
+    # -- lifecycle ---------------------------------------------------------------
+    def __enter__(self) -> DetourClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self, flush_timeout: float | None = None) -> None:
+        """Stop the background threads, send what is pending, close the connections.
+
+        The final flush takes at most ``flush_timeout`` seconds (default: the call
+        timeout); reports still unsent then are logged and counted as dropped.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        core = self._core
+        if self._stream is not None:
+            self._stream.stop(core.timeout + 1.0)
+        if self._flusher is not None:
+            self._flusher.stop(core.timeout + 1.0)
+        self.flush(core.timeout if flush_timeout is None else flush_timeout)
+        left = len(core.pending)
+        if left:
+            log.warning("detour client closed with %d reports unsent", left)
+            core.pending.dropped += left
+        self._http.close()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until the client can decide: in cached mode the
+        first snapshot has arrived, in remote mode Detour answers ``/readyz``."""
+        if self._stream is not None:
+            return self._stream.synced.wait(timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._http.call("GET", "/readyz")
+                return True
+            except (DetourUnavailable, DetourRequestError):
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    def flush(self, timeout: float) -> bool:
+        """Send every pending report now, for at most ``timeout`` seconds (at least one
+        try); True when none is left."""
+        deadline = time.monotonic() + timeout
+        while self._core.pending.queued():
+            if not flush_once(self._core, self._call) or time.monotonic() >= deadline:
+                break
+        return len(self._core.pending) == 0
+
+    def stats(self) -> ClientStats:
+        return self._core.stats(self._stream is not None and self._stream.connected.is_set())
+
+    # -- the calls ---------------------------------------------------------------
+    def _call(self, method: str, path: str, body: object = None) -> Any:
+        """One call through the circuit. Raises DetourUnavailable (also while backing off)
+        or DetourRequestError."""
+        core = self._core
+        ticket = core.backoff.begin()
+        if ticket is Ticket.DENIED:
+            raise DetourUnavailable(
+                f"not calling Detour for {core.backoff.remaining_s():.2f} s after a failure"
+            )
+        answered = False
+        try:
+            result = self._http.call(method, path, body)
+            answered = True
+            return result
+        except DetourRequestError:
+            answered = True
+            raise
+        except DetourUnavailable:
+            core.failures += 1
+            raise
+        finally:
+            core.backoff.end(ticket, answered)
+            if answered and core.pending.queued():
+                self._wake_flusher()
+
+    def _wake_flusher(self) -> None:
+        flusher = self._flusher
+        if flusher is None:
+            with self._lock:
+                if self._flusher is None and not self._closed:
+                    self._flusher = FlushThread(self._core, self._call)
+                flusher = self._flusher
+        if flusher is not None:
+            flusher.wake()
+
+    def select(self, topic: str, last_broker: str | None = None) -> SelectedQueue:
+        """The queue for one send attempt; ``last_broker`` is the broker of this message's
+        previous attempt (None for the first).
+
+        Remote mode asks Detour and falls back to the local table when it does not
+        answer; cached mode decides in-process. Raises TopicNotFound for an unknown
+        topic, DetourRequestError for another 4xx, DetourUnavailable when Detour is
+        unavailable and the topic's route has never been seen.
+        """
+        core = self._core
+        if self._stream is not None:
+            if not self._stream.synced.is_set():
+                self._stream.synced.wait(core.timeout)
+            return core.local_select(
+                topic, last_broker, stream_connected=self._stream.connected.is_set()
+            )
+        try:
+            body = self._call("POST", "/select", wire.select_body(topic, last_broker))
+        except DetourUnavailable as exc:
+            return core.local_select(topic, last_broker, cause=exc)
+        except DetourRequestError as exc:
+            if exc.status == 404:
+                raise TopicNotFound(topic, exc.message) from None
+            raise
+        core.remote_selects += 1
+        self._refresh(topic)
+        return wire.selected(body)
+
+    def _refresh(self, topic: str) -> None:
+        """Best effort: the route and config a local select needs if Detour goes away."""
+        core = self._core
+        route_due, config_due = core.refresh_due(topic)
+        if config_due:
+            answered = False
+            try:
+                core.table.set_config(wire.config(self._call("GET", "/config")))
+                answered = True
+            except (DetourUnavailable, DetourRequestError, KeyError, TypeError, ValueError):
+                pass
+            core.config_checked(answered)
+        if route_due:
+            answered = False
+            try:
+                body = self._call("GET", f"/routes/{quote(topic, safe='')}")
+                core.table.set_route(topic, wire.route(body))
+                answered = True
+            except DetourRequestError as exc:
+                answered = True
+                if exc.status == 404:
+                    core.table.set_route(topic, None)
+            except (DetourUnavailable, KeyError, TypeError, ValueError):
+                pass
+            core.route_checked(topic, answered)
+
+    def report(self, broker_name: str, latency_ms: float, isolation: bool = False) -> None:
+        """Report one send to ``broker_name``: its latency in ms (monotonic clock), and
+        ``isolation=True`` when it failed.
+
+        Applied to the local table at once. Remote mode posts it (or queues it
+        while Detour is unavailable); cached mode queues it for the next batch
+        (an isolation leaves at once). Raises ValueError for a report Detour would
+        refuse (name, 0..3,600,000 ms), DetourRequestError when Detour refuses it.
+        """
+        core = self._core
+        p = core.record(broker_name, latency_ms, isolation)
+        if core.must_queue():
+            self._queue([p])
+            core.apply([p])
+            return
+        core.apply([p])
+        try:
+            self._call(
+                "POST",
+                "/report-latency",
+                wire.report_body(broker_name, latency_ms, bool(isolation)),
+            )
+        except DetourUnavailable:
+            self._queue([p])
+        else:
+            core.pending.sent += 1
+
+    def report_batch(self, reports: Iterable[Report]) -> None:
+        """Report many sends, 1,000 per ``POST /report-latency:batch``; each ``Report``'s
+        ``age_ms`` says how long ago its send completed.
+
+        Raises ValueError before anything is applied when one report is invalid,
+        DetourRequestError when Detour refuses a batch.
+        """
+        core = self._core
+        items = core.record_all(reports)
+        if core.must_queue():
+            self._queue(items)
+            core.apply(items)
+            return
+        core.apply(items)
+        for i in range(0, len(items), wire.MAX_BATCH):
+            chunk = items[i : i + wire.MAX_BATCH]
+            try:
+                self._call("POST", "/report-latency:batch", core.batch_body(chunk))
+            except DetourUnavailable:
+                self._queue(items[i:])
+                return
+            core.pending.sent += len(chunk)
+
+    def _queue(self, items: list[Pending]) -> None:
+        core = self._core
+        # The flusher sleeps while nothing waits: wake it for the first report (it then
+        # lingers up to 50 ms in cached mode), for an isolation, and at a full batch.
+        first = core.pending.queued() == 0
+        core.pending.add(items)
+        if first or not core.cached or core.pending.urgent or core.pending.queued() >= FLUSH_AT:
+            self._wake_flusher()
+
+    def send(
+        self,
+        topic: str,
+        payload: P,
+        deliver: Callable[[SelectedQueue, P], R],
+        *,
+        no_retry: ExcTypes = (),
+    ) -> SendResult[R]:
+        """Send ``payload`` with RocketMQ's retry loop: ``deliver(queue, payload)`` is your
+        send to the broker; up to ``1 + retries`` attempts within ``deadline`` seconds.
+
+        Every attempt is reported (isolation when ``deliver`` raised). Returns the
+        successful queue, every attempt and what ``deliver`` returned. Raises
+        SendError (every attempt's cause in ``attempts``), or the select's error
+        when not even one attempt could start.
+        """
+        core = self._core
+        return send_sync(
+            topic,
+            payload,
+            deliver,
+            select=self.select,
+            report=self.report,
+            retries=core.retries,
+            deadline=core.deadline,
+            no_retry=no_retry,
+        )

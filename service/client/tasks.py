@@ -1,0 +1,136 @@
+"""The async client's background tasks: the report flusher and the event-stream reader.
+
+The asyncio twins of ``service.client.threads``: same rules (never raise,
+reconnect with jitter, flush when ``ClientCore.flush_due_in`` says), stopped by
+cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+
+from service.client.backoff import Jitter
+from service.client.cached import STREAM_IDLE_S
+from service.client.core import ClientCore
+from service.client.errors import DetourRequestError, DetourUnavailable
+from service.client.pending import mono_ms
+from service.client.sse import SSEParser
+from service.client.wire import MAX_BATCH
+
+log = logging.getLogger("detour.client")
+
+AsyncCall = Callable[[str, str, object], Awaitable[Any]]
+
+
+async def flush_once(core: ClientCore, call: AsyncCall) -> bool:
+    """Send the oldest reports (up to 1,000) in one batch; True when Detour took them.
+
+    Never raises (but lets cancellation through, putting the batch back first).
+    """
+    batch = core.pending.take(MAX_BATCH)
+    if not batch:
+        return True
+    try:
+        await call("POST", "/report-latency:batch", core.batch_body(batch))
+    except DetourRequestError as exc:
+        log.error("detour refused %d reports, dropped: %s", len(batch), exc)
+        core.pending.done(batch, accepted=False)
+        return False
+    except DetourUnavailable as exc:
+        log.debug("report batch not sent: %s", exc)
+        core.pending.retry(batch)
+        return False
+    except BaseException as exc:
+        core.pending.retry(batch)
+        if not isinstance(exc, Exception):
+            raise
+        log.exception("report batch failed")
+        return False
+    core.pending.done(batch, accepted=True)
+    return True
+
+
+class FlushTask:
+    def __init__(self, core: ClientCore, call: AsyncCall) -> None:
+        self._core = core
+        self._call = call
+        self._wake = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="detour-flush")
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _run(self) -> None:
+        core = self._core
+        while True:
+            due = core.flush_due_in()
+            if due is None or due > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), due)
+                self._wake.clear()
+                continue
+            if not await flush_once(core, self._call) and core.backoff.remaining_s() == 0:
+                await asyncio.sleep(core.timeout)
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+class StreamTask:
+    """Follows ``GET /fault-items/stream``; ``synced`` after the first snapshot,
+    ``connected`` while a stream is delivering."""
+
+    def __init__(self, core: ClientCore, base_url: str, headers: dict[str, str]) -> None:
+        self._core = core
+        self.synced = asyncio.Event()
+        self.connected = False
+        self._http = httpx.AsyncClient(
+            base_url=base_url,
+            headers={**headers, "Accept": "text/event-stream"},
+            timeout=httpx.Timeout(core.timeout, read=STREAM_IDLE_S),
+        )
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="detour-stream")
+
+    async def _run(self) -> None:
+        jitter = Jitter(0.1, 5.0, random.random)
+        while True:
+            try:
+                await self._follow(jitter)
+            except (httpx.HTTPError, DetourUnavailable, KeyError, TypeError, ValueError) as exc:
+                log.info("detour event stream lost: %r", exc)
+            except Exception:  # noqa: BLE001 - never let the reader die
+                log.exception("detour event stream failed")
+            finally:
+                self.connected = False
+            await asyncio.sleep(jitter.next_s())
+
+    async def _follow(self, jitter: Jitter) -> None:
+        async with self._http.stream("GET", "/fault-items/stream") as r:
+            if r.status_code != 200:
+                raise DetourUnavailable(f"event stream answered HTTP {r.status_code}")
+            parser = SSEParser()
+            applier = self._core.applier
+            async for line in r.aiter_lines():
+                event = parser.feed(line)
+                if event is None:
+                    continue
+                applier.handle(event, mono_ms())
+                if event.kind == "snapshot":
+                    self.connected = True
+                    self.synced.set()
+                    jitter.reset()
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        await self._http.aclose()

@@ -1,0 +1,172 @@
+"""The sync client's background threads: the report flusher and the event-stream reader.
+
+Daemon threads, so a producer that forgets ``close()`` can still exit; neither
+ever raises (a thread's exception would only reach a log nobody reads), they
+log and carry on. Both stop promptly on ``stop()``: the flusher is woken, the
+reader's socket is shut down under it.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from service.client.backoff import Jitter
+from service.client.cached import STREAM_IDLE_S
+from service.client.core import ClientCore
+from service.client.errors import DetourRequestError, DetourUnavailable
+from service.client.pending import mono_ms
+from service.client.sse import SSEParser
+from service.client.wire import MAX_BATCH
+
+log = logging.getLogger("detour.client")
+
+
+def flush_once(core: ClientCore, call: Callable[[str, str, object], Any]) -> bool:
+    """Send the oldest reports (up to 1,000) in one batch; True when Detour took them.
+
+    Never raises: a batch Detour does not answer goes back to the front of the
+    queue; one it refuses (4xx, which the client's own checks should prevent) is
+    dropped and counted, since resending it would fail the same way.
+    """
+    batch = core.pending.take(MAX_BATCH)
+    if not batch:
+        return True
+    try:
+        call("POST", "/report-latency:batch", core.batch_body(batch))
+    except DetourRequestError as exc:
+        log.error("detour refused %d reports, dropped: %s", len(batch), exc)
+        core.pending.done(batch, accepted=False)
+        return False
+    except DetourUnavailable as exc:
+        log.debug("report batch not sent: %s", exc)
+        core.pending.retry(batch)
+        return False
+    except Exception:  # noqa: BLE001 - keep the reports, log, carry on
+        log.exception("report batch failed")
+        core.pending.retry(batch)
+        return False
+    core.pending.done(batch, accepted=True)
+    return True
+
+
+class FlushThread:
+    """Sends queued reports when due (``ClientCore.flush_due_in``), until stopped."""
+
+    def __init__(self, core: ClientCore, call: Callable[[str, str, object], Any]) -> None:
+        self._core = core
+        self._call = call
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="detour-flush", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        core = self._core
+        while not self._stop.is_set():
+            due = core.flush_due_in()
+            if due is None or due > 0:
+                self._wake.wait(due)
+                self._wake.clear()
+                continue
+            if not flush_once(core, self._call) and core.backoff.remaining_s() == 0:
+                # Another caller holds the probe: give it the time of one call.
+                self._stop.wait(core.timeout)
+
+    def stop(self, timeout: float) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout)
+
+
+class StreamThread:
+    """Follows ``GET /fault-items/stream`` and applies it to the core's table.
+
+    Reconnects with jittered backoff (0.1 s doubling to 5 s, reset by a
+    snapshot). ``synced`` is set by the first snapshot; ``connected`` while a
+    stream is delivering.
+    """
+
+    def __init__(self, core: ClientCore, base_url: str, headers: dict[str, str]) -> None:
+        self._core = core
+        self.synced = threading.Event()
+        self.connected = threading.Event()
+        self._stop = threading.Event()
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+        self._http = httpx.Client(
+            base_url=base_url,
+            headers={**headers, "Accept": "text/event-stream"},
+            timeout=httpx.Timeout(core.timeout, read=STREAM_IDLE_S),
+        )
+        self._thread = threading.Thread(target=self._run, name="detour-stream", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        jitter = Jitter(0.1, 5.0, random.random)
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._follow(jitter)
+                except (httpx.HTTPError, DetourUnavailable, KeyError, TypeError, ValueError) as exc:
+                    if not self._stop.is_set():
+                        log.info("detour event stream lost: %r", exc)
+                except Exception:  # noqa: BLE001 - never let the reader die
+                    log.exception("detour event stream failed")
+                finally:
+                    self.connected.clear()
+                    with self._lock:
+                        self._sock = None
+                self._stop.wait(jitter.next_s())
+        finally:
+            self._http.close()
+
+    def _follow(self, jitter: Jitter) -> None:
+        with self._http.stream("GET", "/fault-items/stream") as r:
+            if r.status_code != 200:
+                raise DetourUnavailable(f"event stream answered HTTP {r.status_code}")
+            with self._lock:
+                self._sock = _socket_of(r)
+                if self._stop.is_set():
+                    return
+            parser = SSEParser()
+            applier = self._core.applier
+            for line in r.iter_lines():
+                event = parser.feed(line)
+                if event is None:
+                    continue
+                applier.handle(event, mono_ms())
+                if event.kind == "snapshot":
+                    self.connected.set()
+                    self.synced.set()
+                    jitter.reset()
+                if self._stop.is_set():
+                    return
+
+    def stop(self, timeout: float) -> None:
+        self._stop.set()
+        with self._lock:
+            if self._sock is not None:
+                # Wakes the blocked read at once rather than at the next clock event.
+                try:
+                    self._sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        self._thread.join(timeout)
+
+
+def _socket_of(response: httpx.Response) -> socket.socket | None:
+    stream = response.extensions.get("network_stream")
+    if stream is None:
+        return None
+    sock = stream.get_extra_info("socket")
+    return sock if isinstance(sock, socket.socket) else None

@@ -1,0 +1,93 @@
+"""The SDK's value objects: what a select returns, what a send did, what a report says.
+
+Frozen dataclasses so results can be shared between threads and kept in logs
+without anyone changing them afterwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Generic, Literal, TypeVar
+
+from service.strategy import Decision
+
+#: ``remote``: every select asks Detour; ``cached``: selects are decided in-process from a
+#: replica of the table that ``GET /fault-items/stream`` keeps current.
+Mode = Literal["remote", "cached"]
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class SelectedQueue:
+    """The queue one send attempt should go to.
+
+    ``local`` is True when the client decided in-process (cached mode, or Detour
+    was unavailable and the client failed open) rather than Detour answering.
+    """
+
+    topic: str
+    broker_name: str
+    queue_id: int
+    #: the broker's ``host:port`` from the route, when registered.
+    address: str | None
+    decision: Decision
+    #: brokers passed over because their window is open, in the order met.
+    avoided_brokers: tuple[str, ...]
+    local: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One send's outcome for ``report_batch``.
+
+    ``latency_ms`` is the send's duration in ms (0..3,600,000, fractions truncated by
+    Detour); ``isolation`` marks a failed send; ``age_ms`` says how long ago the send
+    completed (0 = just now).
+    """
+
+    broker_name: str
+    latency_ms: float
+    isolation: bool = False
+    age_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One attempt of a send: where it went, how long ``deliver`` took (ms), what it raised."""
+
+    queue: SelectedQueue
+    latency_ms: float
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult(Generic[R]):
+    """A delivered message: the queue that took it, every attempt (the last one succeeded)
+    and what ``deliver`` returned for it."""
+
+    queue: SelectedQueue
+    attempts: list[Attempt] = field(default_factory=list)
+    value: R | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClientStats:
+    """Counters for dashboards and tests; a snapshot, not live."""
+
+    mode: Mode
+    #: selects Detour answered / decided in-process.
+    remote_selects: int
+    local_selects: int
+    #: calls to Detour that timed out, failed to connect or got a 5xx.
+    detour_failures: int
+    #: reports waiting to be sent (including a batch in flight).
+    pending_reports: int
+    #: reports dropped because the queue was full (oldest first) or Detour refused them.
+    dropped_reports: int
+    #: reports Detour accepted.
+    sent_reports: int
+    #: cached mode: the event stream is connected and has delivered a snapshot.
+    stream_connected: bool
+    #: cached mode: estimated service clock minus local monotonic clock, ms.
+    clock_offset_ms: float

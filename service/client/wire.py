@@ -1,0 +1,126 @@
+"""Detour's JSON bodies to and from the pure model, with no HTTP library in sight.
+
+The service validates with pydantic; the SDK must not import it, so the few
+shapes it reads (select answers, routes, config, fault items) are mapped by hand
+here, once, for the sync and async clients alike. Reports are checked before
+they are queued: a batch is atomic, so one bad report would sink 999 good ones.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from service.client.values import SelectedQueue
+from service.model import BrokerRoute, Config, FaultItem, Route
+from service.strategy import Decision
+
+#: The service's name rule (topics and brokers).
+NAME = re.compile(r"[A-Za-z0-9_.%|-]{1,127}")
+#: Largest latency and age Detour accepts, ms.
+MAX_LATENCY_MS = 3_600_000
+#: Most reports in one ``POST /report-latency:batch``.
+MAX_BATCH = 1000
+
+Json = dict[str, Any]
+
+
+def check_name(what: str, value: str) -> None:
+    """Raises ValueError unless ``value`` is a valid topic or broker name."""
+    if not isinstance(value, str) or NAME.fullmatch(value) is None:
+        raise ValueError(f"{what} must be 1..127 of A-Za-z0-9_.%|-, got {value!r}")
+
+
+def check_report(broker_name: str, latency_ms: float, age_ms: int = 0) -> None:
+    """Raises ValueError unless Detour would accept the report (ms, 0..3,600,000)."""
+    check_name("broker_name", broker_name)
+    if isinstance(latency_ms, bool) or not isinstance(latency_ms, int | float):
+        raise ValueError(f"latency_ms must be a number of ms, got {latency_ms!r}")
+    if not math.isfinite(latency_ms) or not 0 <= latency_ms <= MAX_LATENCY_MS:
+        raise ValueError(f"latency_ms must be 0..{MAX_LATENCY_MS} ms, got {latency_ms!r}")
+    if isinstance(age_ms, bool) or not isinstance(age_ms, int) or not 0 <= age_ms <= MAX_LATENCY_MS:
+        raise ValueError(f"age_ms must be an int of ms, 0..{MAX_LATENCY_MS}, got {age_ms!r}")
+
+
+def select_body(topic: str, last_broker: str | None) -> Json:
+    return {"topic": topic, "lastBrokerName": last_broker}
+
+
+def report_body(broker_name: str, latency_ms: float, isolation: bool) -> Json:
+    return {"brokerName": broker_name, "latencyMs": latency_ms, "isolation": isolation}
+
+
+def batch_item(broker_name: str, latency_ms: float, isolation: bool, age_ms: int) -> Json:
+    """One entry of a batch (``age_ms``: how long ago the send completed).
+
+    The queue drops reports past Detour's one-hour limit before they get here; the
+    clamp only guards the boundary (a report that turned an hour old on the way).
+    """
+    return {
+        "brokerName": broker_name,
+        "latencyMs": latency_ms,
+        "isolation": isolation,
+        "ageMs": min(max(0, age_ms), MAX_LATENCY_MS),
+    }
+
+
+def route(body: Mapping[str, Any]) -> Route:
+    """A ``Route`` from ``{"topic", "brokers": [{"brokerName", "writeQueueNums", "address"}]}``."""
+    return Route.from_brokers(
+        str(body["topic"]),
+        (
+            BrokerRoute(str(b["brokerName"]), int(b["writeQueueNums"]), b.get("address"))
+            for b in body["brokers"]
+        ),
+    )
+
+
+def config(body: Mapping[str, Any]) -> Config:
+    """A ``Config`` from the camelCase body; omitted fields take their defaults."""
+    d = Config()
+    return Config(
+        send_latency_fault_enable=bool(body.get("sendLatencyFaultEnable", True)),
+        latency_max=tuple(int(x) for x in body.get("latencyMax", d.latency_max)),
+        not_available_duration=tuple(
+            int(x) for x in body.get("notAvailableDuration", d.not_available_duration)
+        ),
+        isolation_latency_ms=int(body.get("isolationLatencyMs", d.isolation_latency_ms)),
+        last_report_wins=bool(body.get("lastReportWins", False)),
+    )
+
+
+def fault(body: Mapping[str, Any]) -> FaultItem | None:
+    """A fault item from a stream entry, or None for ``{"brokerName", "deleted": true}``."""
+    if body.get("deleted"):
+        return None
+    return FaultItem(
+        str(body["brokerName"]), int(body["currentLatencyMs"]), int(body["availableAt"])
+    )
+
+
+def selected(body: Mapping[str, Any]) -> SelectedQueue:
+    """``POST /select``'s answer (decided by Detour, so ``local`` is False)."""
+    address = body.get("address")
+    return SelectedQueue(
+        topic=str(body["topic"]),
+        broker_name=str(body["brokerName"]),
+        queue_id=int(body["queueId"]),
+        address=address if isinstance(address, str) else None,
+        decision=Decision(body["decision"]),
+        avoided_brokers=tuple(str(b) for b in body.get("avoidedBrokers", ())),
+        local=False,
+    )
+
+
+def error_fields(body: object) -> tuple[str, str, str | None]:
+    """(code, message, field) of an error body, tolerant of a proxy's non-JSON answer."""
+    if isinstance(body, Mapping):
+        field = body.get("field")
+        return (
+            str(body.get("error", "HTTP_ERROR")),
+            str(body.get("message", "")),
+            field if isinstance(field, str) else None,
+        )
+    return "HTTP_ERROR", str(body)[:200], None

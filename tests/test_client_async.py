@@ -1,0 +1,131 @@
+"""The asyncio producer SDK against a live Detour process: send loop, deadline, cached mode.
+
+No pytest plugin: each test runs its coroutine with ``asyncio.run``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from service.client import AsyncDetourClient, SelectedQueue, SendError, SendResult
+from tests.procs import ServiceProcess
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[ServiceProcess]:
+    svc = ServiceProcess()
+    try:
+        yield svc
+    finally:
+        svc.stop()
+
+
+def put_route(url: str, topic: str, brokers: dict[str, int]) -> None:
+    body = {"brokers": [{"brokerName": b, "writeQueueNums": n} for b, n in brokers.items()]}
+    httpx.put(f"{url}/routes/{topic}", json=body, timeout=5).raise_for_status()
+
+
+def items(url: str) -> dict[str, dict[str, object]]:
+    body = httpx.get(f"{url}/fault-items", timeout=5).json()
+    return {i["brokerName"]: i for i in body["items"]}
+
+
+async def wait_for(check: object, timeout_s: float, what: str) -> None:
+    """``tests.procs.wait_until`` for a loop that must keep running meanwhile."""
+    deadline = time.monotonic() + timeout_s
+    while not check():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not seen after {timeout_s}s")
+        await asyncio.sleep(0.005)
+
+
+def test_async_send_retries_elsewhere_and_isolates(service: ServiceProcess) -> None:
+    put_route(service.url, "async-t", {"async-a": 1, "async-b": 1})
+
+    async def deliver(q: SelectedQueue, payload: bytes) -> int:
+        await asyncio.sleep(0)
+        if q.broker_name == "async-a":
+            raise ConnectionResetError("async-a reset the connection")
+        return len(payload)
+
+    async def main() -> None:
+        async with AsyncDetourClient(service.url) as client:
+            results: list[SendResult[int]] = []
+            while not any(r.attempts[0].error for r in results):
+                assert len(results) < 4
+                results.append(await client.send("async-t", b"hello", deliver))
+            failed = next(r for r in results if r.attempts[0].error)
+            assert [a.queue.broker_name for a in failed.attempts] == ["async-a", "async-b"]
+            assert failed.value == 5
+            assert client.stats().sent_reports == sum(len(r.attempts) for r in results)
+
+    asyncio.run(main())
+    table = items(service.url)
+    assert table["async-a"]["available"] is False and table["async-b"]["available"] is True
+
+
+def test_async_deadline_cuts_a_hanging_deliver(service: ServiceProcess) -> None:
+    put_route(service.url, "async-dl", {f"adl-{c}": 1 for c in "abcd"})
+    started: list[str] = []
+
+    async def hang(q: SelectedQueue, payload: bytes) -> None:
+        started.append(q.broker_name)
+        await asyncio.sleep(60)
+
+    async def main() -> SendError:
+        async with AsyncDetourClient(service.url, retries=3, deadline=0.3) as client:
+            with pytest.raises(SendError) as info:
+                await client.send("async-dl", b"m", hang)
+            return info.value
+
+    start = time.monotonic()
+    err = asyncio.run(main())
+    assert time.monotonic() - start < 0.3 + 0.4  # the deliver was cut, not awaited
+    assert err.timed_out and started == [err.attempts[0].queue.broker_name]
+    assert isinstance(err.attempts[0].error, TimeoutError)
+    assert 250 <= err.attempts[0].latency_ms < 400
+    assert items(service.url)[started[0]]["available"] is False
+
+
+def test_async_cached_clients_obey_each_others_reports(service: ServiceProcess) -> None:
+    put_route(service.url, "acache-t", {"acache-a": 1, "acache-b": 1})
+
+    async def main() -> None:
+        async with AsyncDetourClient(service.url, mode="cached") as one, \
+                AsyncDetourClient(service.url, mode="cached") as two:
+            assert await one.wait_ready(5) and await two.wait_ready(5)
+            last = {"acache-a": "acache-b", "acache-b": "acache-a"}
+            picks: dict[str, str] = {}
+
+            async def refresh(client: AsyncDetourClient, name: str) -> None:
+                picks[name] = (await client.select("acache-t", last["acache-a"])).broker_name
+
+            await refresh(two, "two")
+            assert picks["two"] == "acache-a"
+            await one.report("acache-a", 2, isolation=True)
+            await refresh(one, "one")
+            assert picks["one"] == "acache-b"  # its own report, at once
+
+            start = time.monotonic()
+            while picks["two"] != "acache-b":
+                assert time.monotonic() - start < 2, "the other client never avoided acache-a"
+                await asyncio.sleep(0.005)
+                await refresh(two, "two")
+            assert two.stats().remote_selects == 0
+
+            async def deliver(q: SelectedQueue, payload: int) -> str:
+                return q.broker_name
+
+            result = await two.send("acache-t", 1, deliver)
+            assert result.value == "acache-b" and result.queue.local
+            await wait_for(lambda: two.stats().sent_reports == 1, 2, "the batch")
+
+    asyncio.run(main())
+    assert items(service.url)["acache-a"]["available"] is False

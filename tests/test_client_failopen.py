@@ -1,0 +1,172 @@
+"""Fail-open against real processes: Detour stopped, frozen and restarted under producers.
+
+The service runs on Redis here so its table survives the restart, as in a
+deployment; the producers keep sending throughout, and what they learned while
+Detour was away reaches the shared table afterwards with the time it happened.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from service.client import DetourClient, SelectedQueue
+from tests.procs import ServiceProcess, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+ISOLATION_MS = 600_000
+TOPIC = "fo-t"
+BROKERS = ("fo-a", "fo-b", "fo-c")
+
+
+def put_route(url: str) -> None:
+    body = {"brokers": [{"brokerName": b, "writeQueueNums": 1} for b in BROKERS]}
+    httpx.put(f"{url}/routes/{TOPIC}", json=body, timeout=5).raise_for_status()
+
+
+def table(url: str) -> dict[str, dict[str, int]]:
+    body = httpx.get(f"{url}/fault-items", timeout=5).json()
+    return {i["brokerName"]: i for i in body["items"]}
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Brokers:
+    """The user's ``deliver``: fails on the brokers in ``down``, noting when each failed."""
+
+    def __init__(self) -> None:
+        self.down: set[str] = set()
+        self.failed_at: dict[str, int] = {}
+
+    def deliver(self, q: SelectedQueue, payload: object) -> str:
+        if q.broker_name in self.down:
+            self.failed_at[q.broker_name] = wall_ms()
+            raise ConnectionRefusedError(f"{q.broker_name} is down")
+        return q.broker_name
+
+
+@pytest.fixture
+def service(redis_url: str) -> Iterator[ServiceProcess]:
+    svc = ServiceProcess(redis_url=redis_url)
+    try:
+        yield svc
+    finally:
+        svc.stop()
+
+
+#: Replayed windows must land within this of where the original reports put them (ms) ...
+TOLERANCE_MS = 250
+#: ... which only tells something when the replay comes clearly later than the report (s).
+AGE_S = 1.5
+
+
+def age_the_reports(since: float) -> None:
+    # Not a synchronisation: the reports must be old enough that a window computed
+    # from the replay's time would miss the tolerance.
+    time.sleep(max(0.0, AGE_S - (time.monotonic() - since)))
+
+
+def test_sends_survive_a_detour_restart_and_the_queued_reports_arrive(
+    service: ServiceProcess, redis_url: str
+) -> None:
+    put_route(service.url)
+    brokers = Brokers()
+    with DetourClient(service.url) as client:
+        for i in range(3):  # warm: Detour answers, the route is known locally
+            assert not client.send(TOPIC, i, brokers.deliver).queue.local
+
+        service.stop()
+        brokers.down = {"fo-a"}
+        results = [client.send(TOPIC, i, brokers.deliver) for i in range(6)]
+        assert all(r.queue.local and r.value != "fo-a" for r in results)
+        assert "fo-a" in brokers.failed_at  # the walk reached it within three sends
+        assert sum(len(r.attempts) for r in results) == 7  # one retry, after fo-a
+        assert client.stats().pending_reports == 7
+        age_the_reports(since=min(brokers.failed_at.values()) / 1000 - time.time()
+                        + time.monotonic())
+
+        restarted = ServiceProcess(redis_url=redis_url, port=service.port)
+        try:
+            wait_until(lambda: client.stats().pending_reports == 0, 10, "the replay")
+            items = table(restarted.url)
+            # ageMs put the window where it would be had Detour been up all along.
+            expected = brokers.failed_at["fo-a"] + ISOLATION_MS
+            assert abs(items["fo-a"]["availableAt"] - expected) < TOLERANCE_MS
+            assert items["fo-b"]["available"] and items["fo-c"]["available"]
+            stats = client.stats()
+            assert (stats.dropped_reports, stats.sent_reports) == (0, 3 + 7)
+            wait_until(lambda: not client.select(TOPIC).local, 10, "remote selects again")
+            picks = {client.select(TOPIC).broker_name for _ in range(4)}
+            assert picks == {"fo-b", "fo-c"}
+        finally:
+            restarted.stop()
+
+
+def test_a_cached_client_rides_out_a_detour_crash(
+    service: ServiceProcess, redis_url: str
+) -> None:
+    # SIGKILL, not ServiceProcess.stop: a graceful stop waits for the open event stream.
+    put_route(service.url)
+    brokers = Brokers()
+    # A shorter backoff cap than the default 5 s only to keep the test short.
+    with DetourClient(service.url, mode="cached", backoff_max=1.0) as client:
+        assert client.wait_ready(5)
+        os.killpg(service.proc.pid, signal.SIGKILL)
+        service.proc.wait(10)
+        brokers.down = {"fo-c"}
+        results = [client.send(TOPIC, i, brokers.deliver) for i in range(6)]
+        assert all(r.queue.local and r.value != "fo-c" for r in results)
+        assert "fo-c" in brokers.failed_at
+        wait_until(lambda: not client.stats().stream_connected, 10, "the stream is lost")
+        assert client.stats().pending_reports == 7
+        age_the_reports(since=min(brokers.failed_at.values()) / 1000 - time.time()
+                        + time.monotonic())
+
+        restarted = ServiceProcess(redis_url=redis_url, port=service.port)
+        try:
+            wait_until(lambda: client.stats().pending_reports == 0, 10, "the replay")
+            expected = brokers.failed_at["fo-c"] + ISOLATION_MS
+            assert abs(table(restarted.url)["fo-c"]["availableAt"] - expected) < TOLERANCE_MS
+            wait_until(lambda: client.stats().stream_connected, 10, "the stream reconnects")
+            # Following Detour again: an operator's restore reaches the client.
+            httpx.delete(f"{restarted.url}/fault-items/fo-c", timeout=5).raise_for_status()
+            wait_until(lambda: "fo-c" in {client.select(TOPIC, "fo-a").broker_name
+                                          for _ in range(3)}, 5, "the restore")
+            assert client.stats().dropped_reports == 0
+        finally:
+            client.close()  # first: a graceful stop waits for an open stream
+            restarted.stop()
+
+
+def test_a_frozen_detour_costs_one_timeout_not_one_per_send(
+    service: ServiceProcess,
+) -> None:
+    put_route(service.url)
+    brokers = Brokers()
+    with DetourClient(service.url, timeout=0.2) as client:
+        assert not client.select(TOPIC).local
+        os.killpg(service.proc.pid, signal.SIGSTOP)  # accepts connections, answers nothing
+        try:
+            start = time.monotonic()
+            first = client.send(TOPIC, 0, brokers.deliver)
+            first_s = time.monotonic() - start
+            assert first.queue.local and 0.15 < first_s < 0.2 * 3 + 0.2
+            start = time.monotonic()
+            for i in range(50):  # within the 0.5 s backoff: no call to Detour at all
+                assert client.send(TOPIC, i, brokers.deliver).queue.local
+            assert time.monotonic() - start < 0.25
+            stats = client.stats()
+            assert stats.detour_failures == 1 and stats.pending_reports == 51
+        finally:
+            os.killpg(service.proc.pid, signal.SIGCONT)
+        wait_until(lambda: not client.select(TOPIC).local, 10, "Detour answers again")
+        wait_until(lambda: client.stats().pending_reports == 0, 10, "the replay")
+        assert client.stats().sent_reports >= 51

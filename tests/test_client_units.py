@@ -1,0 +1,457 @@
+"""The producer SDK's pure parts, and its HTTP rules against a mock transport (no process).
+
+The processes-and-sockets behaviour is in test_client*.py; these pin the rules
+those rely on: the circuit's timing, the bounded report queue, the SSE parser,
+the stream applier's re-application of unacknowledged reports, the send loop's
+deadline, and which answers fail open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from service.client import (
+    AsyncDetourClient,
+    Decision,
+    DetourClient,
+    DetourRequestError,
+    DetourUnavailable,
+    Report,
+    SelectedQueue,
+    SendError,
+    TopicNotFound,
+)
+from service.client.backoff import Backoff, Jitter, Ticket
+from service.client.cached import ServiceClock, StreamApplier
+from service.client.local import LocalTable
+from service.client.pending import PendingReports, mono_ms
+from service.client.send import send_async, send_sync
+from service.client.sse import Event, SSEParser
+from service.client.wire import MAX_LATENCY_MS, batch_item, check_report
+from service.model import BrokerRoute, Route
+
+pytestmark = pytest.mark.unit
+
+NOW = 1_700_000_000_000
+ROUTE_JSON = {
+    "topic": "t",
+    "brokers": [
+        {"brokerName": "a", "writeQueueNums": 1, "address": "10.0.0.1:10911"},
+        {"brokerName": "b", "writeQueueNums": 1, "address": None},
+    ],
+}
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+# ---------------------------------------------------------------- circuit
+
+
+def test_backoff_pauses_then_lets_one_probe_and_doubles_to_the_cap() -> None:
+    clock = FakeClock()
+    b = Backoff(0.5, 5.0, clock)
+    assert b.begin() is Ticket.CALL
+    b.end(Ticket.CALL, answered=False)
+    assert b.is_open and b.remaining_s() == pytest.approx(0.5)
+    assert b.begin() is Ticket.DENIED
+    pauses = []
+    for _ in range(6):
+        clock.t += b.remaining_s()
+        assert b.begin() is Ticket.PROBE
+        assert b.begin() is Ticket.DENIED  # one probe at a time
+        b.end(Ticket.PROBE, answered=False)
+        pauses.append(round(b.remaining_s(), 3))
+    assert pauses == [1.0, 2.0, 4.0, 5.0, 5.0, 5.0]
+    clock.t += 5.0
+    ticket = b.begin()
+    b.end(ticket, answered=True)  # any answer closes it and starts the pauses over
+    assert not b.is_open and b.begin() is Ticket.CALL
+    b.end(Ticket.CALL, answered=False)
+    assert b.remaining_s() == pytest.approx(0.5)
+
+
+def test_concurrent_failures_count_once() -> None:
+    clock = FakeClock()
+    b = Backoff(0.5, 5.0, clock)
+    tickets = [b.begin() for _ in range(4)]  # four calls in flight when Detour dies
+    for t in tickets:
+        b.end(t, answered=False)
+    assert b.remaining_s() == pytest.approx(0.5)
+
+
+def test_jitter_stays_under_a_doubling_ceiling() -> None:
+    j = Jitter(0.1, 1.0, lambda: 1.0)
+    assert [round(j.next_s(), 3) for _ in range(6)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    j.reset()
+    assert j.next_s() == pytest.approx(0.1)
+
+
+# ---------------------------------------------------------------- report queue
+
+
+def test_pending_reports_drop_the_oldest_and_count_them() -> None:
+    q = PendingReports(capacity=3)
+    q.add(q.make(f"b{i}", i, False, float(i)) for i in range(5))
+    assert q.dropped == 2
+    assert [p.broker_name for p in q.unacked()] == ["b2", "b3", "b4"]
+
+
+def test_a_failed_batch_goes_back_in_front_in_order() -> None:
+    q = PendingReports(capacity=10)
+    q.add(q.make(f"b{i}", i, i == 1, 0.0) for i in range(4))
+    assert q.urgent
+    batch = q.take(2)
+    assert [p.broker_name for p in batch] == ["b0", "b1"]
+    assert not q.urgent and len(q) == 4 and q.queued() == 2
+    q.add([q.make("b4", 0, False, 0.0)])
+    q.retry(batch)
+    assert q.urgent
+    assert [p.broker_name for p in q.unacked()] == ["b0", "b1", "b2", "b3", "b4"]
+    q.done(q.take(5), accepted=True)
+    assert (len(q), q.sent, q.dropped) == (0, 5, 0)
+
+
+def test_report_checks_and_age_clamp() -> None:
+    with pytest.raises(ValueError, match="broker_name"):
+        check_report("bad name", 1)
+    for bad in (-1, MAX_LATENCY_MS + 1, float("nan"), float("inf"), True, "5"):
+        with pytest.raises(ValueError, match="latency_ms"):
+            check_report("a", bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="age_ms"):
+        check_report("a", 1, -1)
+    assert batch_item("a", 1.5, True, 10 * MAX_LATENCY_MS)["ageMs"] == MAX_LATENCY_MS
+
+
+# ---------------------------------------------------------------- SSE
+
+
+def test_sse_parser_dispatches_on_blank_lines() -> None:
+    p = SSEParser()
+    lines = [": comment", "event: fault", 'data: {"brokerName":', 'data: "a", "now": 5}', "",
+             "", "id: 7", 'data: {"x": 1}', ""]
+    events = [e for e in map(p.feed, lines) if e is not None]
+    assert events == [Event("fault", {"brokerName": "a", "now": 5}), Event("message", {"x": 1})]
+    with pytest.raises(ValueError):
+        for line in ("event: clock", "data: [1]", ""):
+            p.feed(line)
+
+
+# ---------------------------------------------------------------- tables
+
+
+def test_local_table_applies_reports_at_their_age() -> None:
+    table = LocalTable(lambda: NOW)
+    table.set_route("t", Route.from_brokers("t", [BrokerRoute("a", 1), BrokerRoute("b", 1)]))
+    item = table.apply_report("a", 120.9, isolation=True, age_ms=1000)
+    assert item is not None
+    assert (item.current_latency_ms, item.available_at) == (120, NOW - 1000 + 600_000)
+    picks = {table.select("t", None).broker_name for _ in range(4)}  # type: ignore[union-attr]
+    assert picks == {"b"}
+    assert table.select("unknown", None) is None
+
+
+def test_stream_applier_keeps_own_unacked_reports_and_tracks_the_clock() -> None:
+    clock = ServiceClock()
+    pending = PendingReports()
+    table = LocalTable(clock.now_ms)
+    applier = StreamApplier(table, clock, pending)
+    now = int(time.time() * 1000) + 60_000  # the service's clock runs a minute ahead
+    applier.handle(
+        Event("snapshot", {"version": 3, "now": now, "config": {}, "routes": [ROUTE_JSON],
+                           "items": []}), mono_ms())
+    assert abs(clock.now_ms() - now) < 1000
+    sel = table.select("t", "b")
+    assert sel is not None and (sel.broker_name, sel.address, sel.local) == (
+        "a", "10.0.0.1:10911", True)
+
+    # Our isolation of a, not yet accepted by Detour.
+    table.apply_report("a", 5, isolation=True)
+    pending.add([pending.make("a", 5, True, mono_ms())])
+    own_end = table.fault("a").available_at  # type: ignore[union-attr]
+    # An event written before our report reached Detour must not undo it ...
+    applier.handle(Event("fault", {"brokerName": "a", "deleted": True, "now": now}), mono_ms())
+    assert table.fault("a").available_at >= own_end  # type: ignore[union-attr]
+    # ... nor a snapshot after a reconnect.
+    applier.handle(Event("snapshot", {"now": now, "config": {}, "routes": [ROUTE_JSON],
+                                      "items": []}), mono_ms())
+    assert table.fault("a").available_at >= own_end  # type: ignore[union-attr]
+    # Once Detour accepted it, the stream is the truth again (an operator restore).
+    pending.done(pending.take(10), accepted=True)
+    applier.handle(Event("fault", {"brokerName": "a", "deleted": True, "now": now}), mono_ms())
+    assert table.fault("a") is None
+
+    applier.handle(Event("route", {"topic": "t", "deleted": True, "now": now}), mono_ms())
+    assert not table.has_route("t")
+    applier.handle(Event("config", {"sendLatencyFaultEnable": False, "now": now}), mono_ms())
+    assert table.view.config.send_latency_fault_enable is False
+    applier.handle(Event("something-new", {"now": now}), mono_ms())  # ignored
+
+
+# ---------------------------------------------------------------- send loop
+
+
+def _queue(broker: str) -> SelectedQueue:
+    return SelectedQueue("t", broker, 0, None, Decision.AVAILABLE, (), True)
+
+
+class Recorder:
+    """A select that walks brokers in order (skipping the last one) and a report log."""
+
+    def __init__(self, brokers: str = "abc") -> None:
+        self.brokers = brokers
+        self.selects: list[str | None] = []
+        self.reports: list[tuple[str, bool]] = []
+
+    def select(self, topic: str, last: str | None) -> SelectedQueue:
+        self.selects.append(last)
+        return _queue(self.brokers[len(self.selects) - 1])
+
+    def report(self, broker: str, ms: float, isolation: bool) -> None:
+        assert ms >= 0
+        self.reports.append((broker, isolation))
+
+
+def test_send_loop_retries_with_the_last_broker_and_reports_each_attempt() -> None:
+    rec = Recorder()
+
+    def deliver(q: SelectedQueue, payload: str) -> str:
+        if q.broker_name != "c":
+            raise ConnectionError(q.broker_name)
+        return payload.upper()
+
+    result = send_sync("t", "hi", deliver, select=rec.select, report=rec.report, retries=2,
+                       deadline=3)
+    assert result.value == "HI" and result.queue.broker_name == "c"
+    assert rec.selects == [None, "a", "b"]
+    assert rec.reports == [("a", True), ("b", True), ("c", False)]
+    assert [type(a.error) for a in result.attempts] == [ConnectionError, ConnectionError,
+                                                        type(None)]
+
+
+def test_send_loop_raises_every_cause() -> None:
+    rec = Recorder()
+
+    def deliver(q: SelectedQueue, payload: object) -> None:
+        raise ConnectionError(q.broker_name)
+
+    with pytest.raises(SendError) as info:
+        send_sync("t", 1, deliver, select=rec.select, report=rec.report, retries=2, deadline=3)
+    err = info.value
+    assert [str(e) for e in err.errors] == ["a", "b", "c"] and not err.timed_out
+    assert isinstance(err.__cause__, ConnectionError)
+
+
+def test_send_loop_stops_at_the_deadline() -> None:
+    rec = Recorder("abcdefgh")
+
+    def deliver(q: SelectedQueue, payload: object) -> None:
+        time.sleep(0.1)
+        raise TimeoutError("slow")
+
+    start = time.monotonic()
+    with pytest.raises(SendError) as info:
+        send_sync("t", 1, deliver, select=rec.select, report=rec.report, retries=7,
+                  deadline=0.25)
+    assert info.value.timed_out and len(info.value.attempts) == 3  # started at 0, .1, .2
+    assert time.monotonic() - start < 0.6
+    assert len(rec.reports) == 3
+
+
+def test_no_retry_errors_stop_at_once_without_isolating() -> None:
+    rec = Recorder()
+
+    def deliver(q: SelectedQueue, payload: object) -> None:
+        raise OverflowError("message too large")
+
+    with pytest.raises(SendError) as info:
+        send_sync("t", 1, deliver, select=rec.select, report=rec.report, retries=2, deadline=3,
+                  no_retry=(OverflowError,))
+    assert len(info.value.attempts) == 1 and rec.reports == [("a", False)]
+
+
+def test_a_select_error_before_any_attempt_is_raised_as_is() -> None:
+    def select(topic: str, last: str | None) -> SelectedQueue:
+        raise DetourUnavailable("down, no route")
+
+    with pytest.raises(DetourUnavailable):
+        send_sync("t", 1, lambda q, p: None, select=select, report=Recorder().report, retries=2,
+                  deadline=3)
+
+
+def test_async_send_loop_cuts_deliver_at_the_deadline() -> None:
+    rec = Recorder("abcdefgh")
+
+    async def select(topic: str, last: str | None) -> SelectedQueue:
+        return rec.select(topic, last)
+
+    async def report(broker: str, ms: float, isolation: bool) -> None:
+        rec.report(broker, ms, isolation)
+
+    async def deliver(q: SelectedQueue, payload: object) -> None:
+        await asyncio.sleep(30)
+
+    async def main() -> SendError:
+        with pytest.raises(SendError) as info:
+            await send_async("t", 1, deliver, select=select, report=report, retries=5,
+                             deadline=0.2)
+        return info.value
+
+    start = time.monotonic()
+    err = asyncio.run(main())
+    assert time.monotonic() - start < 0.5
+    assert err.timed_out and len(err.attempts) == 1
+    assert isinstance(err.attempts[0].error, TimeoutError) and rec.reports == [("a", True)]
+
+
+# ---------------------------------------------------------------- HTTP rules (mock transport)
+
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def service_stub(status_for_select: int = 200) -> tuple[Handler, list[httpx.Request]]:
+    """A fake Detour: routes/config answer; /select answers ``status_for_select``."""
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        path = request.url.path
+        if path == "/select":
+            if status_for_select != 200:
+                return httpx.Response(status_for_select, json={
+                    "error": "X", "message": "nope", "field": "topic"})
+            return httpx.Response(200, json={
+                "topic": "t", "brokerName": "b", "queueId": 0, "address": None,
+                "decision": "available", "avoidedBrokers": ["a"]})
+        if path == "/routes/t":
+            return httpx.Response(200, json=ROUTE_JSON)
+        if path == "/config":
+            return httpx.Response(200, json={"isolationLatencyMs": 30000})
+        if path in ("/report-latency", "/report-latency:batch"):
+            n = len(json.loads(request.content).get("reports", [1]))
+            return httpx.Response(200, json={"results": [{}] * n})
+        return httpx.Response(404, json={"error": "NOT_FOUND", "message": path, "field": None})
+
+    return handler, seen
+
+
+def test_remote_select_sends_the_token_and_fetches_the_route_once() -> None:
+    handler, seen = service_stub()
+    with DetourClient("http://detour.test", token="s3cret",
+                      transport=httpx.MockTransport(handler)) as c:
+        sel = c.select("t", "a")
+        c.select("t")
+    assert sel == SelectedQueue("t", "b", 0, None, Decision.AVAILABLE, ("a",), False)
+    assert [r.url.path for r in seen] == ["/select", "/config", "/routes/t", "/select"]
+    assert all(r.headers["authorization"] == "Bearer s3cret" for r in seen)
+    assert json.loads(seen[0].content) == {"topic": "t", "lastBrokerName": "a"}
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 429])
+def test_5xx_and_load_shedding_fail_open_then_back_off(status: int) -> None:
+    handler, seen = service_stub()
+    state = {"status": 200}
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        if state["status"] != 200:
+            seen.append(request)
+            return httpx.Response(state["status"], json={"error": "STORE_UNAVAILABLE",
+                                                         "message": "", "field": None})
+        return handler(request)
+
+    with DetourClient("http://detour.test", transport=httpx.MockTransport(flaky)) as c:
+        c.select("t")  # learns the route
+        state["status"] = status
+        before = len(seen)
+        first = c.select("t")
+        assert first.local and len(seen) == before + 1
+        for _ in range(20):  # within the backoff: no call at all
+            assert c.select("t", "b").local
+        c.report("a", 12, isolation=True)
+        assert len(seen) == before + 1
+        stats = c.stats()
+        assert (stats.local_selects, stats.detour_failures, stats.pending_reports) == (21, 1, 1)
+        # the local table saw the report at once: a is avoided
+        assert c.select("t").broker_name == "b"
+        c.close(flush_timeout=0)  # Detour still down: the report is counted, not kept
+
+
+@pytest.mark.parametrize(("status", "error"), [(404, TopicNotFound), (422, DetourRequestError)])
+def test_4xx_is_raised_not_failed_open(status: int, error: type[Exception]) -> None:
+    handler, _ = service_stub(status_for_select=status)
+    with DetourClient("http://detour.test", transport=httpx.MockTransport(handler)) as c:
+        with pytest.raises(error) as info:
+            c.select("t")
+        assert not c._core.backoff.is_open
+    assert isinstance(info.value, DetourRequestError) and info.value.status == status
+
+
+def test_report_batch_is_split_by_a_thousand() -> None:
+    handler, seen = service_stub()
+    with DetourClient("http://detour.test", transport=httpx.MockTransport(handler)) as c:
+        c.report_batch(Report(f"b{i % 7}", i % 100, age_ms=i) for i in range(2500))
+        with pytest.raises(ValueError):
+            c.report_batch([Report("ok", 1), Report("not ok", 1)])
+        assert c.stats().sent_reports == 2500
+    sizes = [len(json.loads(r.content)["reports"]) for r in seen]
+    assert sizes == [1000, 1000, 500]
+    fourth = json.loads(seen[0].content)["reports"][3]
+    assert fourth | {"ageMs": 0} == {"brokerName": "b3", "latencyMs": 3, "isolation": False,
+                                     "ageMs": 0}
+    assert 3 <= fourth["ageMs"] < 3 + 1000  # its age, plus the time until it left
+
+
+def test_no_route_and_no_detour_is_a_clear_error() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    with DetourClient("http://detour.test", transport=httpx.MockTransport(refuse)) as c:
+        with pytest.raises(DetourUnavailable, match="no route is known for topic 't'"):
+            c.select("t")
+
+
+def test_async_client_fails_open_the_same_way() -> None:
+    handler, seen = service_stub()
+    down = {"on": False}
+
+    async def flaky(request: httpx.Request) -> httpx.Response:
+        if down["on"]:
+            raise httpx.ReadTimeout("no answer", request=request)
+        return handler(request)
+
+    async def main() -> None:
+        async with AsyncDetourClient("http://detour.test",
+                                     transport=httpx.MockTransport(flaky)) as c:
+            assert not (await c.select("t")).local
+            down["on"] = True
+            assert (await c.select("t")).local
+            await c.report("a", 1, isolation=True)
+            assert c.stats().pending_reports == 1
+            down["on"] = False
+            c._core.backoff._until = 0  # the pause is over
+            assert await c.flush(1.0)
+            assert c.stats().sent_reports == 1
+
+    asyncio.run(main())
+    assert json.loads(seen[-1].content)["reports"][0]["isolation"] is True
+
+
+def test_reports_past_detours_age_limit_are_dropped_not_sent() -> None:
+    q = PendingReports()
+    q.add([q.make("old", 1, True, 0.0), q.make("new", 1, True, 3_000_000.0)])
+    batch = q.take(10, now_ms=3_600_001.0)
+    assert [p.broker_name for p in batch] == ["new"] and q.dropped == 1
+    with pytest.raises(ValueError, match="age_ms"):
+        check_report("a", 1, MAX_LATENCY_MS + 1)
