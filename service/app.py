@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
-from collections.abc import AsyncIterator
+import signal
+import threading
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from types import FrameType
 from typing import Any, TypedDict
 from urllib.parse import urlsplit
 
@@ -59,12 +63,42 @@ def _document_extra_schemas(app: FastAPI, models: tuple[type[BaseModel], ...]) -
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+def _before_stop_signal(callback: Callable[[], None]) -> Callable[[], None]:
+    """Run ``callback`` on SIGTERM/SIGINT before the server's own handler; returns undo.
+
+    The server waits for requests in flight before the lifespan's shutdown runs, and
+    a push stream never finishes by itself: without this, every stop would wait the
+    whole grace period. Signals reach only the main thread; elsewhere (tests driving
+    the app in a thread) this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    loop = asyncio.get_running_loop()
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def handler(sig: int, frame: FrameType | None) -> None:
+        loop.call_soon_threadsafe(callback)
+        prev = previous[signal.Signals(sig)]
+        if callable(prev):
+            prev(sig, frame)
+
+    for sig in previous:
+        signal.signal(sig, handler)
+
+    def restore() -> None:
+        for sig, prev in previous.items():
+            signal.signal(sig, prev)
+
+    return restore
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[State]:
         store = await open_store(settings)
+        restore_signals = _before_stop_signal(store.view.stop_listeners)
         log.info("detour ready: %s", _describe(settings))
         # Start-up objects live for the whole process; keeping them out of the
         # cyclic GC's generations removes its pauses from the request path.
@@ -73,6 +107,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield {"store": store}
         finally:
+            restore_signals()
             await store.close()
 
     app = FastAPI(

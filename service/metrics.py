@@ -22,16 +22,25 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import REGISTRY, Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.model import Config
 from service.store.base import ReportOutcome
-from service.strategy import Selection, WindowChange
+from service.strategy import Decision, Selection, WindowChange
 from service.view import TableView
+
+# A `_created` twin per counter and histogram would nearly double the series.
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 #: Seconds. Every default latencyMax tier (0.05 ... 15 s) is a bucket boundary, so
 #: `le` lines up with the tiers on the heatmap; custom tiers fall between buckets.
@@ -57,6 +66,11 @@ FAST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 MAX_TOPIC_SERIES = 100
 
 SELECTS = Counter("detour_selects_total", "Selects by decision.", ["decision"])
+SELECTS_AVOIDING = Counter(
+    "detour_selects_avoiding_total",
+    "Selects that passed over at least one avoided broker (or had to pickOneAtLeast): "
+    "divided by detour_selects_total, the avoidance ratio.",
+)
 SELECT_AVOIDED = Counter(
     "detour_select_avoided_total",
     "Brokers passed over by a select because their avoidance window was open.",
@@ -113,6 +127,14 @@ JOURNAL_REPLAYED = Counter(
     "detour_journal_replayed_total", "Journaled reports handed to Redis after an outage."
 )
 
+# Series that exist from the start, so rate() and increase() see their first event.
+for _op in ("report", "set_entry", "snapshot", "fault_items", "sync"):
+    STORE_ERRORS.labels(_op)
+for _reason in ("full", "expired"):
+    JOURNAL_DROPPED.labels(_reason)
+for _reason in ("in_flight", "queue_wait"):
+    SHED.labels(_reason)
+
 _decisions = {
     d: SELECTS.labels(d) for d in ("available", "pick_one_at_least", "round_robin", "no_route")
 }
@@ -124,17 +146,18 @@ def observe_select(selection: Selection | None) -> None:
         _decisions["no_route"].inc()
         return
     _decisions[selection.decision.value].inc()
+    if selection.avoided_brokers or selection.decision is Decision.PICK_ONE_AT_LEAST:
+        SELECTS_AVOIDING.inc()
     for broker in selection.avoided_brokers:
         SELECT_AVOIDED.labels(broker).inc()
 
 
-def observe_reports(outcomes: Sequence[ReportOutcome], config: Config) -> None:
+def observe_reports(outcomes: Sequence[ReportOutcome]) -> None:
     for o in outcomes:
         REPORTS.labels(o.broker_name, "isolation" if o.isolation else "ok").inc()
         REPORTED_LATENCY.labels(o.broker_name).observe(o.latency_ms / 1000)
-        if o.change is WindowChange.OPENED and o.tier is not None:
-            tier = config.latency_max[o.tier] if o.tier < len(config.latency_max) else o.tier
-            WINDOWS_OPENED.labels(o.broker_name, str(tier)).inc()
+        if o.change is WindowChange.OPENED and o.tier_ms is not None:
+            WINDOWS_OPENED.labels(o.broker_name, str(o.tier_ms)).inc()
         elif o.change is WindowChange.MOVED:
             WINDOWS_EXTENDED.labels(o.broker_name).inc()
 

@@ -6,9 +6,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-#: The longest latency (and report age) accepted, ms: an hour. Anything above is a clock
-#: bug, not a send.
+#: The longest latency accepted, ms: an hour. Anything above is a clock bug, not a send.
 MAX_LATENCY_MS = 3_600_000
+#: The longest avoidance window a config may set, ms: a day.
+MAX_WINDOW_MS = 86_400_000
+#: The oldest a replayed report may be: older ones cannot open a window that is still open.
+MAX_REPORT_AGE_MS = MAX_WINDOW_MS
 
 #: RocketMQ's MQFaultStrategy defaults (client 4.x, unchanged in 5.x).
 DEFAULT_LATENCY_MAX: tuple[int, ...] = (50, 100, 550, 1000, 2000, 3000, 15000)

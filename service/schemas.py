@@ -7,12 +7,16 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic.alias_generators import to_camel
 
-from service.model import DEFAULT_LATENCY_MAX, DEFAULT_NOT_AVAILABLE_DURATION, MAX_LATENCY_MS
+from service.model import (
+    DEFAULT_LATENCY_MAX,
+    DEFAULT_NOT_AVAILABLE_DURATION,
+    MAX_LATENCY_MS,
+    MAX_REPORT_AGE_MS,
+    MAX_WINDOW_MS,
+)
 
 #: RocketMQ's topic rule (letters, digits, ``_ - % |``) plus ``.``, at most 127 characters.
 NAME_PATTERN = r"^[A-Za-z0-9_.%|-]{1,127}$"
-#: The longest avoidance window accepted: a day.
-MAX_WINDOW_MS = 86_400_000
 
 BrokerName = Annotated[
     str,
@@ -258,9 +262,10 @@ class BatchReport(ReportRequest):
     age_ms: int = Field(
         0,
         ge=0,
-        le=MAX_LATENCY_MS,
+        le=MAX_REPORT_AGE_MS,
         description="How long ago the send completed, in ms (a client replaying reports it "
-        "queued while Detour was unreachable): the window is computed from that moment.",
+        "queued while Detour was unreachable): the window is computed from that moment. "
+        "At most a day, the longest window a config may set.",
         examples=[0],
     )
 

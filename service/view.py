@@ -27,10 +27,12 @@ class Snapshot:
     faults: Mapping[str, FaultItem]
 
 
-ChangeKind = Literal["fault", "route", "config", "snapshot"]
-#: (kind, key, value): ("fault", broker, FaultItem | None), ("route", topic, Route | None),
-#: ("config", "", Config), ("snapshot", "", None) after a resync replaced everything.
-Listener = Callable[[ChangeKind, str, object], None]
+ChangeKind = Literal["fault", "route", "config", "snapshot", "stop"]
+#: (kind, key, value, version): ("fault", broker, FaultItem | None), ("route", topic,
+#: Route | None), ("config", "", Config), ("snapshot", "", None) after a resync replaced
+#: everything. version is the store version of the change (0 for a window this replica set
+#: on its own while the store was unreachable).
+Listener = Callable[[ChangeKind, str, object, int], None]
 
 
 class TableView:
@@ -58,9 +60,14 @@ class TableView:
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
 
-    def _notify(self, kind: ChangeKind, key: str, value: object) -> None:
+    def stop_listeners(self) -> None:
+        """Tell every listener the process is stopping (push streams end so clients
+        reconnect to another replica at once instead of holding up the shutdown)."""
+        self._notify("stop", "", None, self.version)
+
+    def _notify(self, kind: ChangeKind, key: str, value: object, version: int) -> None:
         for listener in tuple(self._listeners):
-            listener(kind, key, value)
+            listener(kind, key, value, version)
 
     # -- round robin -------------------------------------------------------
     def counter(self, topic: str) -> int:
@@ -89,7 +96,7 @@ class TableView:
             self.faults.pop(broker, None)
         else:
             self.faults[broker] = item
-        self._notify("fault", broker, item)
+        self._notify("fault", broker, item, version)
 
     def set_local_fault(self, item: FaultItem) -> None:
         """A window this replica decided while the store was unreachable.
@@ -98,7 +105,7 @@ class TableView:
         journal is replayed) replaces it with the store's value.
         """
         self.faults[item.broker_name] = item
-        self._notify("fault", item.broker_name, item)
+        self._notify("fault", item.broker_name, item, 0)
 
     def apply_route(self, topic: str, route: Route | None, version: int) -> None:
         if version <= self._route_v.get(topic, 0):
@@ -108,14 +115,14 @@ class TableView:
             self.routes.pop(topic, None)
         else:
             self.routes[topic] = route
-        self._notify("route", topic, route)
+        self._notify("route", topic, route, version)
 
     def apply_config(self, config: Config, version: int) -> None:
         if version <= self.config_version:
             return
         self.config = config
         self.config_version = version
-        self._notify("config", "", config)
+        self._notify("config", "", config, version)
 
     def replace(self, snap: Snapshot, reset: bool = False) -> None:
         """Install a full snapshot, keeping entries already applied at a newer version.
@@ -150,4 +157,4 @@ class TableView:
         if snap.config_version >= self.config_version:
             self.config, self.config_version = snap.config, snap.config_version
         self.version = max(self.version, snap.version)
-        self._notify("snapshot", "", None)
+        self._notify("snapshot", "", None, self.version)

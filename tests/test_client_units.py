@@ -34,7 +34,7 @@ from service.client.pending import PendingReports, mono_ms
 from service.client.send import send_async, send_sync
 from service.client.sse import Event, SSEParser
 from service.client.wire import MAX_LATENCY_MS, batch_item, check_report
-from service.model import BrokerRoute, Route
+from service.model import MAX_REPORT_AGE_MS, BrokerRoute, Route
 
 pytestmark = pytest.mark.unit
 
@@ -131,7 +131,7 @@ def test_report_checks_and_age_clamp() -> None:
             check_report("a", bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="age_ms"):
         check_report("a", 1, -1)
-    assert batch_item("a", 1.5, True, 10 * MAX_LATENCY_MS)["ageMs"] == MAX_LATENCY_MS
+    assert batch_item("a", 1.5, True, 10 * MAX_REPORT_AGE_MS)["ageMs"] == MAX_REPORT_AGE_MS
 
 
 # ---------------------------------------------------------------- SSE
@@ -450,8 +450,8 @@ def test_async_client_fails_open_the_same_way() -> None:
 
 def test_reports_past_detours_age_limit_are_dropped_not_sent() -> None:
     q = PendingReports()
-    q.add([q.make("old", 1, True, 0.0), q.make("new", 1, True, 3_000_000.0)])
-    batch = q.take(10, now_ms=3_600_001.0)
+    q.add([q.make("old", 1, True, 0.0), q.make("new", 1, True, 80_000_000.0)])
+    batch = q.take(10, now_ms=MAX_REPORT_AGE_MS + 1.0)
     assert [p.broker_name for p in batch] == ["new"] and q.dropped == 1
     with pytest.raises(ValueError, match="age_ms"):
-        check_report("a", 1, MAX_LATENCY_MS + 1)
+        check_report("a", 1, MAX_REPORT_AGE_MS + 1)

@@ -58,18 +58,38 @@ def test_stream_sends_a_snapshot_then_changes(service: ServiceProcess) -> None:
 
             end = c.post("/report-latency", json={"brokerName": "y", "latencyMs": 0,
                                                   "isolation": True}).json()["availableAt"]
-            assert next_event(it, "fault") == {"brokerName": "y", "currentLatencyMs": 0,
-                                               "availableAt": end,
-                                               "now": pytest.approx(end - 600000, abs=5000)}
+            fault = next_event(it, "fault")
+            assert fault == {"brokerName": "y", "currentLatencyMs": 0, "availableAt": end,
+                             "now": pytest.approx(end - 600000, abs=5000),
+                             "version": fault["version"]}
+            assert fault["version"] > 0
             c.delete("/fault-items/y")
             fault = next_event(it, "fault")
             assert (fault["brokerName"], fault["deleted"]) == ("y", True)
             c.put("/routes/u", json={"brokers": [{"brokerName": "z", "writeQueueNums": 1}]})
             assert next_event(it, "route")["topic"] == "u"
             c.delete("/routes/u")
-            assert next_event(it, "route") | {"now": 0} == {"topic": "u", "deleted": True,
-                                                            "now": 0}
+            deleted = next_event(it, "route")
+            assert (deleted["topic"], deleted["deleted"]) == ("u", True)
+            assert deleted["version"] > fault["version"]
             c.put("/config", json={"isolationLatencyMs": 5000})
             assert next_event(it, "config")["isolationLatencyMs"] == 5000
             clock = next_event(it, "clock")
             assert clock["now"] >= snap["now"]
+
+
+def test_stream_ends_when_the_replica_stops(service: ServiceProcess) -> None:
+    """A stop must not wait out the grace period for push streams; clients reconnect."""
+    import signal
+    import time
+
+    with httpx.Client(base_url=service.url, timeout=10) as c, \
+            c.stream("GET", "/fault-items/stream") as r:
+        it = events(r.iter_lines())
+        next_event(it, "snapshot")
+        start = time.monotonic()
+        service.proc.send_signal(signal.SIGTERM)
+        for _ in it:  # ends when the server closes the stream
+            pass
+        assert service.proc.wait(10) == 0
+        assert time.monotonic() - start < 3

@@ -43,7 +43,7 @@ async def report_latency(body: ReportRequest, store: StoreDep) -> ReportResponse
         body.broker_name, math.floor(body.latency_ms), body.isolation, 0, body.producer or ""
     )
     outcomes = await store.report_many([report])
-    metrics.observe_reports(outcomes, store.view.config)
+    metrics.observe_reports(outcomes)
     return report_out(outcomes[0])
 
 
@@ -65,7 +65,7 @@ async def report_latency_batch(body: BatchReportRequest, store: StoreDep) -> Bat
         for r in body.reports
     ]
     outcomes = await store.report_many(reports)
-    metrics.observe_reports(outcomes, store.view.config)
+    metrics.observe_reports(outcomes)
     return BatchReportResponse(results=[report_out(o) for o in outcomes])
 
 

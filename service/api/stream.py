@@ -32,11 +32,14 @@ epoch ms when it was sent):
 * `snapshot` `{"version", "now", "config", "routes": [Route], "items": [{"brokerName",
   "currentLatencyMs", "availableAt"}]}` first, and again whenever the replica resynced or
   the reader fell behind: replace everything.
-* `fault` `{"brokerName", "currentLatencyMs", "availableAt", "now"}` or
-  `{"brokerName", "deleted": true, "now"}`: a window opened, moved or cleared.
-* `route` a Route plus `now`, or `{"topic", "deleted": true, "now"}`.
-* `config` the Config plus `now`.
+* `fault` `{"brokerName", "currentLatencyMs", "availableAt", "version", "now"}` or
+  `{"brokerName", "deleted": true, "version", "now"}`: a window opened, moved or cleared.
+* `route` a Route plus `version` and `now`, or `{"topic", "deleted": true, "version", "now"}`.
+* `config` the Config plus `version` and `now`.
 * `clock` `{"now"}` every second.
+
+`version` is the store version of the change (0 for a window a replica set on its own
+while Redis was unreachable). The stream ends when the replica stops; reconnect.
 """
 
 
@@ -59,18 +62,18 @@ def _snapshot(view: TableView) -> bytes:
     )
 
 
-def _change(view: TableView, kind: ChangeKind, key: str, value: object) -> bytes:
-    now = view.now_ms()
+def _change(view: TableView, kind: ChangeKind, key: str, value: object, version: int) -> bytes:
+    meta = {"version": version, "now": view.now_ms()}
     if kind == "fault":
         assert value is None or isinstance(value, FaultItem)
-        return _sse("fault", {**fault_event(key, value), "now": now})
+        return _sse("fault", {**fault_event(key, value), **meta})
     if kind == "route":
         if value is None:
-            return _sse("route", {"topic": key, "deleted": True, "now": now})
+            return _sse("route", {"topic": key, "deleted": True, **meta})
         assert isinstance(value, Route)
-        return _sse("route", {**route_out(value).model_dump(mode="json"), "now": now})
+        return _sse("route", {**route_out(value).model_dump(mode="json"), **meta})
     assert isinstance(value, Config)
-    return _sse("config", {**config_out(value).model_dump(mode="json"), "now": now})
+    return _sse("config", {**config_out(value).model_dump(mode="json"), **meta})
 
 
 @router.get(
@@ -87,16 +90,17 @@ def _change(view: TableView, kind: ChangeKind, key: str, value: object) -> bytes
 )
 async def stream(store: StoreDep) -> StreamingResponse:
     view = store.view
-    changes: asyncio.Queue[tuple[ChangeKind, str, object]] = asyncio.Queue(_BACKLOG)
+    Change = tuple[ChangeKind, str, object, int]
+    changes: asyncio.Queue[Change] = asyncio.Queue(_BACKLOG)
 
-    def on_change(kind: ChangeKind, key: str, value: object) -> None:
+    def on_change(kind: ChangeKind, key: str, value: object, version: int) -> None:
         try:
-            changes.put_nowait((kind, key, value))
+            changes.put_nowait((kind, key, value, version))
         except asyncio.QueueFull:
             # Too far behind: drop the backlog, the reader gets a snapshot next.
             while not changes.empty():
                 changes.get_nowait()
-            changes.put_nowait(("snapshot", "", None))
+            changes.put_nowait(("snapshot", "", None, view.version))
 
     async def events() -> AsyncIterator[bytes]:
         unsubscribe = view.subscribe(on_change)
@@ -106,14 +110,19 @@ async def stream(store: StoreDep) -> StreamingResponse:
             next_clock = loop.time() + _CLOCK_S
             while True:
                 try:
-                    kind, key, value = await asyncio.wait_for(
+                    kind, key, value, version = await asyncio.wait_for(
                         changes.get(), max(0.0, next_clock - loop.time())
                     )
                 except TimeoutError:
                     yield _sse("clock", {"now": view.now_ms()})
                     next_clock = loop.time() + _CLOCK_S
                     continue
-                yield _snapshot(view) if kind == "snapshot" else _change(view, kind, key, value)
+                if kind == "stop":
+                    return
+                if kind == "snapshot":
+                    yield _snapshot(view)
+                else:
+                    yield _change(view, kind, key, value, version)
         finally:
             unsubscribe()
 

@@ -17,8 +17,10 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from service.model import MAX_REPORT_AGE_MS
+
 #: The oldest report Detour takes (``ageMs`` limit), ms.
-MAX_AGE_MS = 3_600_000
+MAX_AGE_MS = MAX_REPORT_AGE_MS
 
 
 def mono_ms() -> float:

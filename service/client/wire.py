@@ -14,13 +14,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from service.client.values import SelectedQueue
-from service.model import BrokerRoute, Config, FaultItem, Route
+from service.model import (
+    MAX_LATENCY_MS,
+    BrokerRoute,
+    Config,
+    FaultItem,
+    Route,
+)
+from service.model import (
+    MAX_REPORT_AGE_MS as MAX_AGE_MS,
+)
 from service.strategy import Decision
 
 #: The service's name rule (topics and brokers).
 NAME = re.compile(r"[A-Za-z0-9_.%|-]{1,127}")
-#: Largest latency and age Detour accepts, ms.
-MAX_LATENCY_MS = 3_600_000
 #: Most reports in one ``POST /report-latency:batch``.
 MAX_BATCH = 1000
 
@@ -40,8 +47,8 @@ def check_report(broker_name: str, latency_ms: float, age_ms: int = 0) -> None:
         raise ValueError(f"latency_ms must be a number of ms, got {latency_ms!r}")
     if not math.isfinite(latency_ms) or not 0 <= latency_ms <= MAX_LATENCY_MS:
         raise ValueError(f"latency_ms must be 0..{MAX_LATENCY_MS} ms, got {latency_ms!r}")
-    if isinstance(age_ms, bool) or not isinstance(age_ms, int) or not 0 <= age_ms <= MAX_LATENCY_MS:
-        raise ValueError(f"age_ms must be an int of ms, 0..{MAX_LATENCY_MS}, got {age_ms!r}")
+    if isinstance(age_ms, bool) or not isinstance(age_ms, int) or not 0 <= age_ms <= MAX_AGE_MS:
+        raise ValueError(f"age_ms must be an int of ms, 0..{MAX_AGE_MS}, got {age_ms!r}")
 
 
 def select_body(topic: str, last_broker: str | None) -> Json:
@@ -62,7 +69,7 @@ def batch_item(broker_name: str, latency_ms: float, isolation: bool, age_ms: int
         "brokerName": broker_name,
         "latencyMs": latency_ms,
         "isolation": isolation,
-        "ageMs": min(max(0, age_ms), MAX_LATENCY_MS),
+        "ageMs": min(max(0, age_ms), MAX_AGE_MS),
     }
 
 

@@ -34,8 +34,9 @@ class ReportOutcome:
     available_at: int
     now_ms: int
     isolation: bool = False
-    #: the latency tier the report fell in (None: below every tier, or avoidance off)
-    tier: int | None = None
+    #: the latencyMax (ms) of the tier the report fell in, with the config it was applied
+    #: with (None: below every tier, or avoidance off)
+    tier_ms: int | None = None
     change: WindowChange = WindowChange.NONE
     #: taken into the local journal because the store did not answer
     degraded: bool = False

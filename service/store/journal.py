@@ -6,7 +6,7 @@ from collections import deque
 from dataclasses import replace
 
 from service import metrics
-from service.model import MAX_LATENCY_MS
+from service.model import MAX_REPORT_AGE_MS
 from service.store.base import ReportIn
 
 
@@ -16,7 +16,7 @@ class Journal:
     When full, the oldest report is dropped: the newest say most about brokers
     now, and an old failure's window has often ended anyway. Drops are counted
     in ``detour_journal_dropped_total{reason="full"}``; reports older than the
-    longest age a report may carry (an hour) are dropped on replay with
+    longest window a config may set (a day) are dropped on replay with
     ``reason="expired"``: no window they could open is still open.
     """
 
@@ -38,7 +38,7 @@ class Journal:
         """The oldest ``n`` reports with ``age_ms`` brought up to now; expired ones removed."""
         while self._items:
             report, accepted = self._items[0]
-            if report.age_ms + (now_mono_ms - accepted) <= MAX_LATENCY_MS:
+            if report.age_ms + (now_mono_ms - accepted) <= MAX_REPORT_AGE_MS:
                 break
             self._items.popleft()
             metrics.JOURNAL_DROPPED.labels("expired").inc()

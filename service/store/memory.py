@@ -6,9 +6,9 @@ import time
 from collections import deque
 from collections.abc import Sequence
 
-from service import strategy
 from service.model import Config, FaultItem, Route
 from service.store.base import LogEntry, ReportIn, ReportOutcome
+from service.store.local import report_locally
 from service.view import TableView
 
 
@@ -54,45 +54,15 @@ class MemoryStore:
         return None
 
     async def report_many(self, reports: Sequence[ReportIn]) -> list[ReportOutcome]:
-        view = self.view
-        config = view.config
-        now = view.now_ms()
+        now = self.view.now_ms()
         out = []
         for r in reports:
             self._log_report(r, now)
-            old = view.faults.get(r.broker_name)
-            if not config.send_latency_fault_enable:
-                # RocketMQ's updateFaultItem does nothing when avoidance is off.
-                end = old.available_at if old else now
-                out.append(ReportOutcome(r.broker_name, r.latency_ms, 0, end, now, r.isolation))
-                continue
-            tier = strategy.tier(config, r.latency_ms, r.isolation)
-            duration = strategy.report_duration(config, r.latency_ms, r.isolation)
-            item = strategy.apply_report(
-                old,
-                r.broker_name,
-                r.latency_ms,
-                duration,
-                now - r.age_ms,
-                config.last_report_wins,
-            )
-            change = strategy.window_change(
-                old.available_at if old else None, item.available_at, now
-            )
-            view.apply_fault(r.broker_name, item, self._next_version())
-            out.append(
-                ReportOutcome(
-                    r.broker_name,
-                    r.latency_ms,
-                    duration,
-                    item.available_at,
-                    now,
-                    r.isolation,
-                    tier,
-                    change,
-                )
-            )
+            out.append(report_locally(self.view, r, now, self._write))
         return out
+
+    def _write(self, item: FaultItem) -> None:
+        self.view.apply_fault(item.broker_name, item, self._next_version())
 
     def _log_report(self, r: ReportIn, now: int) -> None:
         if self._log.maxlen == 0:

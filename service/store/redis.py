@@ -41,6 +41,7 @@ from service.settings import Settings
 from service.store import codec
 from service.store.base import LogEntry, ReportIn, ReportOutcome
 from service.store.journal import Journal
+from service.store.local import report_locally
 from service.view import Snapshot, TableView
 
 log = logging.getLogger("detour.store")
@@ -189,44 +190,12 @@ class RedisStore:
 
     def _report_locally(self, reports: Sequence[ReportIn]) -> list[ReportOutcome]:
         """Apply to this replica's view at once and journal for replay."""
-        view = self.view
-        config = view.config
-        now = view.now_ms()
+        now = self.view.now_ms()
         received = _mono_ms()
         out = []
         for r in reports:
             self._journal.append(r, received)
-            old = view.faults.get(r.broker_name)
-            if not config.send_latency_fault_enable:
-                end = old.available_at if old else now
-                out.append(
-                    ReportOutcome(
-                        r.broker_name, r.latency_ms, 0, end, now, r.isolation, degraded=True
-                    )
-                )
-                continue
-            tier = strategy.tier(config, r.latency_ms, r.isolation)
-            duration = strategy.report_duration(config, r.latency_ms, r.isolation)
-            item = strategy.apply_report(
-                old, r.broker_name, r.latency_ms, duration, now - r.age_ms, config.last_report_wins
-            )
-            change = strategy.window_change(
-                old.available_at if old else None, item.available_at, now
-            )
-            view.set_local_fault(item)
-            out.append(
-                ReportOutcome(
-                    r.broker_name,
-                    r.latency_ms,
-                    duration,
-                    item.available_at,
-                    now,
-                    r.isolation,
-                    tier,
-                    change,
-                    degraded=True,
-                )
-            )
+            out.append(report_locally(self.view, r, now, self.view.set_local_fault, True))
         return out
 
     async def _replay_journal(self) -> None:
@@ -278,7 +247,7 @@ class RedisStore:
                         int(end),
                         int(now),
                         r.isolation,
-                        t,
+                        None if t is None else config.latency_max[t],
                         strategy.WindowChange(int(change)),
                     )
                 )

@@ -1,0 +1,60 @@
+"""One report applied to a replica's own copy of the table: the memory store's only path,
+and the Redis store's while Redis is unreachable."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from service import strategy
+from service.model import FaultItem
+from service.store.base import ReportIn, ReportOutcome
+from service.view import TableView
+
+
+def report_locally(
+    view: TableView,
+    report: ReportIn,
+    now_ms: int,
+    write: Callable[[FaultItem], None],
+    degraded: bool = False,
+) -> ReportOutcome:
+    """Compute the new fault item with the view's config, hand it to ``write``, describe it.
+
+    With avoidance off nothing is written (RocketMQ's updateFaultItem does nothing).
+    """
+    config = view.config
+    old = view.faults.get(report.broker_name)
+    old_end = old.available_at if old else None
+    if not config.send_latency_fault_enable:
+        end = now_ms if old_end is None else old_end
+        return ReportOutcome(
+            report.broker_name,
+            report.latency_ms,
+            0,
+            end,
+            now_ms,
+            report.isolation,
+            degraded=degraded,
+        )
+    tier = strategy.tier(config, report.latency_ms, report.isolation)
+    duration = 0 if tier is None else config.not_available_duration[tier]
+    item = strategy.apply_report(
+        old,
+        report.broker_name,
+        report.latency_ms,
+        duration,
+        now_ms - report.age_ms,
+        config.last_report_wins,
+    )
+    write(item)
+    return ReportOutcome(
+        report.broker_name,
+        report.latency_ms,
+        duration,
+        item.available_at,
+        now_ms,
+        report.isolation,
+        None if tier is None else config.latency_max[tier],
+        strategy.window_change(old_end, item.available_at, now_ms),
+        degraded,
+    )
