@@ -77,6 +77,7 @@ class FloorServer:
 
     The options mirror ``service/__main__.py``'s ``uvicorn.run`` call; loop and
     http stay at uvicorn's ``auto`` (uvloop and httptools when installed), as there.
+    Its ``timeout_graceful_shutdown`` only matters when stopping and is left out.
     """
 
     def __init__(self, workers: int = 1, log_path: Path | None = None) -> None:

@@ -22,6 +22,7 @@ import os
 import resource
 import shutil
 import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -177,7 +178,7 @@ def run_wrk(
 
 
 # -- CPU accounting ------------------------------------------------------------
-def _proc_cpu_s(pid: int) -> float:
+def proc_cpu_s(pid: int) -> float:
     """utime + stime of one process, 0 if it is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -209,4 +210,37 @@ def process_tree(pid: int) -> list[int]:
 
 
 def tree_cpu_s(pids: Sequence[int]) -> float:
-    return sum(_proc_cpu_s(p) for p in pids)
+    return sum(proc_cpu_s(p) for p in pids)
+
+
+def system_cpu_s() -> tuple[float, float]:
+    """(busy, steal) CPU seconds of the whole machine so far, from /proc/stat.
+
+    Busy minus what the benchmark's own processes used is what everything else
+    on the machine took during a run: the noise the interleaving is there for.
+    """
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq) / _CLK_TCK, steal / _CLK_TCK
+
+
+def wait_for_quiet(
+    max_wait_s: float, threshold_cores: float = 0.2, window_s: float = 0.5
+) -> tuple[float, float]:
+    """Wait (bounded) for a ``window_s`` window in which the machine is nearly idle.
+
+    Between runs the benchmark's own servers idle, so load seen here belongs to
+    something else (another tenant's test suite, say); starting a run in the
+    middle of it would measure that instead. Returns (seconds waited, the busy
+    cores of the last window); the caller records both and runs regardless.
+    """
+    started = time.monotonic()
+    busy = 0.0
+    while True:
+        b0, _ = system_cpu_s()
+        time.sleep(window_s)  # the measurement window itself, not a synchronisation
+        b1, _ = system_cpu_s()
+        busy = (b1 - b0) / window_s
+        waited = time.monotonic() - started
+        if busy < threshold_cores or waited >= max_wait_s:
+            return waited, busy
