@@ -49,7 +49,7 @@ run: setup
 	$(BIN)/python -m service $(ARGS)
 
 lint: setup
-	$(BIN)/ruff check service tests bench
+	$(BIN)/ruff check service tests bench pipeline
 	$(BIN)/ruff format --check service
 	$(BIN)/mypy
 
@@ -59,7 +59,7 @@ pytest: setup system-deps
 test: lint pytest
 
 fmt: setup
-	$(BIN)/ruff check --fix service tests bench
+	$(BIN)/ruff check --fix service tests bench pipeline
 	$(BIN)/ruff format service
 
 bench: setup system-deps

@@ -17,9 +17,11 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 
 from service.api import admin, health, reports, routes, select, status, stream
+from service.api.fast import mount_fast
 from service.errors import install_error_handlers
 from service.limits import AssumeJson, BodyLimit
 from service.metrics import RequestTimer
+from service.schemas import ReportRequest, SelectRequest
 from service.settings import Settings
 from service.store import FaultStore, open_store
 
@@ -121,10 +123,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Producers in any language post JSON; a body without the header is JSON too.
         strict_content_type=False,
     )
-    _document_extra_schemas(app, select.SCHEMAS)
+    _document_extra_schemas(app, (SelectRequest, ReportRequest))
     install_error_handlers(app)
     for module in (select, reports, routes, stream, admin, health, status):
         app.include_router(module.router)
+    mount_fast(app, (("/select", select.select), ("/report-latency", reports.report_latency)))
     app.add_middleware(AssumeJson)
     app.add_middleware(RequestTimer)
     app.add_middleware(

@@ -1,0 +1,363 @@
+"""The Spark pipeline for real: Spark ``local[2]``, redis-server brokers, Detour on Redis.
+
+One SparkSession for the module (starting one costs ~10 s on this machine).
+The end-to-end test is the product claim: 20,000 records through 4 broker
+processes while one is SIGKILLed and another SIGSTOPped for 5 s; afterwards
+every record is on a broker, the failed attempts are a small fraction of what
+round-robin would have paid, and Detour's table shows the killed broker
+avoided. Every wait is bounded; everything listens on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import redis
+
+from pipeline import spark_session
+from pipeline.analyze import TierTable, analyze, recommend, replay
+from pipeline.brokers import Fleet, no_retry, stream_key
+from pipeline.export_log import export, to_table
+from pipeline.generate import generate, record_id
+from pipeline.produce import ProduceOptions, produce, read_input, sdk_takes_producer
+from pipeline.verify import BrokerRef, brokers_from_detour, verify
+from tests.procs import ROOT, RedisServer, ServiceProcess
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+RECORDS = 20_000
+SPARK = [pytest.mark.spark, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = spark_session(
+        "detour-pipeline-tests",
+        "local[2]",
+        {
+            "spark.sql.shuffle.partitions": "2",
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+        },
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture(scope="module")
+def detour() -> Iterator[str]:
+    """Detour on its own Redis: the shared table every partition's client talks to."""
+    store = RedisServer()
+    try:
+        svc = ServiceProcess(redis_url=store.url)
+        try:
+            yield svc.url
+        finally:
+            svc.stop()
+    finally:
+        store.stop()
+
+
+# -- brokers: the faults are real ---------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_broker_faults_are_process_faults() -> None:
+    with Fleet(2, "t", 1) as fleet:
+        b = fleet.brokers["broker-a"]
+        client = redis.Redis(host="127.0.0.1", port=b.port, socket_timeout=0.2,
+                             socket_connect_timeout=0.2, retry=no_retry())
+        client.xadd(stream_key("t", 0), {"id": "r1"})
+        b.kill()
+        with pytest.raises(redis.ConnectionError):
+            client.xadd(stream_key("t", 0), {"id": "r2"})
+        b.restart()  # same port; the AOF brings r1 back
+        assert b.messages("t") == 1
+        b.stop()
+        started = time.monotonic()
+        with pytest.raises(redis.TimeoutError):
+            client.xadd(stream_key("t", 0), {"id": "r3"})
+        assert 0.15 < time.monotonic() - started < 2.0
+        b.cont()
+        b.pause(0.15)  # added latency: writes wait, under the 0.2 s timeout
+        started = time.monotonic()
+        client.xadd(stream_key("t", 0), {"id": "r4"})
+        assert time.monotonic() - started >= 0.1
+        client.close()
+
+
+# -- generate / read ----------------------------------------------------------------------
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["parquet", "json", "csv"])
+def test_generated_input_round_trips(spark: SparkSession, tmp_path: Path, fmt: str) -> None:
+    out = str(tmp_path / "in")
+    generate(spark, 1000, out, fmt, partitions=3, payload_bytes=100)  # type: ignore[arg-type]
+    df = read_input(spark, out)
+    rows = df.collect()
+    assert len(rows) == 1000 and len({r["id"] for r in rows}) == 1000
+    assert {len(r["payload"]) for r in rows} == {100}
+    assert min(r["id"] for r in rows) == record_id(0)
+
+
+# -- verify ---------------------------------------------------------------------------------
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_verify_finds_missing_and_duplicates(spark: SparkSession) -> None:
+    expected = spark.createDataFrame([(record_id(i),) for i in range(100)], "id string")
+    with Fleet(2, "v", 2) as fleet:
+        a, b = fleet.brokers["broker-a"].client(), fleet.brokers["broker-b"].client()
+        for i in range(100):
+            if i in (7, 8, 9):
+                continue  # lost
+            (a if i % 2 else b).xadd(stream_key("v", i % 2), {"id": record_id(i)})
+        for i in (1, 2):
+            a.xadd(stream_key("v", 0), {"id": record_id(i)})  # at-least-once copies
+        a.xadd(stream_key("v", 1), {"id": "stranger"})
+        refs = [BrokerRef(n, x.address, 2) for n, x in fleet.brokers.items()]
+        v = verify(spark, expected, refs, "v")
+        assert (v.expected, v.present, v.missing) == (100, 97, 3)
+        assert v.missing_sample == [record_id(7), record_id(8), record_id(9)]
+        assert (v.duplicated_ids, v.extra_copies, v.unexpected) == (2, 2, 1)
+        assert not v.ok
+        fleet.brokers["broker-b"].kill()
+        v = verify(spark, expected, refs, "v")
+        assert "broker-b" in v.unreachable and not v.ok
+        a.close()
+        b.close()
+
+
+# -- the end-to-end run -------------------------------------------------------------------
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(240)
+def test_end_to_end_kill_and_stop_brokers_mid_run(
+    spark: SparkSession, detour: str, tmp_path: Path, record_property: pytest.RecordProperty
+) -> None:
+    from pyspark.sql import functions as F
+
+    topic = "e2e"
+    src, out = str(tmp_path / "in"), str(tmp_path / "out")
+    generate(spark, RECORDS, src, "parquet", partitions=4)
+    with Fleet(4, topic, 4) as fleet:
+        fleet.register(detour)
+        # Pacing (1,000 records/s per partition, 2 at a time) stretches the run to ~10 s so
+        # both faults land mid-run; the triggers count messages already on the brokers.
+        runner = fleet.faults(["kill:broker-b@4000r", "stop:broker-c@9000r+5"]).start()
+        try:
+            summary = produce(spark, read_input(spark, src),
+                              ProduceOptions(detour, topic, rate=1000.0), out, partitions=4)
+            assert runner.wait(15), f"fault schedule unfinished: {runner.events}"
+        finally:
+            runner.stop()
+        events = {e.action: e for e in runner.events}
+        assert set(events) == {"kill", "stop", "cont"}, runner.events
+        assert all(e.error is None for e in runner.events), runner.events
+
+        # Detour's table: the killed broker is avoided (an isolation: 600 s).
+        table = httpx.get(f"{detour}/fault-items", timeout=5).json()
+        items = {i["brokerName"]: i for i in table["items"]}
+        assert items["broker-b"]["available"] is False
+        assert items["broker-b"]["availableAt"] - table["now"] > 500_000
+
+        # Nothing lost: restart the crashed broker on its port (its AOF) and read every stream.
+        fleet.brokers["broker-b"].restart()
+        v = verify(spark, read_input(spark, src), brokers_from_detour(detour, topic), topic)
+        assert v.ok and v.missing == 0 and v.present == RECORDS, v.table()
+
+    results = spark.read.parquet(out).cache()
+    kill_ms, stop_ms, cont_ms = (events[a].at_ms for a in ("kill", "stop", "cont"))
+    during_kill = results.where(F.col("started_at") >= kill_ms).count()
+    during_stop = results.where(F.col("started_at").between(stop_ms, cont_ms)).count()
+    failed = dict(
+        results.select(F.explode("failed_brokers").alias("b")).groupBy("b").count().collect()
+    )
+    failed_b, failed_c = failed.get("broker-b", 0), failed.get("broker-c", 0)
+    facts = {
+        "records": summary.records, "failed_records": summary.failed,
+        "failed_attempts": summary.failed_attempts, "failed_on_killed": failed_b,
+        "sent_while_killed": during_kill, "failed_on_stopped": failed_c,
+        "sent_while_stopped": during_stop, "duplicates": v.extra_copies,
+        "avoided_selections": summary.avoided_selections, "p99_ms": round(summary.p99_ms, 2),
+        "records_per_s": round(summary.records_per_s), **summary.client,
+    }
+    for k, val in facts.items():
+        record_property(k, val)
+    print("end-to-end:", facts)
+    assert summary.records == RECORDS and summary.failed == 0
+    # Both faults were mid-run: thousands of records went out while each broker was out.
+    assert during_kill > 5000 and during_stop > 2000, facts
+    # Round-robin would fail about a quarter of those sends; Detour fails a handful
+    # (one per partition that met the broker before the first report reached it).
+    assert failed_b <= 0.02 * during_kill, facts
+    assert failed_c <= 0.02 * during_stop, facts
+    assert summary.failed_attempts == failed_b + failed_c + failed.get("broker-a", 0) + \
+        failed.get("broker-d", 0)
+
+    # The latency log has every attempt, with who made it; the analysis sees the faults.
+    # Reports are at-least-once too: a batch whose answer timed out is sent again.
+    log = tmp_path / "latency.parquet"
+    exported = export(detour, log, page=5000)
+    attempts = results.agg(F.sum("attempts")).first()[0]  # type: ignore[index]
+    record_property("log_entries", exported.rows)
+    assert attempts <= exported.rows <= attempts * 1.05, (exported.rows, attempts)
+    a = analyze(spark, str(log), window_s=2.0, out=tmp_path / "report")
+    assert a.broker("broker-b")["isolations"] >= failed_b
+    assert a.broker("broker-b")["avoided_ms"] > 0
+    for name in ("report.md", "latency.png", "avoided.png", "histogram.png"):
+        assert (tmp_path / "report" / name).stat().st_size > 0
+    results.unpersist()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.skipif(not sdk_takes_producer(),
+                    reason="DetourClient has no producer= yet: reports carry no producer id")
+def test_reports_carry_the_partition_as_producer(spark: SparkSession, tmp_path: Path) -> None:
+    store = RedisServer()
+    svc = ServiceProcess(redis_url=store.url)
+    try:
+        with Fleet(2, "who", 1) as fleet:
+            fleet.register(svc.url)
+            records = spark.createDataFrame([(record_id(i), "x") for i in range(300)],
+                                            "id string, payload string")
+            produce(spark, records, ProduceOptions(svc.url, "who"), str(tmp_path / "out"),
+                    partitions=3)
+        export(svc.url, tmp_path / "log.parquet")
+        producers = pq.read_table(tmp_path / "log.parquet", columns=["producer"]).column(0)
+        assert {p.rsplit("/", 1)[-1] for p in producers.to_pylist()} == {"p0", "p1", "p2"}
+    finally:
+        svc.stop()
+        store.stop()
+
+
+# -- the analysis on a log with known percentiles -------------------------------------------
+
+T0 = 1_800_000_000_000
+MIN = 60_000
+
+
+def synthetic_log() -> list[dict[str, object]]:
+    """broker-a: 0..1000 ms once each; broker-c: 0..2000 ms; broker-b: 10 and 5 ms sends
+    around one failure at +120 s (scenario of test_pipeline_analyze)."""
+    entries: list[dict[str, object]] = []
+
+    def add(broker: str, at: int, latency: int, isolation: bool = False) -> None:
+        entries.append({"id": f"{at}-{len(entries)}", "brokerName": broker,
+                        "latencyMs": latency, "isolation": isolation,
+                        "producer": "synthetic", "at": at})
+
+    for i in range(1001):
+        add("broker-a", T0 + i * 50, (i * 7919) % 1001)
+    for i in range(2001):
+        add("broker-c", T0 + i * 149 if i < 2000 else T0 + 5 * MIN - 1, (i * 7919) % 2001)
+    for i in range(100):
+        add("broker-b", T0 + MIN + i * 100, 10)
+    add("broker-b", T0 + 2 * MIN, 200, True)
+    for i in range(50):
+        add("broker-b", T0 + 150_000 + i * 1000, 5)
+    return entries
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_analysis_returns_known_percentiles(spark: SparkSession, tmp_path: Path) -> None:
+    entries = synthetic_log()
+    log = tmp_path / "log.parquet"
+    pq.write_table(to_table(entries), log)
+    strict = TierTable.parse("strict=5,10:0,60000")
+    a = analyze(spark, str(log), window_s=60, alternatives=[strict], out=tmp_path / "r")
+
+    def pcts(broker: str) -> tuple[float, float, float]:
+        b = a.broker(broker)
+        return (b["p50"], b["p90"], b["p99"])
+
+    assert pcts("broker-a") == (500, 900, 990)
+    assert pcts("broker-c") == (1000, 1800, 1980)
+    assert pcts("broker-b") == (10, 10, 10)
+    assert [a.broker(b)["isolations"] for b in ("broker-a", "broker-b", "broker-c")] == [0, 1, 0]
+    assert a.window("broker-a", T0)["p50"] == 500 and a.window("broker-a", T0)["max"] == 1000
+    assert a.window("broker-b", T0 + 2 * MIN)["isolations"] == 1
+    # broker-b: avoided from its failure (+120 s) to the log's end (+300 s), RocketMQ tiers.
+    assert a.broker("broker-b")["avoided_ms"] == 180_000
+    assert [a.window("broker-b", T0 + k * MIN)["avoided_ms"] for k in (1, 2, 3, 4)] == \
+        [0, MIN, MIN, MIN]
+
+    # The job's replay is the pure replay, per table, summed over brokers.
+    per_broker: dict[str, list[tuple[int, int, bool]]] = {}
+    for e in entries:
+        per_broker.setdefault(str(e["brokerName"]), []).append(
+            (int(e["at"]), int(e["latencyMs"]), bool(e["isolation"])))  # type: ignore[call-overload]
+    for table in (TierTable("rocketmq"), strict):
+        expected = sum(w.avoided_selects for rs in per_broker.values()
+                       for w in replay(rs, table, MIN, T0, T0 + 5 * MIN).values())
+        assert a.table(table.name)["avoided_selects"] == expected
+
+    # The recommendation: pooled percentiles of successful sends, then the rule.
+    ok = np.array([e["latencyMs"] for e in entries if not e["isolation"]], dtype=float)
+    assert a.pooled["p50"] == pytest.approx(np.percentile(ok, 50))
+    assert a.pooled["p99"] == pytest.approx(np.percentile(ok, 99))
+    baseline = a.candidates[0]  # the failure tier alone: broker-b's 50 sends after it
+    assert baseline["name"] == "failures-only" and baseline["avoided_ok"] == 50
+    budget = 0.01 * len(ok) + baseline["avoided_ok"]
+    first_ok = next(c for c in a.candidates[1:] if c["avoided_ok"] <= budget)
+    assert a.recommendation["factor"] == first_ok["name"]
+    factor = float(first_ok["name"].lstrip("x"))
+    rule = recommend(a.pooled["p50"], a.pooled["p99"], factor=factor)
+    assert a.recommendation["latencyMax"] == list(rule.latency_max)
+    assert a.recommendation["notAvailableDuration"] == list(rule.durations)
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert "| broker-a | 1001 | 0 | 500.0 | 900.0 | 990.0 |" in report
+    assert '"latencyMax": ' + str(list(rule.latency_max)) in report
+
+
+# -- the command lines ----------------------------------------------------------------------
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(180)
+def test_spark_submit_runs_the_producing_job(
+    spark: SparkSession, detour: str, tmp_path: Path
+) -> None:
+    """The module docstring's spark-submit line, as a separate driver process."""
+    src, out = str(tmp_path / "in"), str(tmp_path / "out")
+    generate(spark, 500, src, "json", partitions=2)
+    submit = Path(sys.executable).parent / "spark-submit"
+    with Fleet(2, "cli", 2) as fleet:
+        fleet.register(detour)
+        run = subprocess.run(
+            [str(submit), "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+             "pipeline/produce.py", "--input", src, "--detour", detour, "--topic", "cli",
+             "--out", out, "--mode", "remote"],
+            cwd=ROOT, capture_output=True, text=True, timeout=150,
+            env={**os.environ, "PYSPARK_PYTHON": sys.executable,
+                 "PYSPARK_DRIVER_PYTHON": sys.executable},
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert "records              500" in run.stdout
+        assert "delivered            500" in run.stdout
+        assert sum(fleet.brokers[n].messages("cli") for n in fleet.brokers) == 500
+    assert (Path(out) / "_summary.json").exists()

@@ -1,0 +1,168 @@
+"""The pipeline's pure parts: tier replay, the recommendation rule, specs, log paging.
+
+No Spark and no process here: the replay and the rule are the analysis job's
+arithmetic, checked against hand-computed scenarios so the Spark test only has
+to show the job wires them up.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from pipeline.analyze import (
+    DEFAULT_LATENCY_MAX,
+    ROCKETMQ,
+    TierTable,
+    recommend,
+    replay,
+    window_of,
+)
+from pipeline.brokers import Fault, broker_names
+from pipeline.export_log import SCHEMA, export
+from pipeline.generate import record_id
+from tests.procs import ROOT
+
+pytestmark = pytest.mark.unit
+
+T0 = 1_800_000_000_000  # a multiple of 60 s
+MIN = 60_000
+
+
+def scenario_b() -> list[tuple[int, int, bool]]:
+    """broker-b: 100 sends of 10 ms, a failure at +120 s, then 50 sends of 5 ms from +150 s."""
+    reports = [(T0 + MIN + i * 100, 10, False) for i in range(100)]
+    reports.append((T0 + 2 * MIN, 200, True))
+    reports += [(T0 + 150_000 + i * 1000, 5, False) for i in range(50)]
+    return reports
+
+
+def test_a_failure_avoids_the_broker_until_the_log_ends() -> None:
+    w = replay(scenario_b(), ROCKETMQ, MIN, T0, T0 + 5 * MIN)
+    # 600 s from +120 s, clipped at +300 s: windows 2, 3 and 4 entirely.
+    assert {ws: r.avoided_ms for ws, r in w.items() if r.avoided_ms} == {
+        T0 + 2 * MIN: MIN, T0 + 3 * MIN: MIN, T0 + 4 * MIN: MIN,
+    }
+    # The 50 sends after the failure were selected while it was avoided (a stale producer).
+    assert w[T0 + 2 * MIN].avoided_selects == 30 and w[T0 + 3 * MIN].avoided_selects == 20
+    assert sum(r.avoided_failures for r in w.values()) == 0
+    assert sum(r.selects for r in w.values()) == 151
+
+
+def test_alternative_table_counts_hand_computed_avoided_selects() -> None:
+    strict = TierTable.parse("strict=5,10:0,60000")
+    w = replay(scenario_b(), strict, MIN, T0, T0 + 5 * MIN)
+    # 10 ms opens 60 s: the 99 sends after the first are avoided; the failure's select
+    # (at +119.8 s, before the window from +69.9 s ends) is spared; the failure opens
+    # 60 s more (+180 s): sends selected before then (i = 0..30) are avoided.
+    assert sum(r.avoided_selects for r in w.values()) == 99 + 1 + 31
+    assert sum(r.avoided_failures for r in w.values()) == 1
+    assert sum(r.avoided_ok for r in w.values()) == 130
+    # Avoided from +60 s to +180 s, minus nothing: one merged window.
+    assert sum(r.avoided_ms for r in w.values()) == 2 * MIN
+
+
+def test_last_report_wins_lets_a_fast_success_end_the_window() -> None:
+    reports = [(T0, 0, True), (T0 + 1000, 1, False), (T0 + 5000, 1, False)]
+    extend = replay(reports, ROCKETMQ, MIN, T0, T0 + MIN)
+    overwrite = replay(reports, TierTable("4x", last_report_wins=True), MIN, T0, T0 + MIN)
+    assert extend[T0].avoided_ms == MIN and extend[T0].avoided_selects == 2
+    assert overwrite[T0].avoided_ms == 1000 and overwrite[T0].avoided_selects == 1
+
+
+def test_a_slow_send_opens_its_tier_and_selection_time_is_at_minus_latency() -> None:
+    # 600 ms falls in the 550 ms tier (30 s). A send that started before the window
+    # opened (it took 2 s) is not an avoided select, though it completed inside it.
+    reports = [(T0 + 1000, 600, False), (T0 + 3000, 2500, False), (T0 + 4000, 1, False)]
+    w = replay(reports, ROCKETMQ, MIN, T0, T0 + MIN)
+    assert w[T0].avoided_selects == 1
+    # 2500 ms is the 2000 ms tier: 120 s from +3 s, which outlasts the 30 s one.
+    assert w[T0].avoided_ms == MIN - 1000
+
+
+def test_windows_split_avoided_time_at_their_boundaries() -> None:
+    w = replay([(T0 + 50_000, 0, True)], ROCKETMQ, MIN, T0, T0 + 3 * MIN)
+    assert [w[T0 + i * MIN].avoided_ms for i in range(3)] == [10_000, MIN, MIN]
+    assert window_of(T0 + 59_999, MIN) == T0
+
+
+def test_recommendation_follows_the_documented_rule() -> None:
+    t = recommend(0, 2)  # loopback brokers: median 0 ms, q99 2 ms -> s = 0.02
+    assert t.latency_max == (0, 2, 11, 20, 40, 60, 300, 30000)
+    assert t.durations == (0, 0, 1000, 1200, 2400, 3600, 12000, 600000)
+    t.config()  # a config Detour accepts
+    t = recommend(20, 80, factor=2)  # s = 1.6
+    assert t.latency_max == (20, 160, 880, 1600, 3200, 4800, 24000, 30000)
+    assert t.durations == (0, 0, 30000, 60000, 120000, 180000, 600000, 600000)
+    assert t.name == "x2"
+    # A fleet so slow its top tier passes isolationLatencyMs: failures share that tier.
+    t = recommend(1000, 30000)
+    assert len(t.latency_max) == len(DEFAULT_LATENCY_MAX)
+    assert t.isolation_latency_ms == t.latency_max[-1] and t.durations[-1] == 600000
+    t.config()
+
+
+def test_tier_table_parse() -> None:
+    t = TierTable.parse("fast=50,100,200:0,0,5000")
+    assert t.body()["latencyMax"] == [50, 100, 200]
+    for bad in ("nameonly", "x=1,2:0", "x=2,1:0,0", "=1:0"):
+        with pytest.raises(ValueError):
+            TierTable.parse(bad)
+    assert TierTable.from_body("c", {"lastReportWins": True}).last_report_wins
+
+
+def test_fault_specs() -> None:
+    f = Fault.parse("kill:broker-b@5000r+4")
+    assert (f.action, f.broker, f.records, f.at_s, f.hold_s) == ("kill", "broker-b", 5000,
+                                                                  None, 4.0)
+    assert Fault.parse("stop:broker-c@2.5s").spec() == "stop:broker-c@2.5s"
+    for bad in ("boom:broker-a@1s", "pause:broker-a@1s", "kill:broker-a", "kill@1s"):
+        with pytest.raises(ValueError):
+            Fault.parse(bad)
+    assert broker_names(3) == ["broker-a", "broker-b", "broker-c"]
+    names = broker_names(30)
+    assert names[0] == "broker-000" and names == sorted(names) and len(set(names)) == 30
+    assert record_id(42) == "rec-000000000042"
+
+
+def test_export_pages_until_a_short_page(tmp_path: Path) -> None:
+    log = [{"id": f"{1000 + i}-0", "brokerName": "broker-a", "latencyMs": i % 7,
+            "isolation": i % 100 == 0, "producer": f"p{i % 3}", "at": 1000 + i}
+           for i in range(2500)]
+    seen: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        after = request.url.params.get("after")
+        limit = int(request.url.params["limit"])
+        seen.append(after)
+        start = 0 if after is None else next(i for i, e in enumerate(log)
+                                             if e["id"] == after) + 1
+        page = log[start:start + limit]
+        return httpx.Response(200, json={"entries": page,
+                                         "next": page[-1]["id"] if page else None})
+
+    out = tmp_path / "log.parquet"
+    result = export("http://detour", out, page=1000, transport=httpx.MockTransport(handler))
+    assert (result.rows, result.pages, result.last_id) == (2500, 3, "3499-0")
+    assert seen == [None, "1999-0", "2999-0"]
+    table = pq.read_table(out)
+    assert table.schema.equals(SCHEMA) and table.num_rows == 2500
+    assert table.column("isolation").to_pylist().count(True) == 25
+    assert json.dumps(table.slice(0, 1).to_pylist()[0]["producer"]) == '"p0"'
+
+
+def test_executor_pod_template_runs_detour_as_a_native_sidecar() -> None:
+    pod = yaml.safe_load((ROOT / "deploy/spark/executor-pod-template.yaml").read_text())
+    assert pod["kind"] == "Pod"
+    (sidecar,) = pod["spec"]["initContainers"]
+    assert sidecar["restartPolicy"] == "Always"  # native sidecar: starts first, exits last
+    assert "--host=127.0.0.1" in sidecar["args"] and "--port=8080" in sidecar["args"]
+    assert {e["name"] for e in sidecar["env"]} >= {"DETOUR_REDIS_URL"}
+    probe = " ".join(sidecar["startupProbe"]["exec"]["command"])
+    assert "http://127.0.0.1:8080/readyz" in probe
+    assert [c["name"] for c in pod["spec"]["containers"]] == ["spark-executor"]
