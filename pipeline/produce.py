@@ -151,24 +151,12 @@ class Deliverer:
         self._clients.clear()
 
 
-def sdk_takes_producer() -> bool:
-    """True when ``DetourClient`` accepts ``producer=`` (sent with every report)."""
-    import inspect
-
-    from service.client import DetourClient
-
-    return "producer" in inspect.signature(DetourClient).parameters
-
-
 def _client_kwargs(opts: ProduceOptions, producer: str) -> dict[str, Any]:
-    """The DetourClient settings; ``producer`` only if this SDK version takes it."""
-    kwargs: dict[str, Any] = {
+    """The DetourClient settings; ``producer`` goes with every report to the latency log."""
+    return {
         "timeout": opts.timeout, "mode": opts.mode, "retries": opts.retries,
-        "deadline": opts.deadline,
+        "deadline": opts.deadline, "producer": producer,
     }
-    if sdk_takes_producer():
-        kwargs["producer"] = producer
-    return kwargs
 
 
 def send_partition(
@@ -221,31 +209,12 @@ def send_partition(
             )
     finally:
         deliver.close()
-        drain(client, opts.flush_timeout)
+        # close() flushes what is pending, waiting out the client's backoff if Detour
+        # was slow, for at most flush_timeout.
         client.close(flush_timeout=opts.flush_timeout)
         if stats is not None:
             s = client.stats()
             stats.add({k: int(getattr(s, k)) for k in STAT_KEYS})
-
-
-def drain(client: Any, timeout_s: float) -> bool:
-    """Flush the client's pending reports, waiting out its backoff, for at most ``timeout_s``.
-
-    Why: ``DetourClient.flush`` (and so ``close``) gives up at the first batch
-    that is not sent, including one its circuit refuses while backing off after
-    a slow answer; every report still queued is then dropped, and the latency
-    log the analysis reads loses them. The SDK has no event for "circuit closed
-    again", so this retries on a short bounded pause.
-    """
-    deadline = time.monotonic() + timeout_s
-    for _ in range(1000):  # bounded: the deadline ends it long before
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        if client.flush(min(left, 1.0)):
-            return True
-        time.sleep(min(0.05, max(0.0, left)))
-    return False
 
 
 def read_input(spark: SparkSession, path: str, fmt: str = "auto") -> DataFrame:

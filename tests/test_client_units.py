@@ -455,3 +455,37 @@ def test_reports_past_detours_age_limit_are_dropped_not_sent() -> None:
     assert [p.broker_name for p in batch] == ["new"] and q.dropped == 1
     with pytest.raises(ValueError, match="age_ms"):
         check_report("a", 1, MAX_REPORT_AGE_MS + 1)
+
+
+def test_service_clock_keeps_its_best_bound_against_late_events() -> None:
+    clock = ServiceClock()
+    clock.reconnected()
+    clock.observe(1_000_000, 100.0)  # offset 999,900
+    clock.observe(1_000_050, 200.0)  # a late event: offset 999,850, ignored
+    assert clock.offset_ms == 999_900
+    clock.observe(1_000_400, 300.0)  # a quicker one: a better (larger) bound
+    assert clock.offset_ms == 1_000_100
+    clock.observe(980_000, 400.0)  # the service's clock was set back 20 s: followed
+    assert clock.offset_ms == 979_600
+    clock.reconnected()  # a new stream may come from another replica: start over
+    clock.observe(979_000, 500.0)
+    assert clock.offset_ms == 978_500
+
+
+def test_reports_carry_the_producer_id() -> None:
+    sent: list[dict[str, object]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, json={"brokerName": "a", "latencyMs": 3,
+                                         "notAvailableDurationMs": 0, "availableAt": 1,
+                                         "degraded": False})
+
+    with DetourClient("http://detour.test", transport=httpx.MockTransport(handler),
+                      producer="host-1/exec-2/p3") as client:
+        client.report("a", 3)
+    assert sent == [{"brokerName": "a", "latencyMs": 3, "isolation": False,
+                     "producer": "host-1/exec-2/p3"}]
+    assert batch_item("a", 1, True, 0, "p")["producer"] == "p"
+    with pytest.raises(ValueError, match="producer"):
+        DetourClient("http://detour.test", producer="no spaces")

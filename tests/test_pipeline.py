@@ -29,7 +29,7 @@ from pipeline.analyze import TierTable, analyze, recommend, replay
 from pipeline.brokers import Fleet, no_retry, stream_key
 from pipeline.export_log import export, to_table
 from pipeline.generate import generate, record_id
-from pipeline.produce import ProduceOptions, produce, read_input, sdk_takes_producer
+from pipeline.produce import ProduceOptions, produce, read_input
 from pipeline.verify import BrokerRef, brokers_from_detour, verify
 from tests.procs import ROOT, RedisServer, ServiceProcess
 
@@ -232,8 +232,6 @@ def test_end_to_end_kill_and_stop_brokers_mid_run(
 
 @pytest.mark.spark
 @pytest.mark.slow
-@pytest.mark.skipif(not sdk_takes_producer(),
-                    reason="DetourClient has no producer= yet: reports carry no producer id")
 def test_reports_carry_the_partition_as_producer(spark: SparkSession, tmp_path: Path) -> None:
     store = RedisServer()
     svc = ServiceProcess(redis_url=store.url)

@@ -57,6 +57,7 @@ class AsyncDetourClient:
         max_pending: int = 10_000,
         backoff_initial: float = 0.5,
         backoff_max: float = 5.0,
+        producer: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._core = ClientCore(
@@ -67,6 +68,7 @@ class AsyncDetourClient:
             max_pending=max_pending,
             backoff_initial=backoff_initial,
             backoff_max=backoff_max,
+            producer=producer,
         )
         self.url = url.rstrip("/")
         self._headers = headers(token)
@@ -136,8 +138,14 @@ class AsyncDetourClient:
         try); True when none is left."""
         deadline = time.monotonic() + timeout
         while self._core.pending.queued():
-            if not await flush_once(self._core, self._call) or time.monotonic() >= deadline:
+            if await flush_once(self._core, self._call):
+                continue
+            # Refused or failed: wait out the backoff (it is what refused) and try
+            # again until the deadline, instead of dropping what is pending.
+            left = deadline - time.monotonic()
+            if left <= 0:
                 break
+            await asyncio.sleep(min(left, max(0.01, self._core.backoff.remaining_s())))
         return len(self._core.pending) == 0
 
     def stats(self) -> ClientStats:
@@ -240,7 +248,7 @@ class AsyncDetourClient:
             await self._call(
                 "POST",
                 "/report-latency",
-                wire.report_body(broker_name, latency_ms, bool(isolation)),
+                wire.report_body(broker_name, latency_ms, bool(isolation), core.producer),
             )
         except DetourUnavailable:
             self._queue([p])

@@ -7,10 +7,10 @@ here (not in the readers) keeps the sync thread and the async task identical.
 Two rules the stream alone would get wrong:
 
 * Clock: windows are on the service's clock (Redis ``TIME``), so the replica
-  estimates it as the local monotonic clock plus ``now - received``, refreshed
-  on every event. The reply is pinned to the moment it arrived, so the estimate
-  lags the service by the one-way delay: a window is seen to end a little late,
-  never early.
+  estimates it as the local monotonic clock plus ``now - received``: the best
+  (largest) such bound seen on the current stream (see ``ServiceClock``). It lags
+  the service by the one-way delay: a window is seen to end a little late, never
+  early.
 * Own reports: this client applies its reports at once, but a snapshot (after a
   reconnect) or an event written before its report reached Detour would undo
   them until Detour's push of the report arrives. So reports Detour has not yet
@@ -35,15 +35,37 @@ FLUSH_AT = 256
 STREAM_IDLE_S = 5.0
 
 
+#: A sample this far below the current estimate is a step of the service's clock, not a
+#: late event (ms).
+CLOCK_STEP_MS = 10_000
+
+
 class ServiceClock:
-    """Epoch ms on the service's clock, estimated from the stream's ``now``."""
+    """Epoch ms on the service's clock, estimated from the stream's ``now``.
+
+    Every sample ``now - received`` is a lower bound (the event left before it
+    arrived), and a late event (a busy machine, a stalled replica) gives a much
+    lower one. The largest sample of the current connection is the best bound,
+    so the estimate only moves forward, except for a step of more than
+    ``CLOCK_STEP_MS`` back (the service's clock was set back) or a new connection.
+    Moving back on every late event would make brokers reported moments ago look
+    avoided again and again.
+    """
 
     def __init__(self) -> None:
         # Until the first event, the process wall clock is the best guess.
         self.offset_ms = time.time_ns() / 1_000_000 - mono_ms()
+        self._bounded = False
+
+    def reconnected(self) -> None:
+        """A new stream (maybe from another replica): the next sample starts over."""
+        self._bounded = False
 
     def observe(self, service_now_ms: int, received_mono_ms: float) -> None:
-        self.offset_ms = service_now_ms - received_mono_ms
+        sample = service_now_ms - received_mono_ms
+        if not self._bounded or sample > self.offset_ms or sample < self.offset_ms - CLOCK_STEP_MS:
+            self.offset_ms = sample
+            self._bounded = True
 
     def now_ms(self) -> int:
         return int(time.monotonic_ns() / 1_000_000 + self.offset_ms)

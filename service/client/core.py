@@ -40,6 +40,7 @@ class ClientCore:
         max_pending: int,
         backoff_initial: float,
         backoff_max: float,
+        producer: str | None = None,
     ) -> None:
         if mode not in ("remote", "cached"):
             raise ValueError(f"mode must be 'remote' or 'cached', got {mode!r}")
@@ -47,6 +48,9 @@ class ClientCore:
             raise ValueError("timeout and deadline must be > 0 (seconds)")
         if retries < 0:
             raise ValueError("retries must be >= 0")
+        wire.check_producer(producer)
+        #: sent with every report, for Detour's latency log
+        self.producer = producer
         self.mode: Mode = mode
         self.cached = mode == "cached"
         self.timeout = timeout
@@ -136,12 +140,13 @@ class ClientCore:
         while Detour is down or older reports wait (so they reach Detour in order)."""
         return self.cached or self.backoff.is_open or len(self.pending) > 0
 
-    @staticmethod
-    def batch_body(batch: Iterable[Pending]) -> dict[str, Any]:
+    def batch_body(self, batch: Iterable[Pending]) -> dict[str, Any]:
         now = mono_ms()
         return {
             "reports": [
-                wire.batch_item(p.broker_name, p.latency_ms, p.isolation, p.age_ms(now))
+                wire.batch_item(
+                    p.broker_name, p.latency_ms, p.isolation, p.age_ms(now), self.producer
+                )
                 for p in batch
             ]
         }

@@ -45,7 +45,9 @@ class DetourClient:
     for all attempts of one send (default 3, RocketMQ's send timeout).
     ``max_pending``: reports kept while Detour is unreachable (oldest dropped).
     ``backoff_initial``/``backoff_max``: seconds without calling Detour after a
-    failure, doubling per failure. ``transport``: an httpx transport (tests).
+    failure, doubling per failure. ``producer``: this producer's id (host, pod,
+    executor), sent with every report for Detour's latency log. ``transport``: an
+    httpx transport (tests).
 
     Raises ValueError for an invalid setting.
     """
@@ -62,6 +64,7 @@ class DetourClient:
         max_pending: int = 10_000,
         backoff_initial: float = 0.5,
         backoff_max: float = 5.0,
+        producer: str | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self._core = ClientCore(
@@ -72,6 +75,7 @@ class DetourClient:
             max_pending=max_pending,
             backoff_initial=backoff_initial,
             backoff_max=backoff_max,
+            producer=producer,
         )
         self.url = url.rstrip("/")
         self._http = SyncHTTP(self.url, timeout, token, transport)
@@ -137,8 +141,14 @@ class DetourClient:
         try); True when none is left."""
         deadline = time.monotonic() + timeout
         while self._core.pending.queued():
-            if not flush_once(self._core, self._call) or time.monotonic() >= deadline:
+            if flush_once(self._core, self._call):
+                continue
+            # Refused or failed: wait out the backoff (it is what refused) and try
+            # again until the deadline, instead of dropping what is pending.
+            left = deadline - time.monotonic()
+            if left <= 0:
                 break
+            time.sleep(min(left, max(0.01, self._core.backoff.remaining_s())))
         return len(self._core.pending) == 0
 
     def stats(self) -> ClientStats:
@@ -254,7 +264,7 @@ class DetourClient:
             self._call(
                 "POST",
                 "/report-latency",
-                wire.report_body(broker_name, latency_ms, bool(isolation)),
+                wire.report_body(broker_name, latency_ms, bool(isolation), core.producer),
             )
         except DetourUnavailable:
             self._queue([p])

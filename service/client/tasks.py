@@ -119,6 +119,7 @@ class StreamTask:
                 raise DetourUnavailable(f"event stream answered HTTP {r.status_code}")
             parser = SSEParser()
             applier = self._core.applier
+            self._core.service_clock.reconnected()
             async for line in r.aiter_lines():
                 event = parser.feed(line)
                 if event is None:

@@ -140,6 +140,7 @@ class StreamThread:
                     return
             parser = SSEParser()
             applier = self._core.applier
+            self._core.service_clock.reconnected()
             for line in r.iter_lines():
                 event = parser.feed(line)
                 if event is None:

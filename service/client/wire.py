@@ -55,22 +55,37 @@ def select_body(topic: str, last_broker: str | None) -> Json:
     return {"topic": topic, "lastBrokerName": last_broker}
 
 
-def report_body(broker_name: str, latency_ms: float, isolation: bool) -> Json:
-    return {"brokerName": broker_name, "latencyMs": latency_ms, "isolation": isolation}
+#: The service's rule for a producer id.
+PRODUCER = re.compile(r"[A-Za-z0-9_.:@%|/-]{1,128}")
 
 
-def batch_item(broker_name: str, latency_ms: float, isolation: bool, age_ms: int) -> Json:
+def check_producer(producer: str | None) -> None:
+    if producer is not None and (
+        not isinstance(producer, str) or PRODUCER.fullmatch(producer) is None
+    ):
+        raise ValueError(f"producer must be 1..128 of A-Za-z0-9_.:@%|/-, got {producer!r}")
+
+
+def report_body(
+    broker_name: str, latency_ms: float, isolation: bool, producer: str | None = None
+) -> Json:
+    body: Json = {"brokerName": broker_name, "latencyMs": latency_ms, "isolation": isolation}
+    if producer is not None:
+        body["producer"] = producer
+    return body
+
+
+def batch_item(
+    broker_name: str, latency_ms: float, isolation: bool, age_ms: int, producer: str | None = None
+) -> Json:
     """One entry of a batch (``age_ms``: how long ago the send completed).
 
-    The queue drops reports past Detour's one-hour limit before they get here; the
-    clamp only guards the boundary (a report that turned an hour old on the way).
+    The queue drops reports past Detour's age limit (a day) before they get here; the
+    clamp only guards the boundary (a report that turned too old on the way).
     """
-    return {
-        "brokerName": broker_name,
-        "latencyMs": latency_ms,
-        "isolation": isolation,
-        "ageMs": min(max(0, age_ms), MAX_AGE_MS),
-    }
+    item = report_body(broker_name, latency_ms, isolation, producer)
+    item["ageMs"] = min(max(0, age_ms), MAX_AGE_MS)
+    return item
 
 
 def route(body: Mapping[str, Any]) -> Route:
