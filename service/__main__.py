@@ -76,6 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         host=settings.host,
         port=settings.port,
         workers=settings.workers,
+        # uvicorn's httptools protocol, stamping when each request began to arrive so
+        # the shedder can refuse requests that waited too long (service/shedding.py).
+        http="service.shedding:TimedHttpToolsProtocol",
         log_level=settings.log_level,
         access_log=False,
         proxy_headers=False,

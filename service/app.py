@@ -23,6 +23,7 @@ from service.limits import AssumeJson, BodyLimit
 from service.metrics import RequestTimer
 from service.schemas import ReportRequest, SelectRequest
 from service.settings import Settings
+from service.shedding import Shedder
 from service.store import FaultStore, open_store
 
 log = logging.getLogger("detour")
@@ -134,5 +135,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         BodyLimit,
         max_bytes=settings.max_body_bytes,
         overrides={"/report-latency:batch": settings.max_batch_body_bytes},
+    )
+    # Outermost: a refused request costs as little as possible and is not timed.
+    app.add_middleware(
+        Shedder,
+        max_in_flight=settings.max_in_flight,
+        max_queue_wait_ms=settings.max_queue_wait_ms,
     )
     return app

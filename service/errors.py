@@ -6,6 +6,9 @@
     ├── PayloadTooLarge         413 PAYLOAD_TOO_LARGE: body over the limit
     └── StoreUnavailable        503 STORE_UNAVAILABLE: Redis did not answer
 
+Also 503 SYSTEM_BUSY, answered by the shedder (service/shedding.py) before any
+handler runs, with Retry-After.
+
 Every error response is ``{"error": CODE, "message": str, "field": str | null}``.
 """
 

@@ -46,7 +46,11 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     422: {"model": ErrorBody, "description": "A field failed validation; `field` names it."},
 }
 UNAVAILABLE: dict[int | str, dict[str, Any]] = {
-    503: {"model": ErrorBody, "description": "Store unavailable."}
+    503: {
+        "model": ErrorBody,
+        "description": "SYSTEM_BUSY: overloaded, refused at once (see Retry-After; decide "
+        "locally); STORE_UNAVAILABLE: Redis did not answer.",
+    }
 }
 
 

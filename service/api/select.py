@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from pydantic import TypeAdapter
 
-from service.api.deps import ERRORS, not_found
+from service.api.deps import ERRORS, UNAVAILABLE, not_found
 from service.api.fast import json_response, parse, request_body, store_of
 from service.model import Queue
 from service.schemas import SelectRequest, SelectResponse
@@ -19,7 +19,7 @@ router = APIRouter(tags=["select"])
 @router.post(
     "/select",
     response_model=SelectResponse,
-    responses={**ERRORS, **not_found("Unknown topic.")},
+    responses={**ERRORS, **not_found("Unknown topic."), **UNAVAILABLE},
     summary="Choose a queue for one send attempt",
     openapi_extra=request_body(SelectRequest),
 )
