@@ -15,16 +15,12 @@ Run it the way the benchmark does::
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 from fastapi import FastAPI, Response
 
-from tests.procs import ROOT, free_port, wait_until
+from tests.procs import HttpProcess, free_port
 
 #: What Detour answers a select on the benchmark route with (same fields, same size).
 SELECT_ANSWER: dict[str, object] = {
@@ -72,7 +68,7 @@ def create_app() -> FastAPI:
     return app
 
 
-class FloorServer:
+class FloorServer(HttpProcess):
     """``uvicorn bench.floor:create_app --factory`` as its own process group, on a free port.
 
     The options mirror ``service/__main__.py``'s ``uvicorn.run`` call; loop and
@@ -81,37 +77,11 @@ class FloorServer:
     """
 
     def __init__(self, workers: int = 1, log_path: Path | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        port = free_port()
         args = [
             sys.executable, "-m", "uvicorn", "bench.floor:create_app", "--factory",
-            "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(workers),
+            "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
             "--log-level", "warning", "--no-access-log", "--no-proxy-headers",
             "--no-server-header",
         ]  # fmt: skip
-        self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            args, cwd=ROOT, stdout=self._log, stderr=self._log, start_new_session=True
-        )
-
-        def ready() -> bool:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"floor exited with {self.proc.returncode}")
-            return httpx.get(self.url + "/readyz", timeout=1).status_code == 200
-
-        try:
-            wait_until(ready, 30, f"floor on {self.port}", interval_s=0.05)
-        except BaseException:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        if hasattr(self._log, "close"):
-            self._log.close()
+        super().__init__("floor", args, port, None, log_path)

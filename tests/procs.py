@@ -86,19 +86,13 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-class ServiceProcess:
-    """``python -m service`` as its own process, ready when /readyz answers 200."""
+class HttpProcess:
+    """A server in its own process group on a free loopback port, ready when /readyz is 200."""
 
-    def __init__(self, redis_url: str | None = None, workers: int = 1,
-                 env: dict[str, str] | None = None, log_path: Path | None = None,
-                 port: int | None = None) -> None:
-        # ``port``: restart a stopped service where its clients expect it.
-        self.port = port or free_port()
+    def __init__(self, what: str, args: list[str], port: int, env: dict[str, str] | None,
+                 log_path: Path | None) -> None:
+        self.port = port
         self.url = f"http://127.0.0.1:{self.port}"
-        args = [sys.executable, "-m", "service", "--port", str(self.port), "--log-level",
-                "info", "--workers", str(workers)]
-        if redis_url:
-            args += ["--redis-url", redis_url]
         full_env = {**os.environ, **(env or {})}
         self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(args, cwd=ROOT, env=full_env, stdout=self._log,
@@ -106,11 +100,11 @@ class ServiceProcess:
 
         def ready() -> bool:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"service exited with {self.proc.returncode}")
+                raise RuntimeError(f"{what} exited with {self.proc.returncode}")
             return httpx.get(self.url + "/readyz", timeout=1).status_code == 200
 
         try:
-            wait_until(ready, 30, f"detour on {self.port}", interval_s=0.05)
+            wait_until(ready, 30, f"{what} on {self.port}", interval_s=0.05)
         except BaseException:
             self.stop()
             raise
@@ -125,3 +119,18 @@ class ServiceProcess:
                 self.proc.wait(10)
         if hasattr(self._log, "close"):
             self._log.close()
+
+
+class ServiceProcess(HttpProcess):
+    """``python -m service`` as its own process."""
+
+    def __init__(self, redis_url: str | None = None, workers: int = 1,
+                 env: dict[str, str] | None = None, log_path: Path | None = None,
+                 port: int | None = None) -> None:
+        # ``port``: restart a stopped service where its clients expect it.
+        port = port or free_port()
+        args = [sys.executable, "-m", "service", "--port", str(port), "--log-level",
+                "info", "--workers", str(workers)]
+        if redis_url:
+            args += ["--redis-url", redis_url]
+        super().__init__("detour", args, port, env, log_path)
