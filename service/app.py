@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from types import FrameType
 from typing import Any, TypedDict
-from urllib.parse import urlsplit
 
 from fastapi import FastAPI
 from pydantic import BaseModel
@@ -25,6 +24,7 @@ from service.schemas import ReportRequest, SelectRequest
 from service.settings import Settings
 from service.shedding import Shedder
 from service.store import FaultStore, open_store
+from service.store.connect import describe_redis_url
 
 log = logging.getLogger("detour")
 
@@ -36,11 +36,8 @@ class State(TypedDict):
 def _describe(settings: Settings) -> str:
     if not settings.redis_url:
         return "store=memory (embedded, this process only)"
-    url = urlsplit(settings.redis_url)
-    where = url.hostname or url.path  # never the password
-    port = f":{url.port}" if url.port else ""
     return (
-        f"store=redis at {url.scheme}://{where}{port} "
+        f"store=redis at {describe_redis_url(settings.redis_url)} "
         f"namespace={settings.namespace} prefix={settings.redis_prefix}"
     )
 

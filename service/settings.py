@@ -13,7 +13,15 @@ class Settings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
-    #: None selects the embedded memory store (one process, nothing shared).
+    #: None selects the embedded memory store (one process, nothing shared). Otherwise
+    #: one of (details in ``service/store/connect.py`` and docs/reliability.md):
+    #: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://...`` (TLS),
+    #: ``unix://[[user]:password@]/path.sock[?db=N]``: one server;
+    #: ``redis+cluster://[[user]:password@]host[:port][,host[:port]...][/]``
+    #: (``rediss+cluster://`` for TLS): a Redis Cluster, any of its nodes as startup nodes;
+    #: ``redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service[/db]``
+    #: (``rediss+sentinel://`` for TLS): the master the listed sentinels (port 26379 by
+    #: default) monitor as ``service``; ``?sentinel_password=`` if they require one.
     redis_url: str | None = None
     workers: int = Field(1, ge=1, le=64)
     #: Every Redis key is ``{prefix}:{namespace}:...`` with the namespace as the

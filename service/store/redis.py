@@ -15,6 +15,14 @@ changes no window bumps nothing and pushes nothing, so thousands of sidecar
 replicas receive one message per window opened, moved or cleared. Each
 replica applies pushes in version order, resyncs from a snapshot on a gap or
 a reconnect, and polls the version every ``sync_interval_s`` as a safety net.
+
+The same code runs on one server, a Redis Cluster or a Sentinel-managed master
+(``service.store.connect`` reads the URL): every command names keys of the one
+slot, so a cluster routes it to that slot's node; the poll reads the version and
+the clock in one keyed script rather than a pipeline with the keyless TIME. The
+subscription is on the slot's node in a cluster (PUBLISH reaches every node, so
+after a failure the next attempt moves on to another node) and on the current
+master under Sentinel (resubscribing when the master moved).
 """
 
 from __future__ import annotations
@@ -29,10 +37,10 @@ from collections.abc import AsyncIterator, Sequence
 from importlib import resources
 from typing import Any
 
-from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.client import PubSub
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from service import metrics, strategy
 from service.errors import StoreUnavailable
@@ -40,6 +48,7 @@ from service.model import Config, FaultItem, Route
 from service.settings import Settings
 from service.store import codec
 from service.store.base import LogEntry, ReportIn, ReportOutcome
+from service.store.connect import StoreClients, parse_redis_url
 from service.store.journal import Journal
 from service.store.local import report_locally
 from service.view import Snapshot, TableView
@@ -49,6 +58,12 @@ log = logging.getLogger("detour.store")
 _MAX_BACKOFF_S = 5.0
 #: Journaled reports sent per script call on replay (the batch endpoint's cap).
 _REPLAY_BATCH = 1000
+#: The poll: the table version and Redis's clock in one round trip, routed by the
+#: meta key (a pipeline with TIME would send the keyless TIME to any cluster node).
+_POLL_LUA = """
+local t = redis.call('TIME')
+return {tonumber(redis.call('HGET', KEYS[1], 'version') or '0'), t[1], t[2]}
+"""
 
 
 def _load_lua(name: str) -> str:
@@ -59,12 +74,26 @@ def _mono_ms() -> float:
     return time.monotonic_ns() / 1_000_000
 
 
+def _honour_cancel() -> None:
+    """Raise a cancellation that was requested but swallowed.
+
+    redis-py sends every command through ``asyncio.wait_for``, which on Python
+    3.11 returns the result and drops a cancel that lands as the send
+    completes; the task still counts the request. Without this, ``close()``
+    could wait for the sync loop's next ``get_message`` timeout (up to
+    ``sync_interval_s``).
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 @contextlib.asynccontextmanager
 async def _wrap_errors() -> AsyncIterator[None]:
     """Callers handle one error type whatever went wrong on the wire."""
     try:
         yield
-    except (TimeoutError, RedisError, OSError) as exc:
+    except (TimeoutError, RedisError, RedisClusterException, OSError) as exc:
         raise StoreUnavailable(f"redis: {exc.__class__.__name__}: {exc}") from exc
 
 
@@ -79,27 +108,23 @@ class RedisStore:
         self._channel = f"{base}:changes"
         self._log = f"{base}:latency-log"
         self._log_max = settings.latency_log_max
-        self._pool = ConnectionPool.from_url(
-            settings.redis_url,
-            decode_responses=True,
-            socket_timeout=settings.redis_timeout_s,
-            socket_connect_timeout=settings.redis_timeout_s,
+        # Reports are on the producers' send path: they get their own connections
+        # (``fast``) with a short timeout, and fall back to the journal when it passes.
+        self._conn = StoreClients(
+            parse_redis_url(settings.redis_url),
+            settings.redis_timeout_s,
+            settings.redis_call_timeout_s,
         )
-        self._client = Redis.from_pool(self._pool)
+        self._client = self._conn.main
         self._scripts: dict[str, AsyncScript] = {
             name: self._client.register_script(_load_lua(name))
             for name in ("report", "set_entry", "snapshot", "fault_items")
         }
-        # Reports are on the producers' send path: they get their own connections
-        # with a short timeout, and fall back to the journal when it passes.
-        self._fast_pool = ConnectionPool.from_url(
-            settings.redis_url,
-            decode_responses=True,
-            socket_timeout=settings.redis_call_timeout_s,
-            socket_connect_timeout=settings.redis_call_timeout_s,
-        )
-        self._fast = Redis.from_pool(self._fast_pool)
+        self._poll_script = self._client.register_script(_POLL_LUA)
+        self._fast = self._conn.fast
         self._fast_report = self._fast.register_script(self._scripts["report"].script)
+        #: Cluster only: how many subscriptions failed, so the next one tries another node.
+        self._pubsub_turn = 0
         self._journal = Journal(settings.journal_max)
         # Until the first sync, the local wall clock stands in for Redis's.
         self._offset_ms = time.time_ns() / 1_000_000 - _mono_ms()
@@ -118,7 +143,7 @@ class RedisStore:
         """
         try:
             async with _wrap_errors():
-                for script in self._scripts.values():
+                for script in (*self._scripts.values(), self._poll_script):
                     await self._client.script_load(script.script)
                 await self._resync()
         except StoreUnavailable as exc:
@@ -137,10 +162,7 @@ class RedisStore:
                     await self._replay_journal()
             if self._journal:
                 log.warning("stopping with %d journaled reports not in redis", len(self._journal))
-        await self._fast.aclose()
-        await self._fast_pool.aclose()
-        await self._client.aclose()
-        await self._pool.aclose()
+        await self._conn.aclose()
 
     @property
     def degraded(self) -> bool:
@@ -353,10 +375,9 @@ class RedisStore:
         self._offset_ms = redis_now_ms - received_ms
 
     async def _poll(self, pubsub: PubSub) -> None:
-        async with self._client.pipeline(transaction=False) as pipe:
-            pipe.hget(self._meta, "version")
-            pipe.time()
-            raw_version, (sec, usec) = await pipe.execute()
+        if self._conn.sentinel is not None:
+            await self._follow_master(pubsub)
+        raw_version, sec, usec = await self._poll_script(keys=[self._meta])
         self._set_clock(int(sec) * 1000 + int(usec) // 1000, _mono_ms())
         if int(raw_version or 0) > self.view.version:
             # Pushes for that version may still be in flight: drain them first.
@@ -387,17 +408,108 @@ class RedisStore:
     async def _wait_subscribed(self, pubsub: PubSub) -> None:
         deadline = _mono_ms() + 1000 * self._settings.redis_timeout_s
         while _mono_ms() < deadline:
+            _honour_cancel()
             msg = await pubsub.get_message(timeout=self._settings.redis_timeout_s)
             if msg is not None and msg.get("type") == "subscribe":
                 return
         raise StoreUnavailable("no subscribe confirmation from redis")
 
+    async def _find_master(self) -> None:
+        """Sentinel: ask where the master is now, before subscribing.
+
+        Each pool keeps the master it last found and drops its idle connections
+        to another one, so the subscription, the snapshot and the reports that
+        follow all go to the current master.
+        """
+        for pool in self._conn.sentinel_pools():
+            await pool.get_master_address()  # type: ignore[no-untyped-call]
+
+    async def _sentinel_says(self) -> tuple[str, int] | None:
+        """Sentinel: the master's address as one sentinel names it (one cheap query).
+
+        None when that sentinel does not answer (the next poll asks another):
+        sentinels being away does not make a healthy master unusable.
+        """
+        sentinel = self._conn.sentinel
+        assert sentinel is not None
+        first = sentinel.sentinels[0]
+        try:
+            async with asyncio.timeout(self._settings.redis_timeout_s):
+                reply = await first.execute_command(  # type: ignore[no-untyped-call]
+                    "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self._conn.target.service
+                )
+        except (TimeoutError, RedisError, OSError):
+            sentinel.sentinels.append(sentinel.sentinels.pop(0))
+            return None
+        if not reply:
+            return None
+        host, port = (x.decode() if isinstance(x, bytes) else str(x) for x in reply)
+        return host, int(port)
+
+    async def _follow_master(self, pubsub: PubSub) -> None:
+        """Sentinel: move to a new master as soon as the sentinels name one.
+
+        Connections to the old master keep working after a switchover
+        (``SENTINEL FAILOVER``) until the sentinels reconfigure it, about ten
+        seconds later: writes it accepts meanwhile are lost when it becomes a
+        replica. Asking every poll bounds that to one ``sync_interval_s``.
+        """
+        said = await self._sentinel_says()
+        if said is not None and any(
+            pool.master_address not in (None, said) for pool in self._conn.sentinel_pools()
+        ):
+            await self._find_master()  # the full check (the master is up) before moving
+        if self._master_moved(pubsub):
+            raise StoreUnavailable("the sentinel master moved: subscribing on the new one")
+
+    def _master_moved(self, pubsub: PubSub) -> bool:
+        """Sentinel: the subscription is on a server that is no longer the master.
+
+        A pool learns of a failover when it makes a connection (a report that
+        found its master gone or read-only, say). A subscription still open on a
+        demoted master would keep receiving pushes by replication, but only as
+        long as that server lives and replicates: it moves to the new master.
+        """
+        conn = pubsub.connection
+        if conn is None:
+            return False
+        return any(
+            pool.master_address not in (None, (conn.host, conn.port))
+            for pool in self._conn.sentinel_pools()
+        )
+
+    def _pubsub_nodes(self, cluster: RedisCluster) -> list[tuple[str, int]]:
+        """Cluster nodes to subscribe on: the namespace slot's node first.
+
+        Any node would do (a cluster delivers PUBLISH to every node), but the
+        slot's node is the one this replica depends on anyway: subscribing
+        there adds no node whose failure interrupts the pushes.
+        """
+        nodes: list[tuple[str, int]] = []
+        with contextlib.suppress(RedisClusterException, RedisError, KeyError):
+            owner = cluster.get_node_from_key(self._meta)
+            if owner is not None:
+                nodes.append((owner.host, int(owner.port)))
+        nodes += [(n.host, int(n.port)) for n in cluster.get_nodes()]
+        nodes += self._conn.target.hosts
+        return list(dict.fromkeys(nodes))
+
+    def _open_pubsub(self) -> tuple[PubSub, Redis | None]:
+        """A pub/sub connection for the changes channel, and the client to close with it."""
+        if isinstance(self._client, RedisCluster):
+            nodes = self._pubsub_nodes(self._client)
+            host, port = nodes[self._pubsub_turn % len(nodes)]
+            node = self._conn.node_client(host, port)
+            return node.pubsub(), node
+        return self._client.pubsub(), None
+
     async def _follow(self) -> None:
         """Subscribe, snapshot, then apply pushes until the connection fails."""
         interval = self._settings.sync_interval_s
-        pubsub = self._client.pubsub()
+        pubsub, pubsub_client = self._open_pubsub()
         try:
             async with _wrap_errors():
+                await self._find_master()
                 await pubsub.subscribe(self._channel)
                 # Snapshot only once Redis confirms, so no change falls between.
                 await self._wait_subscribed(pubsub)
@@ -405,6 +517,7 @@ class RedisStore:
                 await self._resync()
                 next_poll = _mono_ms() + interval * 1000
                 while True:
+                    _honour_cancel()
                     timeout = max(0.0, (next_poll - _mono_ms()) / 1000)
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=timeout)
                     if msg is not None:
@@ -416,14 +529,21 @@ class RedisStore:
                         await self._resync()
                     if self._journal:
                         await self._replay_journal()
+        except StoreUnavailable:
+            self._pubsub_turn += 1
+            raise
         finally:
             self.synced.clear()
             with contextlib.suppress(Exception):
                 await pubsub.aclose()  # type: ignore[no-untyped-call]
+            if pubsub_client is not None:
+                with contextlib.suppress(Exception):
+                    await pubsub_client.aclose()
 
     async def _sync_forever(self) -> None:
         backoff = 0.05
         while True:
+            _honour_cancel()
             started = _mono_ms()
             try:
                 await self._follow()

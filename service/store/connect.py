@@ -1,0 +1,257 @@
+"""Redis URLs and the clients they open: one server, a Redis Cluster, or a Sentinel-watched master.
+
+``DETOUR_REDIS_URL`` takes one of::
+
+    redis://[[user]:password@]host[:port][/db]       one server (redis-py's own URL forms,
+    rediss://[[user]:password@]host[:port][/db]      passed to it unchanged, query options
+    unix://[[user]:password@]/path/to.sock[?db=N]    included)
+
+    redis+cluster://[[user]:password@]host[:port][,host[:port]...][/]
+    rediss+cluster://...                             TLS to every node
+
+    redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service[/db]
+    rediss+sentinel://...                            TLS to the sentinels and the master
+
+The listed hosts of a cluster URL are startup nodes (any reachable one will do; the
+client reads the slot map from it); port 6379 when left out. The hosts of a sentinel
+URL are sentinels (port 26379 when left out), ``service`` is the name in their
+``sentinel monitor`` line, ``db`` the master's database (0 when left out). The
+credentials are the data nodes' (the cluster's nodes, the Sentinel-managed master
+and its replicas); sentinels that require their own take
+``?sentinel_username=...&sentinel_password=...``. Hosts may be IPv6 in brackets,
+and user, password and service are percent-decoded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import parse_qs, unquote
+
+from redis.asyncio import ConnectionPool, Redis, RedisCluster
+from redis.asyncio.cluster import ClusterNode
+from redis.asyncio.connection import SSLConnection
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.backoff import NoBackoff
+
+Mode = Literal["single", "cluster", "sentinel"]
+
+_SCHEMES: dict[str, tuple[Mode, bool]] = {
+    "redis+cluster": ("cluster", False),
+    "rediss+cluster": ("cluster", True),
+    "redis+sentinel": ("sentinel", False),
+    "rediss+sentinel": ("sentinel", True),
+}
+_DEFAULT_PORT: dict[Mode, int] = {"single": 6379, "cluster": 6379, "sentinel": 26379}
+_SENTINEL_OPTIONS = ("sentinel_username", "sentinel_password")
+
+
+@dataclass(frozen=True)
+class RedisTarget:
+    """Where the store's Redis is, as read from its URL."""
+
+    mode: Mode
+    url: str = field(repr=False)
+    #: Cluster startup nodes or sentinels.
+    hosts: tuple[tuple[str, int], ...] = ()
+    service: str = ""
+    db: int = 0
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    ssl: bool = False
+    sentinel_username: str | None = None
+    sentinel_password: str | None = field(default=None, repr=False)
+
+    def node_auth(self) -> dict[str, Any]:
+        """Credentials for a connection to one of the data nodes."""
+        return {"username": self.username, "password": self.password}
+
+
+def _host_port(text: str, default_port: int, shown: str) -> tuple[str, int]:
+    if text.startswith("["):  # [v6]:port
+        host, sep, rest = text[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise ValueError(f"bad host {text!r} in redis URL {shown}")
+        port_text = rest[1:]
+    else:
+        host, _, port_text = text.partition(":")
+    if not host:
+        raise ValueError(f"empty host in redis URL {shown}")
+    try:
+        port = int(port_text) if port_text else default_port
+    except ValueError:
+        raise ValueError(f"bad port {port_text!r} in redis URL {shown}") from None
+    if not 0 < port < 65536:
+        raise ValueError(f"bad port {port} in redis URL {shown}")
+    return host, port
+
+
+def parse_redis_url(url: str) -> RedisTarget:
+    """Read a URL of any form above; ``ValueError`` says what is wrong with it."""
+    shown = repr(describe_redis_url(url))  # errors are logged: never the password
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ValueError(f"redis URL {shown} has no scheme")
+    if scheme.lower() not in _SCHEMES:
+        # redis://, rediss://, unix://: redis-py reads these (and rejects the rest).
+        return RedisTarget("single", url)
+    mode, ssl = _SCHEMES[scheme.lower()]
+    rest, _, query_text = rest.partition("?")
+    netloc, _, path = rest.partition("/")
+    try:
+        query = parse_qs(query_text, keep_blank_values=True, strict_parsing=bool(query_text))
+    except ValueError:
+        raise ValueError(f"bad options in redis URL {shown}") from None
+    unknown = sorted(set(query) - set(_SENTINEL_OPTIONS if mode == "sentinel" else ()))
+    if unknown:
+        raise ValueError(f"unknown option(s) {', '.join(unknown)} in redis URL")
+    userinfo, at, hostlist = netloc.rpartition("@")
+    username = password = None
+    if at:
+        user_text, colon, password_text = userinfo.partition(":")
+        username = unquote(user_text) or None
+        password = unquote(password_text) if colon else None
+    hosts = tuple(
+        _host_port(h.strip(), _DEFAULT_PORT[mode], shown) for h in hostlist.split(",") if h.strip()
+    )
+    if not hosts:
+        raise ValueError(f"redis URL {shown} names no host")
+    parts = [unquote(p) for p in path.split("/")] if path else []
+    while parts and parts[-1] == "":
+        parts.pop()  # a trailing slash
+    service, db = "", 0
+    if mode == "cluster":
+        if parts not in ([], ["0"]):
+            raise ValueError(f"a cluster URL has no service or database (only db 0): {shown}")
+    else:
+        if not 1 <= len(parts) <= 2 or not parts[0]:
+            raise ValueError(f"a sentinel URL names the service: .../service[/db], got {shown}")
+        service = parts[0]
+        if len(parts) == 2:
+            if not parts[1].isdigit():
+                raise ValueError(f"bad database {parts[1]!r} in redis URL {shown}")
+            db = int(parts[1])
+
+    def option(name: str) -> str | None:
+        values = query.get(name)
+        return values[-1] if values else None
+
+    return RedisTarget(
+        mode,
+        url,
+        hosts,
+        service,
+        db,
+        username,
+        password,
+        ssl,
+        option("sentinel_username"),
+        option("sentinel_password"),
+    )
+
+
+def _no_retry() -> Retry:
+    """Give up at once: the store has its own retry loop and journal."""
+    return Retry(NoBackoff(), 0)
+
+
+def _ssl_connection(ssl: bool) -> dict[str, Any]:
+    """A bare ConnectionPool takes TLS as a connection class, not a flag."""
+    return {"connection_class": SSLConnection} if ssl else {}
+
+
+class StoreClients:
+    """The store's two clients on any deployment, and what to close with them.
+
+    ``main`` (timeout ``timeout_s``) serves sync, snapshots and admin writes;
+    ``fast`` (timeout ``fast_timeout_s``) serves reports. A cluster's ``fast``
+    client does not retry a failed command on a fresh slot map (it still follows
+    MOVED/ASK): a report has one short timeout before the journal takes it.
+    Under Sentinel both follow the master through one shared ``Sentinel``,
+    whose own connections use ``timeout_s``.
+    """
+
+    def __init__(self, target: RedisTarget, timeout_s: float, fast_timeout_s: float) -> None:
+        self.target = target
+        self.timeout_s = timeout_s
+        self._closers: list[Callable[[], Awaitable[Any]]] = []
+        self.sentinel: Sentinel | None = None
+        if target.mode == "sentinel":
+            self.sentinel = Sentinel(  # type: ignore[no-untyped-call]
+                list(target.hosts),
+                sentinel_kwargs={
+                    **_timeouts(timeout_s),
+                    "username": target.sentinel_username,
+                    "password": target.sentinel_password,
+                    "ssl": target.ssl,
+                    "retry": _no_retry(),  # a dead sentinel is skipped, the next one asked
+                },
+            )
+        self.main = self._open(timeout_s, retry=True)
+        self.fast = self._open(fast_timeout_s, retry=False)
+        if self.sentinel is not None:
+            self._closers += [s.aclose for s in self.sentinel.sentinels]
+
+    def _open(self, timeout_s: float, *, retry: bool) -> Redis | RedisCluster:
+        target = self.target
+        common: dict[str, Any] = {"decode_responses": True, **_timeouts(timeout_s)}
+        client: Redis | RedisCluster
+        if target.mode == "single":
+            # Exactly what the store always did for redis://, rediss://, unix://.
+            client = Redis.from_pool(ConnectionPool.from_url(target.url, **common))
+        elif target.mode == "cluster":
+            client = RedisCluster(
+                startup_nodes=[ClusterNode(host, port) for host, port in target.hosts],
+                retry=None if retry else _no_retry(),
+                ssl=target.ssl,
+                **target.node_auth(),
+                **common,
+            )
+        else:
+            assert self.sentinel is not None
+            client = self.sentinel.master_for(
+                target.service, db=target.db, ssl=target.ssl, **target.node_auth(), **common
+            )
+        self._closers.append(client.aclose)
+        return client
+
+    def sentinel_pools(self) -> list[SentinelConnectionPool]:
+        """Under Sentinel, the pools of both clients (each tracks the master it last found)."""
+        pools = []
+        for client in (self.main, self.fast):
+            pool = client.connection_pool if isinstance(client, Redis) else None
+            if isinstance(pool, SentinelConnectionPool):
+                pools.append(pool)
+        return pools
+
+    def node_client(self, host: str, port: int) -> Redis:
+        """A plain client to one cluster node, configured like ``main`` (no retry)."""
+        pool = ConnectionPool(
+            host=host,
+            port=port,
+            decode_responses=True,
+            **_timeouts(self.timeout_s),
+            **self.target.node_auth(),
+            **_ssl_connection(self.target.ssl),
+        )
+        return Redis.from_pool(pool)
+
+    async def aclose(self) -> None:
+        for close in self._closers:
+            await close()
+
+
+def _timeouts(timeout_s: float) -> dict[str, Any]:
+    return {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+
+
+def describe_redis_url(url: str) -> str:
+    """The URL for a log line: scheme, hosts and path, never credentials or options."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "(unparsable redis URL)"
+    rest = rest.partition("?")[0].partition("#")[0]
+    netloc, slash, path = rest.partition("/")
+    return f"{scheme}://{netloc.rpartition('@')[2]}{slash}{path}"
