@@ -17,6 +17,13 @@ MAX_REPORT_AGE_MS = MAX_WINDOW_MS
 DEFAULT_LATENCY_MAX: tuple[int, ...] = (50, 100, 550, 1000, 2000, 3000, 15000)
 DEFAULT_NOT_AVAILABLE_DURATION: tuple[int, ...] = (0, 0, 30000, 60000, 120000, 180000, 600000)
 
+#: How a select chooses among available queues (docs/policy.md).
+SELECTIONS = ("round_robin", "p2c-ewma")
+#: What a keyed (ordered) select does when the key's queue is on an avoided broker.
+ORDERED_FALLBACKS = ("wait", "remap")
+#: Most distinct producers a quorum may ask for.
+MAX_QUORUM = 64
+
 
 @dataclass(frozen=True, slots=True)
 class Config:
@@ -27,6 +34,29 @@ class Config:
     not_available_duration: tuple[int, ...] = DEFAULT_NOT_AVAILABLE_DURATION
     isolation_latency_ms: int = 30000
     last_report_wins: bool = False
+    # -- policy beyond RocketMQ (docs/policy.md); the defaults are RocketMQ's behaviour --
+    #: "round_robin" (RocketMQ) or "p2c-ewma" (power of two choices on peak-EWMA latency).
+    selection: str = "round_robin"
+    #: keyed selects whose queue is on an avoided broker: "wait" (keep it) or "remap".
+    ordered_fallback: str = "wait"
+    #: never avoid more than this share of a route's brokers at once (Envoy max_ejection_percent).
+    max_avoided_percent: int = 100
+    #: below this share of available brokers, ignore avoidance (Envoy panic threshold); 0 = off.
+    panic_threshold_percent: int = 0
+    #: share of selects that obey open windows; below 100 the rest only count them (dry run).
+    enforcement_percent: int = 100
+    #: distinct producers whose failures it takes to isolate a broker for everyone.
+    isolation_quorum: int = 1
+    #: how recent (ms) a producer's failure must be to count toward the quorum.
+    quorum_window_ms: int = 60000
+    #: multiply a failure's window by the broker's recent isolation count (Envoy/gRPC backoff).
+    repeat_multiplier: bool = False
+    #: cap (ms) on a multiplied isolation window (Envoy max_ejection_time).
+    max_isolation_ms: int = 3_600_000
+    #: a broker's isolation count drops by one per this many healthy ms after its window.
+    repeat_decay_ms: int = 600000
+    #: isolation windows are lengthened by up to this share, at random, so they do not end together.
+    jitter_percent: int = 0
 
     def __post_init__(self) -> None:
         # The API validates with field names; this guards programmatic callers.
@@ -39,6 +69,20 @@ class Config:
             raise ValueError("tiers must be >= 0")
         if self.isolation_latency_ms < 0:
             raise ValueError("isolation_latency_ms must be >= 0")
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {SELECTIONS}")
+        if self.ordered_fallback not in ORDERED_FALLBACKS:
+            raise ValueError(f"ordered_fallback must be one of {ORDERED_FALLBACKS}")
+        for name in ("max_avoided_percent", "panic_threshold_percent", "enforcement_percent"):
+            if not 0 <= getattr(self, name) <= 100:
+                raise ValueError(f"{name} must be 0..100")
+        if not 1 <= self.isolation_quorum <= MAX_QUORUM:
+            raise ValueError(f"isolation_quorum must be 1..{MAX_QUORUM}")
+        for name in ("quorum_window_ms", "repeat_decay_ms", "max_isolation_ms"):
+            if not 1 <= getattr(self, name) <= MAX_WINDOW_MS:
+                raise ValueError(f"{name} must be 1..{MAX_WINDOW_MS}")
+        if not 0 <= self.jitter_percent <= 100:
+            raise ValueError("jitter_percent must be 0..100")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +113,11 @@ class FaultItem:
     broker_name: str
     current_latency_ms: int
     available_at: int
+    #: recent isolations (the backoff multiplier's count), 0 unless repeatMultiplier is on
+    isolations: int = 0
+    #: producers whose failure is short of the isolation quorum, with when each failed (ms);
+    #: each avoids the broker on its own until its failure's window would have ended
+    suspects: tuple[tuple[str, int], ...] = ()
 
     def is_available(self, now_ms: int) -> bool:
         return now_ms >= self.available_at

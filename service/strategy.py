@@ -16,7 +16,7 @@ Differences from RocketMQ 4.x, all deliberate (see docs/semantics.md):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 
@@ -132,12 +132,16 @@ def select(
     now_ms: int,
     last_broker: str | None,
     enabled: bool,
+    avoid: Collection[str] | None = None,
 ) -> Selection:
     """Choose a queue of ``route`` (MQFaultStrategy.selectOneMessageQueue).
 
     The walk starts at ``counter % len(queues)`` and each probed queue advances
     the counter by one. A broker's queues are contiguous, so a skipped broker is
     jumped over in one step with the same counter arithmetic as probing each.
+    ``avoid``, when given, is the set of brokers to avoid instead of those whose
+    window is open in ``faults`` (the policy's panic, dry-run and limit rules
+    decide it; ``faults`` still ranks brokers for pickOneAtLeast).
 
     Raises ValueError when the route has no queue.
     """
@@ -165,7 +169,7 @@ def select(
     while steps < n:
         q = queues[pos]
         broker = q.broker_name
-        if _is_avoided(faults, broker, now_ms):
+        if broker in avoid if avoid is not None else _is_avoided(faults, broker, now_ms):
             if broker not in avoided:
                 avoided.append(broker)
         elif broker != last_broker:

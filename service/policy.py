@@ -1,0 +1,400 @@
+"""Avoidance policy beyond RocketMQ, pure: keyed (ordered) selects, panic and avoidance
+limits, dry-run enforcement, power-of-two-choices on peak-EWMA latency, the isolation
+quorum and repeat-offender backoff.
+
+Like ``service.strategy`` this module does no I/O and reads no clock and no random
+source: ``now`` and every random draw come in as arguments, so the stores, the API
+and the tests share one implementation and tests are deterministic. With a default
+``Config`` every function here reduces to RocketMQ's behaviour (``strategy``);
+docs/policy.md explains each knob, the peer it comes from and how Detour differs.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+from service import strategy
+from service.model import Config, FaultItem, Queue, Route
+
+#: Suspects kept per broker: enough for any quorum, bounded so one item stays small.
+MAX_SUSPECTS = 128
+#: Time constant (ms) of the peak-EWMA latency, Finagle's default decay window.
+EWMA_DECAY_MS = 10_000.0
+#: The jitter roll's range: report.lua receives integers 0..JITTER_SCALE-1.
+JITTER_SCALE = 1_000_000
+
+
+# ---------------------------------------------------------------- keyed (ordered) selects
+
+
+def shard_index(key: str, n: int) -> int:
+    """The queue index for a sharding key: CRC-32 of its UTF-8 bytes modulo ``n``.
+
+    CRC-32 is in every language's standard library (Java ``java.util.zip.CRC32``,
+    Go ``hash/crc32``, Python ``zlib``), so producers can reproduce the mapping, and
+    unlike Java's ``String.hashCode`` it is defined on bytes, not UTF-16 units.
+    """
+    return zlib.crc32(key.encode()) % n
+
+
+def ordered_pick(
+    route: Route, key: str, avoided: Collection[str], fallback: str
+) -> tuple[Queue, str]:
+    """The key's queue, and how it was chosen: ``"home"``, ``"wait"`` or ``"remap"``.
+
+    ``home``: the key's own queue, its broker not avoided. ``wait``: the key's queue
+    although its broker is avoided (order is kept; the send may have to wait).
+    ``remap``: the first queue after it, in route order and cyclically, whose broker
+    is not avoided: stable for as long as the set of avoided brokers is, so the
+    key's messages stay in order on the new queue. With every broker avoided a
+    remap has nowhere to go and answers ``wait``.
+    """
+    queues = route.queues
+    n = len(queues)
+    if n == 0:
+        raise ValueError("route has no queues")
+    home = shard_index(key, n)
+    q = queues[home]
+    if q.broker_name not in avoided:
+        return q, "home"
+    if fallback == "remap":
+        for step in range(1, n):
+            cand = queues[(home + step) % n]
+            if cand.broker_name not in avoided:
+                return cand, "remap"
+    return q, "wait"
+
+
+# ---------------------------------------------------------------- which windows a select obeys
+
+
+@dataclass(frozen=True, slots=True)
+class Avoidance:
+    """Which of a route's brokers one select avoids, and why the others are not."""
+
+    #: brokers with an open window, for everyone or for this producer, in route order
+    detected: tuple[str, ...]
+    #: the brokers this select avoids
+    enforced: frozenset[str]
+    #: detected but served: panic, a dry run, or past maxAvoidedPercent (best first)
+    unenforced: tuple[str, ...]
+    panic: bool = False
+    dry_run: bool = False
+
+
+def producer_windows(
+    faults: Mapping[str, FaultItem], producer: str | None, config: Config
+) -> dict[str, int]:
+    """Window ends (ms) that apply to ``producer`` alone: its failures short of the quorum.
+
+    A lone reporter may have a broken link of its own; it keeps away from the
+    broker as if it had isolated it, without deciding for every producer.
+    """
+    if producer is None or config.isolation_quorum <= 1:
+        return {}
+    duration = strategy.report_duration(config, 0, True)
+    out: dict[str, int] = {}
+    for broker, item in faults.items():
+        for who, at in item.suspects:
+            if who == producer:
+                out[broker] = max(out.get(broker, 0), at + duration)
+    return out
+
+
+def avoidance(
+    route: Route,
+    faults: Mapping[str, FaultItem],
+    now_ms: int,
+    config: Config,
+    enforce_roll: float,
+    local: Mapping[str, int] | None = None,
+) -> Avoidance:
+    """Decide which open windows this select obeys.
+
+    ``enforce_roll`` is a uniform draw in [0, 1): the select enforces windows when
+    ``roll * 100 < enforcementPercent``. ``local`` holds windows of this producer
+    alone (``producer_windows``). Order: the dry run first (an unenforced select
+    obeys nothing), then maxAvoidedPercent (the worst brokers stay avoided, the
+    least bad by pickOneAtLeast's ranking are served), then the panic threshold on
+    what remains available.
+    """
+    local = local or {}
+    brokers = list(route.by_broker)
+    detected = tuple(
+        b
+        for b in brokers
+        if ((item := faults.get(b)) is not None and now_ms < item.available_at)
+        or now_ms < local.get(b, 0)
+    )
+    if not detected:
+        return Avoidance((), frozenset(), ())
+    if enforce_roll * 100 >= config.enforcement_percent:
+        return Avoidance(detected, frozenset(), detected, dry_run=True)
+    enforced = list(detected)
+    released: list[str] = []
+    cap = len(brokers) * config.max_avoided_percent // 100
+    if len(enforced) > cap:
+        ranked = strategy.rank_brokers(enforced, _with_local(faults, local), now_ms)
+        released = ranked[: len(enforced) - cap]
+        enforced = ranked[len(enforced) - cap :]
+    available = len(brokers) - len(enforced)
+    if config.panic_threshold_percent and available * 100 < (
+        config.panic_threshold_percent * len(brokers)
+    ):
+        return Avoidance(detected, frozenset(), detected, panic=True)
+    return Avoidance(detected, frozenset(enforced), tuple(released))
+
+
+def _with_local(faults: Mapping[str, FaultItem], local: Mapping[str, int]) -> dict[str, FaultItem]:
+    """The table as this producer sees it: its own windows count as open ones."""
+    if not local:
+        return dict(faults)
+    out = dict(faults)
+    for broker, end in local.items():
+        item = out.get(broker)
+        if item is None:
+            out[broker] = FaultItem(broker, 0, end)
+        elif end > item.available_at:
+            out[broker] = FaultItem(broker, item.current_latency_ms, end)
+    return out
+
+
+# ---------------------------------------------------------------- power of two choices
+
+
+def peak_ewma(old: float | None, old_at_ms: int, sample_ms: float, now_ms: int) -> float:
+    """Finagle's peak EWMA: jump up to a slower sample at once, decay toward faster ones.
+
+    A broker that just got slow is penalised immediately; one that recovers earns
+    its way back over ``EWMA_DECAY_MS``.
+    """
+    if old is None or sample_ms >= old:
+        return float(sample_ms)
+    w = math.exp(-max(0, now_ms - old_at_ms) / EWMA_DECAY_MS)
+    return old * w + sample_ms * (1 - w)
+
+
+def p2c_pick(
+    route: Route,
+    avoided: Collection[str],
+    last_broker: str | None,
+    scores: Mapping[str, float],
+    r1: int,
+    r2: int,
+) -> Queue | None:
+    """Two distinct queues at random (``r1``, ``r2`` are the draws) among the available
+    ones, the one whose broker has the lower latency score wins (ties: the first).
+
+    Queues on ``last_broker`` are left out while another broker is available, as in
+    the round-robin walk. A broker without a score counts as 0 (new brokers get
+    traffic and so a score). None when every broker is avoided.
+    """
+    usable = [q for q in route.queues if q.broker_name not in avoided]
+    preferred = [q for q in usable if q.broker_name != last_broker] or usable
+    n = len(preferred)
+    if n == 0:
+        return None
+    i = r1 % n
+    a = preferred[i]
+    if n == 1:
+        return a
+    j = r2 % (n - 1)
+    b = preferred[j + 1 if j >= i else j]
+    return b if scores.get(b.broker_name, 0.0) < scores.get(a.broker_name, 0.0) else a
+
+
+# ---------------------------------------------------------------- one select, every knob
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    selection: strategy.Selection
+    avoidance: Avoidance
+    #: None for an unkeyed select; "home", "wait" or "remap" for a keyed one
+    ordered: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Draws:
+    """The random values one select may use, drawn by the caller."""
+
+    enforce: float = 0.0
+    p2c_first: int = 0
+    p2c_second: int = 1
+
+
+def choose(
+    route: Route,
+    counter: int,
+    faults: Mapping[str, FaultItem],
+    now_ms: int,
+    last_broker: str | None,
+    config: Config,
+    draws: Draws = Draws(),
+    producer: str | None = None,
+    sharding_key: str | None = None,
+    scores: Mapping[str, float] | None = None,
+) -> Choice:
+    """One select with the whole policy; with a default config and no key or producer
+    it is exactly ``strategy.select``.
+
+    Raises ValueError when the route has no queue.
+    """
+    if not config.send_latency_fault_enable:
+        if sharding_key is not None:
+            q, _ = ordered_pick(route, sharding_key, (), config.ordered_fallback)
+            sel = strategy.Selection(q, strategy.Decision.ROUND_ROBIN, (), counter)
+            return Choice(sel, Avoidance((), frozenset(), ()), "home")
+        sel = strategy.select(route, counter, faults, now_ms, last_broker, False)
+        return Choice(sel, Avoidance((), frozenset(), ()))
+    local = producer_windows(faults, producer, config)
+    av = avoidance(route, faults, now_ms, config, draws.enforce, local)
+    order = [b for b in av.detected if b in av.enforced]
+    if sharding_key is not None:
+        q, how = ordered_pick(route, sharding_key, av.enforced, config.ordered_fallback)
+        decision = (
+            strategy.Decision.PICK_ONE_AT_LEAST
+            if q.broker_name in av.enforced
+            else strategy.Decision.AVAILABLE
+        )
+        avoided = tuple(b for b in order if b != q.broker_name) if how != "home" else ()
+        return Choice(strategy.Selection(q, decision, avoided, counter), av, how)
+    if config.selection == "p2c-ewma":
+        q2 = p2c_pick(
+            route, av.enforced, last_broker, scores or {}, draws.p2c_first, draws.p2c_second
+        )
+        if q2 is not None:
+            avoided = tuple(b for b in order if b != q2.broker_name)
+            sel = strategy.Selection(q2, strategy.Decision.AVAILABLE, avoided, counter + 1)
+            return Choice(sel, av)
+    if not local and not av.unenforced:
+        # The common case: the table alone decides, exactly as RocketMQ would.
+        return Choice(strategy.select(route, counter, faults, now_ms, last_broker, True), av)
+    sel = strategy.select(
+        route, counter, _with_local(faults, local), now_ms, last_broker, True, av.enforced
+    )
+    return Choice(sel, av)
+
+
+# ---------------------------------------------------------------- reports: quorum and backoff
+
+
+def counts_toward_quorum(config: Config, isolation: bool, origin: str | None) -> bool:
+    """A failure waits for the quorum unless the broker itself answered with the error.
+
+    ``origin: "broker"`` (an error reply, a slow answer) says nothing about the
+    producer's own network, so it isolates at once, as Envoy's split of external
+    and local-origin errors does; ``"local"`` and an unstated origin (a connect
+    refused or a timeout can be either side's fault) need the quorum.
+    """
+    return isolation and config.isolation_quorum > 1 and origin != "broker"
+
+
+def quorum_step(
+    suspects: tuple[tuple[str, int], ...],
+    producer: str,
+    at_ms: int,
+    now_ms: int,
+    config: Config,
+) -> tuple[tuple[tuple[str, int], ...], bool]:
+    """Add a failure by ``producer`` at ``at_ms``; (suspects after, quorum reached).
+
+    Distinct producers with a failure within ``quorumWindowMs`` of ``now`` count.
+    When the quorum is reached the suspects are cleared (the broker is isolated
+    for everyone). Entries are kept while their producer's own window lasts
+    (``producer_windows``), at most ``MAX_SUSPECTS`` of the newest.
+    """
+    keep_ms = max(config.quorum_window_ms, strategy.report_duration(config, 0, True))
+    kept = [(p, a) for p, a in suspects if p != producer and a > now_ms - keep_ms]
+    prev = [a for p, a in suspects if p == producer]
+    at = max([at_ms, *prev])
+    entries = sorted([*kept, (producer, at)], key=lambda e: (e[1], e[0]))[-MAX_SUSPECTS:]
+    voters = {p for p, a in entries if a > now_ms - config.quorum_window_ms}
+    if len(voters) >= config.isolation_quorum:
+        return (), True
+    return tuple(entries), False
+
+
+def backoff(
+    config: Config, base_ms: int, old: FaultItem | None, at_ms: int, jitter_roll: int
+) -> tuple[int, int]:
+    """(window length ms, isolation count after) for a failure at ``at_ms``.
+
+    With ``repeatMultiplier`` off the count stays 0 and the length is ``base_ms``.
+    On: the count drops by one per ``repeatDecayMs`` the broker was healthy since
+    its last window ended, then rises by one when this failure opens a new window
+    (a failure inside an open window keeps the count, as Envoy counts ejections,
+    not errors); the length is ``base_ms * count``, capped at ``maxIsolationMs``
+    but never below ``base_ms``. Jitter adds ``length * jitterPercent% *
+    jitter_roll / JITTER_SCALE`` (``jitter_roll`` in 0..JITTER_SCALE-1), so many
+    brokers isolated together do not come back together.
+    """
+    count = 0
+    length = base_ms
+    if config.repeat_multiplier and base_ms > 0:
+        prev = old.isolations if old is not None else 0
+        opens = old is None or old.available_at <= at_ms
+        if opens:
+            if old is not None and prev:
+                prev = max(0, prev - (at_ms - old.available_at) // config.repeat_decay_ms)
+            count = prev + 1
+        else:
+            count = max(prev, 1)
+        length = max(base_ms, min(base_ms * count, config.max_isolation_ms))
+    if config.jitter_percent and length > 0:
+        length += length * config.jitter_percent * jitter_roll // (100 * JITTER_SCALE)
+    return length, count
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What one report did under the whole policy."""
+
+    item: FaultItem
+    #: the window length asked for (0: none, e.g. a failure short of the quorum)
+    duration_ms: int
+    #: index into latencyMax of the report's tier, None below every tier
+    tier: int | None
+    #: the failure made the quorum and isolated the broker for everyone
+    quorum_reached: bool = False
+    #: the failure is short of the quorum: only its producer avoids the broker
+    suspected: bool = False
+
+
+def apply(
+    old: FaultItem | None,
+    broker_name: str,
+    latency_ms: int,
+    isolation: bool,
+    origin: str | None,
+    producer: str,
+    at_ms: int,
+    now_ms: int,
+    config: Config,
+    jitter_roll: int = 0,
+) -> Applied:
+    """The fault item after one report, avoidance on (report.lua implements the same rule).
+
+    With the default config this is ``strategy.apply_report`` with the tier's
+    duration: the quorum is 1, backoff and jitter are off.
+    """
+    tier = strategy.tier(config, latency_ms, isolation)
+    duration = 0 if tier is None else config.not_available_duration[tier]
+    suspects = old.suspects if old is not None else ()
+    reached = suspected = False
+    if counts_toward_quorum(config, isolation, origin):
+        suspects, reached = quorum_step(suspects, producer, at_ms, now_ms, config)
+        suspected = not reached
+        if suspected:
+            duration = 0
+    isolations = old.isolations if old is not None else 0
+    if isolation and duration > 0:
+        duration, isolations = backoff(config, duration, old, at_ms, jitter_roll)
+    base = strategy.apply_report(
+        old, broker_name, latency_ms, duration, at_ms, config.last_report_wins
+    )
+    item = FaultItem(broker_name, latency_ms, base.available_at, isolations, suspects)
+    return Applied(item, duration, tier, reached and isolation, suspected)
