@@ -35,6 +35,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import REGISTRY, Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.policy import Choice
 from service.store.base import ReportOutcome
 from service.strategy import Decision, Selection, WindowChange
 from service.view import TableView
@@ -92,6 +93,26 @@ WINDOWS_OPENED = Counter(
 WINDOWS_EXTENDED = Counter(
     "detour_windows_extended_total", "Open windows a report moved, by broker.", ["broker"]
 )
+AVOIDANCE = Counter(
+    "detour_avoidance_selects_total",
+    "Selects that met at least one open window, by what they did: enforced (obeyed every "
+    "one), limited (maxAvoidedPercent: the least bad served), panic (panicThresholdPercent: "
+    "all ignored) or dry_run (enforcementPercent: counted, not obeyed). The sum is the "
+    "detected avoidance; outcome=enforced plus limited is the enforced one.",
+    ["outcome"],
+)
+ORDERED = Counter(
+    "detour_ordered_selects_total",
+    "Selects with a shardingKey, by placement: home (the key's queue), wait (the key's queue "
+    "on an avoided broker) or remap (moved to the next available queue).",
+    ["placement"],
+)
+QUORUM = Counter(
+    "detour_quorum_reports_total",
+    "Failures subject to isolationQuorum, by broker and outcome: suspected (short of the "
+    "quorum: only the reporter avoids the broker) or reached (isolated for everyone).",
+    ["broker", "outcome"],
+)
 HTTP_DURATION = Histogram(
     "detour_http_request_duration_seconds",
     "Time to answer Detour's own endpoints.",
@@ -134,6 +155,8 @@ for _reason in ("full", "expired"):
     JOURNAL_DROPPED.labels(_reason)
 for _reason in ("in_flight", "queue_wait"):
     SHED.labels(_reason)
+_avoidance = {o: AVOIDANCE.labels(o) for o in ("enforced", "limited", "panic", "dry_run")}
+_ordered = {p: ORDERED.labels(p) for p in ("home", "wait", "remap")}
 
 _decisions = {
     d: SELECTS.labels(d) for d in ("available", "pick_one_at_least", "round_robin", "no_route")
@@ -152,8 +175,26 @@ def observe_select(selection: Selection | None) -> None:
         SELECT_AVOIDED.labels(broker).inc()
 
 
+def observe_policy(choice: Choice) -> None:
+    """Count what the policy did with the open windows a select met, and keyed placements."""
+    av = choice.avoidance
+    if av.detected:
+        if av.dry_run:
+            _avoidance["dry_run"].inc()
+        elif av.panic:
+            _avoidance["panic"].inc()
+        elif av.unenforced:
+            _avoidance["limited"].inc()
+        else:
+            _avoidance["enforced"].inc()
+    if choice.ordered is not None:
+        _ordered[choice.ordered].inc()
+
+
 def observe_reports(outcomes: Sequence[ReportOutcome]) -> None:
     for o in outcomes:
+        if o.quorum is not None:
+            QUORUM.labels(o.broker_name, o.quorum).inc()
         REPORTS.labels(o.broker_name, "isolation" if o.isolation else "ok").inc()
         REPORTED_LATENCY.labels(o.broker_name).observe(o.latency_ms / 1000)
         if o.change is WindowChange.OPENED and o.tier_ms is not None:
@@ -184,6 +225,12 @@ class TableCollector(Collector):
             "Seconds until the broker's window ends (0 when available).",
             labels=["broker"],
         )
+        isolations = GaugeMetricFamily(
+            "detour_broker_isolations",
+            "The broker's recent isolation count: its next failure's window is the tier's "
+            "times this plus one (repeatMultiplier; 0 when off).",
+            labels=["broker"],
+        )
         latency = GaugeMetricFamily(
             "detour_broker_current_latency_seconds",
             "The latency of the report that set the broker's current window.",
@@ -201,9 +248,11 @@ class TableCollector(Collector):
             until.add_metric([broker], remaining / 1000)
             if item is not None:
                 latency.add_metric([broker], item.current_latency_ms / 1000)
+                isolations.add_metric([broker], float(item.isolations))
         yield avoided
         yield until
         yield latency
+        yield isolations
         yield GaugeMetricFamily(
             "detour_brokers_avoided",
             "Brokers whose avoidance window is open now.",

@@ -23,8 +23,11 @@ from service.model import Config, FaultItem, Queue, Route
 MAX_SUSPECTS = 128
 #: Time constant (ms) of the peak-EWMA latency, Finagle's default decay window.
 EWMA_DECAY_MS = 10_000.0
-#: The jitter roll's range: report.lua receives integers 0..JITTER_SCALE-1.
-JITTER_SCALE = 1_000_000
+#: The jitter roll's range: report.lua receives integers 0..JITTER_SCALE-1 (small enough
+#: that Lua's double arithmetic floors the jitter exactly as Python's integers do).
+JITTER_SCALE = 10_000
+#: The isolation count stops rising here (the window is capped long before).
+MAX_ISOLATIONS = 1000
 
 
 # ---------------------------------------------------------------- keyed (ordered) selects
@@ -340,7 +343,7 @@ def backoff(
         if opens:
             if old is not None and prev:
                 prev = max(0, prev - (at_ms - old.available_at) // config.repeat_decay_ms)
-            count = prev + 1
+            count = min(prev + 1, MAX_ISOLATIONS)
         else:
             count = max(prev, 1)
         length = max(base_ms, min(base_ms * count, config.max_isolation_ms))

@@ -11,6 +11,7 @@ from service.model import (
     DEFAULT_LATENCY_MAX,
     DEFAULT_NOT_AVAILABLE_DURATION,
     MAX_LATENCY_MS,
+    MAX_QUORUM,
     MAX_REPORT_AGE_MS,
     MAX_WINDOW_MS,
 )
@@ -102,6 +103,88 @@ class ConfigBody(Body):
         description="RocketMQ 4.x rule: every report overwrites the window, so a fast success "
         "ends an isolation. Off (default): a report only ever extends a window.",
         examples=[False],
+    )
+
+    selection: Literal["round_robin", "p2c-ewma"] = Field(
+        "round_robin",
+        description="How a select chooses among available queues: `round_robin` (RocketMQ) or "
+        "`p2c-ewma` (two queues at random, the broker with the lower peak-EWMA latency wins).",
+        examples=["round_robin"],
+    )
+    ordered_fallback: Literal["wait", "remap"] = Field(
+        "wait",
+        description="A select with `shardingKey` whose queue is on an avoided broker: `wait` "
+        "returns it anyway (order kept), `remap` returns the next queue on an available broker "
+        "(order kept only while the avoided set is stable).",
+        examples=["wait"],
+    )
+    max_avoided_percent: int = Field(
+        100,
+        ge=0,
+        le=100,
+        description="Never avoid more than this share of a route's brokers at once; beyond it "
+        "the least bad (pickOneAtLeast's order) are served. 100 = no limit (RocketMQ).",
+        examples=[100],
+    )
+    panic_threshold_percent: int = Field(
+        0,
+        ge=0,
+        le=100,
+        description="When fewer than this share of a route's brokers are available, ignore "
+        "avoidance and spread over all (`panic: true` in the select). 0 = off.",
+        examples=[0],
+    )
+    enforcement_percent: int = Field(
+        100,
+        ge=0,
+        le=100,
+        description="Share of selects that obey open windows; the others only count them "
+        "(`dryRun: true`). 100 = always enforce.",
+        examples=[100],
+    )
+    isolation_quorum: int = Field(
+        1,
+        ge=1,
+        le=MAX_QUORUM,
+        description="Distinct producers whose failures (not `origin: broker`) it takes, within "
+        "`quorumWindowMs`, to isolate a broker for everyone; below it only the reporters avoid "
+        "it. 1 = every failure isolates (RocketMQ).",
+        examples=[1],
+    )
+    quorum_window_ms: int = Field(
+        60000,
+        ge=1,
+        le=MAX_WINDOW_MS,
+        description="How recent a failure must be to count toward the quorum (ms).",
+        examples=[60000],
+    )
+    repeat_multiplier: bool = Field(
+        False,
+        description="Multiply a failure's window by the broker's recent isolation count "
+        "(capped by `maxIsolationMs`, decaying by one per `repeatDecayMs` healthy).",
+        examples=[False],
+    )
+    max_isolation_ms: int = Field(
+        3_600_000,
+        ge=1,
+        le=MAX_WINDOW_MS,
+        description="Cap on a multiplied isolation window (ms); never below the tier's own.",
+        examples=[3600000],
+    )
+    repeat_decay_ms: int = Field(
+        600000,
+        ge=1,
+        le=MAX_WINDOW_MS,
+        description="A broker's isolation count drops by one per this many ms it was healthy.",
+        examples=[600000],
+    )
+    jitter_percent: int = Field(
+        0,
+        ge=0,
+        le=100,
+        description="Lengthen each isolation window by a random 0..jitterPercent % so windows "
+        "opened together do not end together. 0 = off.",
+        examples=[0],
     )
 
     @field_validator("latency_max")
@@ -204,6 +287,23 @@ class SelectRequest(Body):
         "ignored; no addresses).",
         examples=[None],
     )
+    producer: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9_.:@%|/-]{1,128}$",
+        description="Who asks: brokers this producer alone failed on (short of "
+        "`isolationQuorum`) are avoided for it.",
+        examples=["spark-executor-3"],
+    )
+    sharding_key: str | None = Field(
+        None,
+        min_length=1,
+        max_length=1024,
+        description="Ordered messages: the queue is `queues[crc32(utf8(key)) % n]` of the route's "
+        "queue list, the same for every select with this key; see `orderedFallback`.",
+        examples=["order-42"],
+    )
 
 
 class SelectResponse(Body):
@@ -228,6 +328,26 @@ class SelectResponse(Body):
         description="Decided from this replica's copy while Redis is unreachable.",
         examples=[False],
     )
+    panic: bool = Field(
+        description="Fewer brokers than `panicThresholdPercent` were available: avoidance was "
+        "ignored for this select.",
+        examples=[False],
+    )
+    dry_run: bool = Field(
+        description="Open windows were counted but not obeyed (`enforcementPercent`).",
+        examples=[False],
+    )
+    unenforced_brokers: list[str] = Field(
+        description="Brokers with an open window this select did not avoid: panic, a dry run, "
+        "or past `maxAvoidedPercent` (then the least bad).",
+        examples=[[]],
+    )
+    ordered: Literal["home", "wait", "remap"] | None = Field(
+        description="With `shardingKey`: `home` (the key's queue), `wait` (the key's queue "
+        "although its broker is avoided) or `remap` (moved to the next available queue); null "
+        "without a key.",
+        examples=[None],
+    )
 
 
 class ReportRequest(Body):
@@ -244,12 +364,20 @@ class ReportRequest(Body):
         description="The send failed: the latency counts as isolationLatencyMs.",
         examples=[False],
     )
+    origin: Literal["broker", "local"] | None = Field(
+        None,
+        description="Where a failure came from: `broker` (the broker answered with an error or "
+        "too slowly) isolates at once; `local` (connect refused, timeout: maybe the producer's "
+        "own network) or unstated counts toward `isolationQuorum`.",
+        examples=[None],
+    )
     producer: str | None = Field(
         None,
         min_length=1,
         max_length=128,
         pattern=r"^[A-Za-z0-9_.:@%|/-]{1,128}$",
-        description="Who sent (host, pod, executor id); recorded in the latency log only.",
+        description="Who sent (host, pod, executor id): recorded in the latency log, and the "
+        "voter for `isolationQuorum` (reports without one vote as one anonymous producer).",
         examples=["spark-executor-3"],
     )
 

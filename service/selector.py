@@ -1,19 +1,31 @@
-"""A select against this replica's view: route lookup, the pure strategy, the topic counter."""
+"""A select against this replica's view: route lookup, the pure policy, the topic counter."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
-from service import metrics, strategy
+from service import metrics, policy
 from service.errors import NotFound
 from service.model import Queue, Route
 from service.view import TableView
 
+_rng = random.Random()
+
 
 def choose(
-    view: TableView, topic: str, inline: Sequence[Queue] | None, last_broker: str | None
-) -> tuple[Route, strategy.Selection]:
-    """Raises NotFound when the topic has no route and no inline queues were given."""
+    view: TableView,
+    topic: str,
+    inline: Sequence[Queue] | None,
+    last_broker: str | None,
+    producer: str | None = None,
+    sharding_key: str | None = None,
+) -> tuple[Route, policy.Choice]:
+    """Raises NotFound when the topic has no route and no inline queues were given.
+
+    The random draws the policy may use (the enforcement share, the two p2c
+    choices) are made here, so ``service.policy`` stays deterministic.
+    """
     if inline:
         route = Route.from_queues(topic, inline)
     else:
@@ -22,14 +34,25 @@ def choose(
             metrics.observe_select(None)
             raise NotFound(f"no route for topic {topic!r}", field="topic")
         route = found
-    selection = strategy.select(
+    config = view.config
+    draws = policy.Draws(
+        _rng.random() if config.enforcement_percent < 100 else 0.0,
+        _rng.getrandbits(32),
+        _rng.getrandbits(32),
+    )
+    choice = policy.choose(
         route,
         view.counter(topic),
         view.faults,
         view.now_ms(),
         last_broker,
-        view.config.send_latency_fault_enable,
+        config,
+        draws,
+        producer,
+        sharding_key,
+        view.latency_scores if config.selection == "p2c-ewma" else None,
     )
-    view.set_counter(topic, selection.next_counter)
-    metrics.observe_select(selection)
-    return route, selection
+    view.set_counter(topic, choice.selection.next_counter)
+    metrics.observe_select(choice.selection)
+    metrics.observe_policy(choice)
+    return route, choice

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from service.model import Config, FaultItem, Route
+from service.policy import peak_ewma
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,10 @@ class TableView:
         self._route_v: dict[str, int] = {}
         self._fault_v: dict[str, int] = {}
         self._counters: dict[str, int] = {}
+        #: peak-EWMA latency (ms) per broker of the reports this replica handled, for
+        #: ``selection: p2c-ewma``; a broker not reported here yet falls back to the table's
+        #: currentLatencyMs (see ``latency_scores``).
+        self._ewma: dict[str, tuple[float, int]] = {}
         self._listeners: list[Listener] = []
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
@@ -85,6 +90,26 @@ class TableView:
     def set_counter(self, topic: str, value: int) -> None:
         # Keep it bounded; only its value modulo small route sizes matters.
         self._counters[topic] = value & 0x7FFFFFFF
+
+    # -- latency scores ----------------------------------------------------
+    def observe_latency(self, broker: str, latency_ms: int, now_ms: int) -> None:
+        """Fold one reported latency into the broker's peak EWMA (this replica's reports)."""
+        old = self._ewma.get(broker)
+        value = peak_ewma(
+            None if old is None else old[0], 0 if old is None else old[1], latency_ms, now_ms
+        )
+        self._ewma[broker] = (value, now_ms)
+
+    @property
+    def latency_scores(self) -> dict[str, float]:
+        """Each broker's latency score for p2c: its peak EWMA here, else the table's latency.
+
+        Each replica scores from the reports it handled itself: with reports spread
+        over replicas that is a sample of every producer's, and costs no store traffic.
+        """
+        scores = {b: float(i.current_latency_ms) for b, i in self.faults.items()}
+        scores.update({b: v for b, (v, _) in self._ewma.items()})
+        return scores
 
     # -- changes -----------------------------------------------------------
     def apply_fault(self, broker: str, item: FaultItem | None, version: int) -> None:

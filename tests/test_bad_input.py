@@ -38,6 +38,8 @@ LIMIT = 64 * 1024  # the default max_body_bytes
 BIG = 2 * 1024 * 1024
 VE, NF, TL = "VALIDATION_ERROR", "NOT_FOUND", "PAYLOAD_TOO_LARGE"
 
+from tests.test_behaviour import DEFAULT_CONFIG  # noqa: E402
+
 TOPIC = "orders"
 #: A non-default config: a 600 ms report on broker-a opens a 30 s window.
 SEED_CONFIG: dict[str, Any] = {
@@ -115,7 +117,7 @@ def seed(client: TestClient) -> State:
         "available": False,
     }
     return {
-        "config": SEED_CONFIG,
+        "config": {**DEFAULT_CONFIG, **SEED_CONFIG},
         "routes": {"routes": [{"topic": TOPIC, **SEED_ROUTE}]},
         "faults": {"items": [item]},
     }

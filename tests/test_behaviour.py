@@ -17,6 +17,18 @@ DEFAULT_CONFIG = {
     "notAvailableDuration": [0, 0, 30000, 60000, 120000, 180000, 600000],
     "isolationLatencyMs": 30000,
     "lastReportWins": False,
+    # Policy beyond RocketMQ (docs/policy.md): every default is RocketMQ's behaviour.
+    "selection": "round_robin",
+    "orderedFallback": "wait",
+    "maxAvoidedPercent": 100,
+    "panicThresholdPercent": 0,
+    "enforcementPercent": 100,
+    "isolationQuorum": 1,
+    "quorumWindowMs": 60000,
+    "repeatMultiplier": False,
+    "maxIsolationMs": 3600000,
+    "repeatDecayMs": 600000,
+    "jitterPercent": 0,
 }
 
 

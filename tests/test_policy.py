@@ -409,10 +409,10 @@ def test_backoff_bounds(count: int, idle: int, base: int, cap: int, jitter: int,
 
 
 def test_jitter_off_means_no_jitter_and_default_no_backoff() -> None:
-    out = policy.apply(None, "a", 0, True, None, "", NOW, NOW, Config(), jitter_roll=999_999)
+    out = policy.apply(None, "a", 0, True, None, "", NOW, NOW, Config(), jitter_roll=9_999)
     assert out.duration_ms == 600_000 and out.item.isolations == 0
     cfg = Config(jitter_percent=10)
-    out = policy.apply(None, "a", 0, True, None, "", NOW, NOW, cfg, jitter_roll=500_000)
+    out = policy.apply(None, "a", 0, True, None, "", NOW, NOW, cfg, jitter_roll=5_000)
     assert out.duration_ms == 630_000
 
 

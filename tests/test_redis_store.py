@@ -12,12 +12,12 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from service import strategy
+from service import policy, strategy
 from service.app import create_app
 from service.model import Config, FaultItem
 from service.settings import Settings
-from service.store import ReportIn
-from service.store.redis import RedisStore
+from service.store import ReportIn, codec
+from service.store.redis import RedisStore, _policy_arg
 from tests.procs import RedisServer, wait_until
 
 pytestmark = pytest.mark.integration
@@ -95,9 +95,9 @@ def _report_script(raw: redis.Redis) -> Any:
 
 def _run_reports(raw: redis.Redis, script: Any, rule: str,
                  reports: list[tuple[str, int, int, int]], config_version: int = 0) -> Any:
-    args: list[Any] = [config_version, rule, f"{PREFIX}:changes", 1000]
+    args: list[Any] = [config_version, rule, f"{PREFIX}:changes", 1000, _policy_arg(Config())]
     for broker, latency, duration, age in reports:
-        args += [broker, latency, duration, age, 0, "test"]
+        args += [broker, latency, duration, age, 0, "test", 0, 0]
     return script(keys=[f"{PREFIX}:faults", f"{PREFIX}:meta", f"{PREFIX}:latency-log"],
                   args=args)
 
@@ -115,7 +115,7 @@ def test_report_lua_matches_the_python_rule(raw: redis.Redis) -> None:
              rng.choice([0, 0, 1, 5, 30000, 600000]), rng.choice([0, 0, 0, 3, 40000]))
             for _ in range(rng.randint(1, 4))
         ]
-        status, now, ends, pushed, changes = _run_reports(raw, script, rule, batch)
+        status, now, ends, pushed, changes, *_ = _run_reports(raw, script, rule, batch)
         sent += len(batch)
         assert status == 1 and len(ends) == len(pushed) == len(changes) == len(batch)
         for (broker, latency, duration, age), end, v, change in zip(
@@ -137,12 +137,56 @@ def test_report_lua_matches_the_python_rule(raw: redis.Redis) -> None:
                 f"{item.current_latency_ms},{item.available_at}"
     # "off" reads only.
     before = raw.hgetall(f"{PREFIX}:faults")
-    status, now, ends, pushed, changes = _run_reports(
+    status, now, ends, pushed, changes, *_ = _run_reports(
         raw, script, "off", [("a", 0, 600000, 0), ("zz", 0, 1, 0)])
     assert (status, ends, pushed, changes) == (1, [model["a"].available_at, now], [0, 0], [0, 0])
     assert raw.hgetall(f"{PREFIX}:faults") == before
     # Every report went to the latency log, "off" ones too.
     assert raw.xlen(f"{PREFIX}:latency-log") == sent + 2
+
+
+def test_report_lua_matches_the_policy(raw: redis.Redis) -> None:
+    """Differential test: report.lua and policy.apply agree on quorum, backoff and jitter."""
+    script = _report_script(raw)
+    rng = random.Random(11)
+    model: dict[str, FaultItem] = {}
+    for round_ in range(120):
+        config = Config(
+            isolation_quorum=rng.choice([1, 2, 3]),
+            quorum_window_ms=rng.choice([1, 50_000, 600_000]),
+            repeat_multiplier=rng.random() < 0.6,
+            max_isolation_ms=rng.choice([1, 900_000, 3_600_000]),
+            repeat_decay_ms=rng.choice([1, 30_000, 600_000]),
+            jitter_percent=rng.choice([0, 0, 10, 100]),
+            last_report_wins=rng.random() < 0.2,
+        )
+        batch = []
+        args: list[Any] = [0, "overwrite" if config.last_report_wins else "extend",
+                           f"{PREFIX}:changes", 1000, _policy_arg(config)]
+        for _ in range(rng.randint(1, 4)):
+            isolation = rng.random() < 0.7
+            report = (rng.choice("ab"), rng.choice([0, 10, 550, 15000]), isolation,
+                      rng.choice([None, "broker", "local"]), rng.choice(["p1", "p2", "p3", ""]),
+                      rng.choice([0, 0, 3, 40_000, 700_000]),
+                      rng.randrange(policy.JITTER_SCALE))
+            broker, latency, isolation, origin, producer, age, roll = report
+            duration = strategy.report_duration(config, latency, isolation)
+            args += [broker, latency, duration, age, int(isolation), producer,
+                     int(policy.counts_toward_quorum(config, isolation, origin)), roll]
+            batch.append(report)
+        reply = script(keys=[f"{PREFIX}:faults", f"{PREFIX}:meta", f"{PREFIX}:latency-log"],
+                       args=args)
+        status, now, ends, _, _, _, quorums, asked, values = reply
+        assert status == 1
+        for (broker, latency, isolation, origin, producer, age, roll), end, q, d, value in zip(
+                batch, ends, quorums, asked, values, strict=True):
+            out = policy.apply(model.get(broker), broker, latency, isolation, origin, producer,
+                               now - age, now, config, roll)
+            assert (end, d, q) == (out.item.available_at, out.duration_ms,
+                                   2 if out.quorum_reached else 1 if out.suspected else 0), round_
+            assert value == codec.encode_item(out.item)
+            assert codec.decode_fault(broker, value) == out.item
+            model[broker] = out.item
 
 
 def test_report_lua_refuses_a_stale_config(raw: redis.Redis) -> None:

@@ -46,7 +46,12 @@ async def report_latency(request: Request) -> Response:
     """
     body = await parse(request, _REPORT)
     report = ReportIn(
-        body.broker_name, math.floor(body.latency_ms), body.isolation, 0, body.producer or ""
+        body.broker_name,
+        math.floor(body.latency_ms),
+        body.isolation,
+        0,
+        body.producer or "",
+        body.origin,
     )
     outcomes = await store_of(request).report_many([report])
     metrics.observe_reports(outcomes)
@@ -73,7 +78,14 @@ async def report_latency_batch(body: BatchReportRequest, store: StoreDep) -> Bat
     no window. The body limit for this endpoint is 256 KiB.
     """
     reports = [
-        ReportIn(r.broker_name, math.floor(r.latency_ms), r.isolation, r.age_ms, r.producer or "")
+        ReportIn(
+            r.broker_name,
+            math.floor(r.latency_ms),
+            r.isolation,
+            r.age_ms,
+            r.producer or "",
+            r.origin,
+        )
         for r in body.reports
     ]
     outcomes = await store.report_many(reports)

@@ -45,20 +45,35 @@ async def select(request: Request) -> Response:
 
     A select always returns a queue when the route has one. It is answered from this
     replica's copy of the table, with no store round trip.
+
+    **Beyond RocketMQ** (docs/policy.md; every knob is in the config and off by default):
+    `shardingKey` picks `queues[crc32(key) % n]` (`ordered`); `producer` adds the windows
+    of this producer's own failures short of `isolationQuorum`; `maxAvoidedPercent`,
+    `panicThresholdPercent` and `enforcementPercent` decide which open windows are
+    obeyed (`unenforcedBrokers`, `panic`, `dryRun`); `selection: p2c-ewma` picks the
+    faster of two random available queues instead of walking round-robin.
     """
     body = await parse(request, _REQUEST)
     inline = [Queue(q.broker_name, q.queue_id) for q in body.queues] if body.queues else None
     store = store_of(request)
-    route, sel = choose(store.view, body.topic, inline, body.last_broker_name)
+    route, choice = choose(
+        store.view, body.topic, inline, body.last_broker_name, body.producer, body.sharding_key
+    )
+    sel, av = choice.selection, choice.avoidance
     queue = sel.queue
     address = route.addresses.get(queue.broker_name)
     address_json = f'"{address}"' if address else "null"
     # Every string here matched NAME_PATTERN or the address pattern on the way in
     # (letters, digits, ``_.%|-:[]``): nothing to escape, so the JSON is written directly.
     avoided = ",".join(f'"{b}"' for b in sel.avoided_brokers)
+    unenforced = ",".join(f'"{b}"' for b in av.unenforced)
+    ordered = f'"{choice.ordered}"' if choice.ordered else "null"
     return json_response(
         f'{{"topic":"{body.topic}","brokerName":"{queue.broker_name}",'
         f'"queueId":{queue.queue_id},"address":{address_json},'
         f'"decision":"{sel.decision.value}","avoidedBrokers":[{avoided}],'
-        f'"degraded":{"true" if store.degraded else "false"}}}'
+        f'"degraded":{"true" if store.degraded else "false"},'
+        f'"panic":{"true" if av.panic else "false"},'
+        f'"dryRun":{"true" if av.dry_run else "false"},'
+        f'"unenforcedBrokers":[{unenforced}],"ordered":{ordered}}}'
     )

@@ -20,8 +20,10 @@ class ReportIn:
     isolation: bool = False
     #: how long before the store's ``now`` the send completed (replayed reports)
     age_ms: int = 0
-    #: who reported (for the latency log); "" when not given
+    #: who reported (for the latency log and the isolation quorum); "" when not given
     producer: str = ""
+    #: where a failure came from: "broker", "local" or None (unstated)
+    origin: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +42,8 @@ class ReportOutcome:
     change: WindowChange = WindowChange.NONE
     #: taken into the local journal because the store did not answer
     degraded: bool = False
+    #: a failure subject to the isolation quorum: "suspected" (short of it) or "reached"
+    quorum: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

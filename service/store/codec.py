@@ -8,6 +8,22 @@ from typing import Any
 
 from service.model import BrokerRoute, Config, FaultItem, Route, route_brokers
 
+#: Config fields beyond RocketMQ's, stored under their API (camelCase) names; a config
+#: stored before a field existed reads as that field's default.
+_POLICY_FIELDS = {
+    "selection": "selection",
+    "ordered_fallback": "orderedFallback",
+    "max_avoided_percent": "maxAvoidedPercent",
+    "panic_threshold_percent": "panicThresholdPercent",
+    "enforcement_percent": "enforcementPercent",
+    "isolation_quorum": "isolationQuorum",
+    "quorum_window_ms": "quorumWindowMs",
+    "repeat_multiplier": "repeatMultiplier",
+    "max_isolation_ms": "maxIsolationMs",
+    "repeat_decay_ms": "repeatDecayMs",
+    "jitter_percent": "jitterPercent",
+}
+
 
 def encode_config(c: Config) -> str:
     return json.dumps(
@@ -17,6 +33,7 @@ def encode_config(c: Config) -> str:
             "notAvailableDuration": list(c.not_available_duration),
             "isolationLatencyMs": c.isolation_latency_ms,
             "lastReportWins": c.last_report_wins,
+            **{name: getattr(c, attr) for attr, name in _POLICY_FIELDS.items()},
         },
         separators=(",", ":"),
     )
@@ -33,6 +50,7 @@ def decode_config(raw: str) -> Config:
         not_available_duration=tuple(int(x) for x in d["notAvailableDuration"]),
         isolation_latency_ms=int(d["isolationLatencyMs"]),
         last_report_wins=bool(d["lastReportWins"]),
+        **{attr: d[name] for attr, name in _POLICY_FIELDS.items() if name in d},
     )
 
 
@@ -48,13 +66,28 @@ def decode_route(topic: str, raw: str) -> Route:
     return Route.from_brokers(topic, brokers)
 
 
-def encode_fault(latency_ms: int, available_at: int) -> str:
-    return f"{latency_ms},{available_at}"
+def encode_fault(
+    latency_ms: int,
+    available_at: int,
+    isolations: int = 0,
+    suspects: Sequence[tuple[str, int]] = (),
+) -> str:
+    """``latencyMs,availableAt``, then ``,isolations;producer=at;...`` only when the policy
+    keeps more (report.lua writes the same; producer ids cannot contain ``;`` or ``=``)."""
+    if not isolations and not suspects:
+        return f"{latency_ms},{available_at}"
+    return f"{latency_ms},{available_at},{isolations}" + "".join(f";{p}={a}" for p, a in suspects)
+
+
+def encode_item(item: FaultItem) -> str:
+    return encode_fault(item.current_latency_ms, item.available_at, item.isolations, item.suspects)
 
 
 def decode_fault(broker: str, raw: str) -> FaultItem:
-    latency, _, end = raw.partition(",")
-    return FaultItem(broker, int(latency), int(end))
+    head, *suspects = raw.split(";")
+    latency, end, *rest = head.split(",")
+    pairs = tuple((p, int(a)) for p, _, a in (s.partition("=") for s in suspects))
+    return FaultItem(broker, int(latency), int(end), int(rest[0]) if rest else 0, pairs)
 
 
 def pairs(flat: Sequence[str]) -> list[tuple[str, str]]:

@@ -3,9 +3,10 @@ and the Redis store's while Redis is unreachable."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
-from service import strategy
+from service import policy, strategy
 from service.model import FaultItem
 from service.store.base import ReportIn, ReportOutcome
 from service.view import TableView
@@ -36,25 +37,29 @@ def report_locally(
             report.isolation,
             degraded=degraded,
         )
-    tier = strategy.tier(config, report.latency_ms, report.isolation)
-    duration = 0 if tier is None else config.not_available_duration[tier]
-    item = strategy.apply_report(
+    applied = policy.apply(
         old,
         report.broker_name,
         report.latency_ms,
-        duration,
+        report.isolation,
+        report.origin,
+        report.producer,
         now_ms - report.age_ms,
-        config.last_report_wins,
+        now_ms,
+        config,
+        random.randrange(policy.JITTER_SCALE) if config.jitter_percent else 0,
     )
+    item, tier = applied.item, applied.tier
     write(item)
     return ReportOutcome(
         report.broker_name,
         report.latency_ms,
-        duration,
+        applied.duration_ms,
         item.available_at,
         now_ms,
         report.isolation,
         None if tier is None else config.latency_max[tier],
         strategy.window_change(old_end, item.available_at, now_ms),
         degraded,
+        "reached" if applied.quorum_reached else "suspected" if applied.suspected else None,
     )

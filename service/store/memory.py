@@ -59,6 +59,7 @@ class MemoryStore:
         for r in reports:
             self._log_report(r, now)
             out.append(report_locally(self.view, r, now, self._write))
+            self.view.observe_latency(r.broker_name, r.latency_ms, now)
         return out
 
     def _write(self, item: FaultItem) -> None:

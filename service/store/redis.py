@@ -42,7 +42,7 @@ from redis.asyncio.client import PubSub
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisClusterException, RedisError
 
-from service import metrics, strategy
+from service import metrics, policy, strategy
 from service.errors import StoreUnavailable
 from service.model import Config, FaultItem, Route
 from service.settings import Settings
@@ -64,6 +64,29 @@ _POLL_LUA = """
 local t = redis.call('TIME')
 return {tonumber(redis.call('HGET', KEYS[1], 'version') or '0'), t[1], t[2]}
 """
+
+
+_QUORUM_STATES: tuple[str | None, ...] = (None, "suspected", "reached")
+
+
+def _policy_arg(config: Config) -> str:
+    """report.lua's ARGV[5]: the policy knobs the script applies."""
+    keep_ms = max(config.quorum_window_ms, strategy.report_duration(config, 0, True))
+    return ",".join(
+        str(x)
+        for x in (
+            config.isolation_quorum,
+            config.quorum_window_ms,
+            keep_ms,
+            int(config.repeat_multiplier),
+            config.max_isolation_ms,
+            config.repeat_decay_ms,
+            config.jitter_percent,
+            policy.JITTER_SCALE,
+            policy.MAX_SUSPECTS,
+            policy.MAX_ISOLATIONS,
+        )
+    )
 
 
 def _load_lua(name: str) -> str:
@@ -218,6 +241,7 @@ class RedisStore:
         for r in reports:
             self._journal.append(r, received)
             out.append(report_locally(self.view, r, now, self.view.set_local_fault, True))
+            self.view.observe_latency(r.broker_name, r.latency_ms, now)
         return out
 
     async def _replay_journal(self) -> None:
@@ -242,37 +266,53 @@ class RedisStore:
                 for r in reports
             ]
             durations = [0 if t is None else config.not_available_duration[t] for t in tiers]
-            args: list[str | int] = [config_version, rule, self._channel, self._log_max]
+            args: list[str | int] = [
+                config_version,
+                rule,
+                self._channel,
+                self._log_max,
+                _policy_arg(config),
+            ]
             for r, d in zip(reports, durations, strict=True):
-                args += [r.broker_name, r.latency_ms, d, r.age_ms, int(r.isolation), r.producer]
-            status, now, ends, versions, changes, *_ = await self._eval(
-                "report", (self._faults, self._meta, self._log), args, script
-            )
-            if status == -1:
+                args += [
+                    r.broker_name,
+                    r.latency_ms,
+                    d,
+                    r.age_ms,
+                    int(r.isolation),
+                    r.producer,
+                    int(policy.counts_toward_quorum(config, r.isolation, r.origin)),
+                    random.randrange(policy.JITTER_SCALE) if config.jitter_percent else 0,
+                ]
+            reply = await self._eval("report", (self._faults, self._meta, self._log), args, script)
+            if reply[0] == -1:
                 # Another replica changed the config and its push has not
                 # arrived yet: take the table as it is now and recompute.
                 await self._resync()
                 continue
+            _, now, ends, versions, changes, _, quorums, asked, values = reply
             out = []
-            for r, t, d, end, version, change in zip(
-                reports, tiers, durations, ends, versions, changes, strict=True
+            for r, t, d, end, version, change, q, value in zip(
+                reports, tiers, asked, ends, versions, changes, quorums, values, strict=True
             ):
                 if version:
                     view.apply_fault(
-                        r.broker_name, FaultItem(r.broker_name, r.latency_ms, int(end)), version
+                        r.broker_name, codec.decode_fault(r.broker_name, value), version
                     )
                 out.append(
                     ReportOutcome(
                         r.broker_name,
                         r.latency_ms,
-                        d,
+                        int(d),
                         int(end),
                         int(now),
                         r.isolation,
                         None if t is None else config.latency_max[t],
                         strategy.WindowChange(int(change)),
+                        quorum=_QUORUM_STATES[int(q)],
                     )
                 )
+                view.observe_latency(r.broker_name, r.latency_ms, int(now))
             return out
         raise StoreUnavailable("config kept changing during the report; retry")
 

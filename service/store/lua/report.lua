@@ -1,6 +1,8 @@
 -- report.lua: apply latency reports to brokers' fault items, on Redis's clock, atomically,
--- and append each to the latency log.
--- KEYS[1] faults hash (broker -> "latencyMs,availableAt")
+-- and append each to the latency log. The rule is service.policy.apply (a differential
+-- test feeds both the same reports).
+-- KEYS[1] faults hash (broker -> "latencyMs,availableAt" or, when the policy keeps more,
+--         "latencyMs,availableAt,isolations;producer=at;...": see service/store/codec.py)
 -- KEYS[2] meta hash (version, config_version, config)
 -- KEYS[3] latency log stream (entries b=broker l=latency ms i=isolation 0/1 p=producer
 --         t=report time ms)
@@ -9,12 +11,19 @@
 --         4.x: at + duration) or "off" (avoidance disabled: the table is not written)
 -- ARGV[3] change channel
 -- ARGV[4] latency log length cap (approximate trim; 0 = no log)
--- ARGV[5..] six values per report, applied in order: broker, latency ms, window duration ms,
---         age ms (the report happened at now - age), isolation (0/1), producer ("" = none)
--- returns {status, now ms, {availableAt}, {version}, {change}} with one entry per report
---   status 1: applied. version > 0: the report changed the window and was pushed as
---             {k="fault", v=version, f=broker, x="latencyMs,availableAt"};
---             change: 0 none, 1 opened, 2 moved, 3 cleared
+-- ARGV[5] policy: "quorum,quorumWindowMs,keepMs,repeat(0/1),maxIsolationMs,repeatDecayMs,
+--         jitterPercent,jitterScale,maxSuspects,maxIsolations"
+-- ARGV[6..] eight values per report, applied in order: broker, latency ms, the tier's window
+--         duration ms, age ms (the report happened at now - age), isolation (0/1), producer
+--         ("" = none), quorum (1: a failure that waits for the quorum), jitter roll
+--         (0..jitterScale-1)
+-- returns {status, now ms, {availableAt}, {version}, {change}, 0, {quorum}, {duration}, {value}}
+--   with one entry per report
+--   status 1: applied. version > 0: the report changed the window or the suspects and was
+--             pushed as {k="fault", v=version, f=broker, x=value};
+--             change: 0 none, 1 opened, 2 moved, 3 cleared; quorum: 0 n/a, 1 suspected,
+--             2 reached; duration: the window asked for after quorum, backoff and jitter;
+--             value: the item as stored ("" with avoidance off)
 --   status -1: the caller's config is stale: nothing written; {} {} {} and the current config
 --             version as the sixth element
 local config_version = tonumber(redis.call('HGET', KEYS[2], 'config_version') or '0')
@@ -26,25 +35,107 @@ end
 
 local rule = ARGV[2]
 local log_cap = tonumber(ARGV[4])
-local ends, versions, changes = {}, {}, {}
-for i = 5, #ARGV, 6 do
+local p = {}
+for x in string.gmatch(ARGV[5], '[^,]+') do
+  p[#p + 1] = tonumber(x)
+end
+local quorum, quorum_window, keep_ms, repeat_on = p[1], p[2], p[3], p[4] == 1
+local max_isolation, decay, jitter_pct, jitter_scale = p[5], p[6], p[7], p[8]
+local max_suspects, max_isolations = p[9], p[10]
+
+local function fmt(n)
+  return string.format('%.0f', n)
+end
+
+local function by_time(a, b)
+  return a[2] < b[2] or (a[2] == b[2] and a[1] < b[1])
+end
+
+local ends, versions, changes, quorums, durations, values = {}, {}, {}, {}, {}, {}
+for i = 6, #ARGV, 8 do
   local broker, latency = ARGV[i], ARGV[i + 1]
   local at = now - tonumber(ARGV[i + 3])
+  local isolation, producer = ARGV[i + 4], ARGV[i + 5]
   local old = redis.call('HGET', KEYS[1], broker)
-  local old_end = nil
+  local old_end, old_iso, suspects = nil, 0, {}
   if old then
-    old_end = tonumber(string.match(old, ',(%d+)$'))
+    local head, tail = string.match(old, '^([^;]*)(.*)$')
+    local _, e, n = string.match(head, '^(%d+),(%d+),?(%d*)$')
+    old_end = tonumber(e)
+    old_iso = tonumber(n) or 0
+    for who, when in string.gmatch(tail, ';([^=;]*)=(%d+)') do
+      suspects[#suspects + 1] = {who, tonumber(when)}
+    end
   end
-  local version, change = 0, 0
+  local version, change, quorum_state, value = 0, 0, 0, ''
+  local duration = tonumber(ARGV[i + 2])
   local new_end
   if rule == 'off' then
     new_end = old_end or now
+    duration = 0
   else
-    new_end = at + tonumber(ARGV[i + 2])
+    if ARGV[i + 6] == '1' then
+      -- policy.quorum_step: one entry per producer (its latest failure), newest kept.
+      local kept, mine = {}, at
+      for _, s in ipairs(suspects) do
+        if s[1] == producer then
+          if s[2] > mine then
+            mine = s[2]
+          end
+        elseif s[2] > now - keep_ms then
+          kept[#kept + 1] = s
+        end
+      end
+      kept[#kept + 1] = {producer, mine}
+      table.sort(kept, by_time)
+      while #kept > max_suspects do
+        table.remove(kept, 1)
+      end
+      local voters = 0
+      for _, s in ipairs(kept) do
+        if s[2] > now - quorum_window then
+          voters = voters + 1
+        end
+      end
+      if voters >= quorum then
+        suspects, quorum_state = {}, 2
+      else
+        suspects, quorum_state, duration = kept, 1, 0
+      end
+    end
+    local iso = old_iso
+    if isolation == '1' and duration > 0 then
+      -- policy.backoff
+      if repeat_on then
+        if old_end == nil or old_end <= at then
+          local prev = old_iso
+          if old_end ~= nil and prev > 0 then
+            prev = math.max(0, prev - math.floor((at - old_end) / decay))
+          end
+          iso = math.min(prev + 1, max_isolations)
+        else
+          iso = math.max(old_iso, 1)
+        end
+        duration = math.max(duration, math.min(duration * iso, max_isolation))
+      else
+        iso = 0
+      end
+      if jitter_pct > 0 then
+        duration = duration
+          + math.floor(duration * jitter_pct * tonumber(ARGV[i + 7]) / (100 * jitter_scale))
+      end
+    end
+    new_end = at + duration
     if rule == 'extend' and old_end and old_end > new_end then
       new_end = old_end
     end
-    local value = latency .. ',' .. string.format('%.0f', new_end)
+    value = latency .. ',' .. fmt(new_end)
+    if iso > 0 or #suspects > 0 then
+      value = value .. ',' .. fmt(iso)
+      for _, s in ipairs(suspects) do
+        value = value .. ';' .. s[1] .. '=' .. fmt(s[2])
+      end
+    end
     redis.call('HSET', KEYS[1], broker, value)
     local was_open = old_end ~= nil and old_end > now
     local is_open = new_end > now
@@ -55,17 +146,21 @@ for i = 5, #ARGV, 6 do
     elseif was_open and not is_open then
       change = 3
     end
-    if change > 0 then
+    -- A suspect is pushed too: its producer avoids the broker on every replica.
+    if change > 0 or quorum_state > 0 then
       version = redis.call('HINCRBY', KEYS[2], 'version', 1)
       redis.call('PUBLISH', ARGV[3], cjson.encode({k = 'fault', v = version, f = broker, x = value}))
     end
   end
   if log_cap > 0 then
     redis.call('XADD', KEYS[3], 'MAXLEN', '~', log_cap, '*', 'b', broker, 'l', latency,
-      'i', ARGV[i + 4], 'p', ARGV[i + 5], 't', string.format('%.0f', at))
+      'i', isolation, 'p', producer, 't', fmt(at))
   end
   ends[#ends + 1] = new_end
   versions[#versions + 1] = version
   changes[#changes + 1] = change
+  quorums[#quorums + 1] = quorum_state
+  durations[#durations + 1] = duration
+  values[#values + 1] = value
 end
-return {1, now, ends, versions, changes}
+return {1, now, ends, versions, changes, 0, quorums, durations, values}

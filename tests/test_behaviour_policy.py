@@ -1,0 +1,231 @@
+"""The behaviour suite for the policy beyond RocketMQ (docs/policy.md), on both stores."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service import policy
+from tests.procs import wait_until
+from tests.test_behaviour import DEFAULT_CONFIG, items, put_route, select
+
+pytestmark = pytest.mark.integration
+
+
+def configure(client: TestClient, **fields: Any) -> dict[str, Any]:
+    r = client.put("/config", json=fields)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def fail(client: TestClient, broker: str, producer: str | None = None,
+         origin: str | None = None, latency: float = 0) -> Any:
+    body: dict[str, Any] = {"brokerName": broker, "latencyMs": latency, "isolation": True}
+    if producer:
+        body["producer"] = producer
+    if origin:
+        body["origin"] = origin
+    r = client.post("/report-latency", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def metric(client: TestClient, name: str, **labels: str) -> float:
+    text = client.get("/metrics").text
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        m = re.match(rf"^{name}(?:\{{(.*)\}})? (\S+)$", line)
+        if m and ",".join(sorted((m.group(1) or "").split(","))) == want:
+            return float(m.group(2))
+    return 0.0
+
+
+def test_defaults_keep_the_select_answer_rocketmq(client: TestClient) -> None:
+    put_route(client, "t", {"a": 2, "b": 2})
+    fail(client, "a")
+    s = select(client, "t")
+    assert (s["brokerName"], s["panic"], s["dryRun"], s["unenforcedBrokers"], s["ordered"]) == (
+        "b", False, False, [], None)
+    assert client.get("/config").json() == DEFAULT_CONFIG
+
+
+# -- ordered messages -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fallback", ["wait", "remap"])
+def test_sharding_key_keeps_a_key_on_one_queue(client: TestClient, fallback: str) -> None:
+    configure(client, orderedFallback=fallback)
+    put_route(client, "t", {"a": 2, "b": 2, "c": 2})
+    queues = [(b, q) for b in "abc" for q in range(2)]
+    home = queues[policy.shard_index("order-42", 6)]
+    picks = {(s["brokerName"], s["queueId"], s["ordered"]) for s in
+             (select(client, "t", shardingKey="order-42") for _ in range(6))}
+    assert picks == {(*home, "home")}
+    before = metric(client, "detour_ordered_selects_total", placement=fallback)
+    fail(client, home[0])
+    s = select(client, "t", shardingKey="order-42")
+    if fallback == "wait":
+        assert (s["brokerName"], s["queueId"], s["ordered"]) == (*home, "wait")
+        assert s["decision"] == "pick_one_at_least"
+    else:
+        i = queues.index(home)
+        nxt = next(queues[(i + k) % 6] for k in range(1, 6) if queues[(i + k) % 6][0] != home[0])
+        assert (s["brokerName"], s["queueId"], s["ordered"]) == (*nxt, "remap")
+        assert s["avoidedBrokers"] == [home[0]]
+        # Stable: the same key keeps going to the same queue.
+        assert {(x["brokerName"], x["queueId"]) for x in
+                (select(client, "t", shardingKey="order-42") for _ in range(4))} == {nxt}
+    assert metric(client, "detour_ordered_selects_total", placement=fallback) >= before + 1
+
+
+# -- limits and panic ---------------------------------------------------------------
+
+
+def test_panic_threshold_spreads_over_every_broker(client: TestClient) -> None:
+    configure(client, panicThresholdPercent=60)
+    put_route(client, "t", {"a": 1, "b": 1})
+    fail(client, "a")
+    before = metric(client, "detour_avoidance_selects_total", outcome="panic")
+    picks = [select(client, "t") for _ in range(6)]
+    assert {p["brokerName"] for p in picks} == {"a", "b"}
+    assert all(p["panic"] and p["unenforcedBrokers"] == ["a"] for p in picks)
+    assert metric(client, "detour_avoidance_selects_total", outcome="panic") == before + 6
+    configure(client, panicThresholdPercent=50)  # 1 of 2 available is not below 50 %
+    assert {select(client, "t")["brokerName"] for _ in range(4)} == {"b"}
+
+
+def test_max_avoided_percent_serves_the_least_bad(client: TestClient) -> None:
+    configure(client, maxAvoidedPercent=50)
+    put_route(client, "t", {"a": 1, "b": 1, "c": 1, "d": 1})
+    for broker, latency in (("a", 50), ("b", 10), ("c", 90)):
+        fail(client, broker, latency=latency)
+    before = metric(client, "detour_avoidance_selects_total", outcome="limited")
+    picks = [select(client, "t") for _ in range(8)]
+    assert {p["brokerName"] for p in picks} == {"b", "d"}
+    assert all(p["unenforcedBrokers"] == ["b"] for p in picks)
+    assert metric(client, "detour_avoidance_selects_total", outcome="limited") == before + 8
+
+
+# -- dry run ------------------------------------------------------------------------------
+
+
+def test_enforcement_percent_zero_is_a_dry_run(client: TestClient) -> None:
+    configure(client, enforcementPercent=0)
+    put_route(client, "t", {"a": 1, "b": 1})
+    fail(client, "a")
+    assert items(client)["a"]["available"] is False  # the window is opened...
+    before = metric(client, "detour_avoidance_selects_total", outcome="dry_run")
+    picks = [select(client, "t") for _ in range(6)]
+    assert {p["brokerName"] for p in picks} == {"a", "b"}  # ...but not enforced
+    assert all(p["dryRun"] and p["unenforcedBrokers"] == ["a"] for p in picks)
+    assert metric(client, "detour_avoidance_selects_total", outcome="dry_run") == before + 6
+    configure(client, enforcementPercent=50)
+    outcome = Counter(select(client, "t")["dryRun"] for _ in range(200))
+    assert 40 <= outcome[True] <= 160
+
+
+# -- p2c-ewma ------------------------------------------------------------------------------
+
+
+def test_p2c_ewma_prefers_the_faster_broker(client: TestClient) -> None:
+    configure(client, selection="p2c-ewma")
+    put_route(client, "t", {"fast": 2, "slow": 2})
+    for _ in range(3):
+        for broker, latency in (("fast", 5), ("slow", 400)):
+            r = client.post("/report-latency", json={"brokerName": broker, "latencyMs": latency})
+            assert r.status_code == 200
+    picks = Counter(select(client, "t")["brokerName"] for _ in range(200))
+    # Only a draw of two slow queues (2 of 12 ordered pairs) picks slow.
+    assert picks["fast"] > 140 and picks["slow"] > 0
+    fail(client, "fast")
+    assert {select(client, "t")["brokerName"] for _ in range(10)} == {"slow"}
+
+
+# -- quorum and error origin -----------------------------------------------------------------
+
+
+def test_quorum_isolates_only_when_enough_producers_agree(client: TestClient) -> None:
+    configure(client, isolationQuorum=2)
+    put_route(client, "t", {"a": 2, "b": 2})
+    before = metric(client, "detour_quorum_reports_total", broker="a", outcome="suspected")
+    out = fail(client, "a", producer="p1", origin="local")
+    assert out["notAvailableDurationMs"] == 0
+    assert items(client)["a"]["available"] is True
+    assert metric(client, "detour_quorum_reports_total", broker="a",
+                  outcome="suspected") == before + 1
+    # p1 keeps away from a; p2 and anonymous selects still use it.
+    assert {select(client, "t", producer="p1")["brokerName"] for _ in range(6)} == {"b"}
+    assert {select(client, "t", producer="p2")["brokerName"] for _ in range(6)} == {"a", "b"}
+    assert {select(client, "t")["brokerName"] for _ in range(6)} == {"a", "b"}
+    # The same producer again is still one voter.
+    assert fail(client, "a", producer="p1")["notAvailableDurationMs"] == 0
+    out = fail(client, "a", producer="p2")
+    assert out["notAvailableDurationMs"] == 600000
+    assert items(client)["a"]["available"] is False
+    assert {select(client, "t", producer="p2")["brokerName"] for _ in range(6)} == {"b"}
+    assert metric(client, "detour_quorum_reports_total", broker="a", outcome="reached") >= 1
+
+
+def test_broker_origin_failures_isolate_at_once(client: TestClient) -> None:
+    configure(client, isolationQuorum=3)
+    put_route(client, "t", {"a": 1, "b": 1})
+    assert fail(client, "a", producer="p1", origin="broker")["notAvailableDurationMs"] == 600000
+    assert {select(client, "t")["brokerName"] for _ in range(4)} == {"b"}
+    # A slow success is the broker's answer: tiers apply at once whatever the quorum.
+    r = client.post("/report-latency", json={"brokerName": "b", "latencyMs": 600})
+    assert r.json()["notAvailableDurationMs"] == 30000
+
+
+# -- backoff and jitter ---------------------------------------------------------------------
+
+
+def test_repeat_offender_windows_grow_and_are_capped(client: TestClient) -> None:
+    configure(client, latencyMax=[0], notAvailableDuration=[150], repeatMultiplier=True,
+              maxIsolationMs=400, repeatDecayMs=600000)
+    durations = []
+    for _ in range(3):
+        durations.append(fail(client, "a")["notAvailableDurationMs"])
+        # Window expiry is a time event with nothing to await: poll it, bounded.
+        wait_until(lambda: items(client)["a"]["available"], 5, "window end")
+    assert durations == [150, 300, 400]
+    assert metric(client, "detour_broker_isolations", broker="a") == 3
+
+
+def test_jitter_lengthens_isolation_windows(client: TestClient) -> None:
+    configure(client, jitterPercent=50)
+    lengths = {fail(client, b)["notAvailableDurationMs"] for b in ("a", "b", "c", "d", "e")}
+    assert all(600000 <= d <= 900000 for d in lengths)
+    assert len(lengths) > 1
+
+
+# -- validation ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("selection", "random"), ("orderedFallback", "drop"), ("maxAvoidedPercent", 101),
+     ("panicThresholdPercent", -1), ("enforcementPercent", 100.0), ("isolationQuorum", 0),
+     ("isolationQuorum", 65), ("quorumWindowMs", 0), ("repeatMultiplier", "yes"),
+     ("maxIsolationMs", 86_400_001), ("repeatDecayMs", 0), ("jitterPercent", 101)],
+)
+def test_bad_policy_config_is_422_naming_the_field(
+    client: TestClient, field: str, value: object
+) -> None:
+    r = client.put("/config", json={field: value})
+    assert r.status_code == 422 and r.json()["field"] == field, r.text
+    assert client.get("/config").json() == DEFAULT_CONFIG
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [("/select", {"topic": "t", "shardingKey": ""}, "shardingKey"),
+     ("/select", {"topic": "t", "producer": "a b"}, "producer"),
+     ("/report-latency", {"brokerName": "a", "latencyMs": 1, "origin": "remote"}, "origin")],
+)
+def test_bad_policy_requests_are_422(client: TestClient, path: str, body: Any, field: str) -> None:
+    r = client.post(path, json=body)
+    assert r.status_code == 422 and r.json()["field"] == field, r.text
