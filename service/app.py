@@ -15,7 +15,7 @@ from typing import Any, TypedDict
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from service.api import admin, health, reports, routes, select, status, stream
+from service.api import admin, events, health, reports, routes, select, status, stream
 from service.api.fast import mount_fast
 from service.errors import install_error_handlers
 from service.limits import AssumeJson, BodyLimit
@@ -123,7 +123,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     _document_extra_schemas(app, (SelectRequest, ReportRequest))
     install_error_handlers(app)
-    for module in (select, reports, routes, stream, admin, health, status):
+    for module in (select, reports, routes, stream, admin, events, health, status):
         app.include_router(module.router)
     mount_fast(app, (("/select", select.select), ("/report-latency", reports.report_latency)))
     app.add_middleware(AssumeJson)

@@ -35,7 +35,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import REGISTRY, Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.policy import Choice
+from service.policy import Choice, window_event
 from service.store.base import ReportOutcome
 from service.strategy import Decision, Selection, WindowChange
 from service.view import TableView
@@ -112,6 +112,12 @@ QUORUM = Counter(
     "Failures subject to isolationQuorum, by broker and outcome: suspected (short of the "
     "quorum: only the reporter avoids the broker) or reached (isolated for everyone).",
     ["broker", "outcome"],
+)
+EVENTS = Counter(
+    "detour_window_events_total",
+    "Event log entries written by this process: kind opened, extended, ended (early) or "
+    "quorum; reason isolation, latency, quorum, success (lastReportWins) or operator.",
+    ["kind", "reason"],
 )
 HTTP_DURATION = Histogram(
     "detour_http_request_duration_seconds",
@@ -195,6 +201,9 @@ def observe_reports(outcomes: Sequence[ReportOutcome]) -> None:
     for o in outcomes:
         if o.quorum is not None:
             QUORUM.labels(o.broker_name, o.quorum).inc()
+        event = window_event(o.change, o.isolation, o.quorum == "reached")
+        if event is not None:
+            EVENTS.labels(*event).inc()
         REPORTS.labels(o.broker_name, "isolation" if o.isolation else "ok").inc()
         REPORTED_LATENCY.labels(o.broker_name).observe(o.latency_ms / 1000)
         if o.change is WindowChange.OPENED and o.tier_ms is not None:

@@ -310,6 +310,18 @@ def quorum_step(
     for everyone). Entries are kept while their producer's own window lasts
     (``producer_windows``), at most ``MAX_SUSPECTS`` of the newest.
     """
+    suspects, reached, _ = quorum_vote(suspects, producer, at_ms, now_ms, config)
+    return suspects, reached
+
+
+def quorum_vote(
+    suspects: tuple[tuple[str, int], ...],
+    producer: str,
+    at_ms: int,
+    now_ms: int,
+    config: Config,
+) -> tuple[tuple[tuple[str, int], ...], bool, int]:
+    """``quorum_step`` with the number of voters counted (the event log records it)."""
     keep_ms = max(config.quorum_window_ms, strategy.report_duration(config, 0, True))
     kept = [(p, a) for p, a in suspects if p != producer and a > now_ms - keep_ms]
     prev = [a for p, a in suspects if p == producer]
@@ -317,8 +329,8 @@ def quorum_step(
     entries = sorted([*kept, (producer, at)], key=lambda e: (e[1], e[0]))[-MAX_SUSPECTS:]
     voters = {p for p, a in entries if a > now_ms - config.quorum_window_ms}
     if len(voters) >= config.isolation_quorum:
-        return (), True
-    return tuple(entries), False
+        return (), True, len(voters)
+    return tuple(entries), False, len(voters)
 
 
 def backoff(
@@ -365,6 +377,8 @@ class Applied:
     quorum_reached: bool = False
     #: the failure is short of the quorum: only its producer avoids the broker
     suspected: bool = False
+    #: producers behind the report: the quorum's voters, else 1
+    reporters: int = 1
 
 
 def apply(
@@ -388,8 +402,10 @@ def apply(
     duration = 0 if tier is None else config.not_available_duration[tier]
     suspects = old.suspects if old is not None else ()
     reached = suspected = False
+    reporters = 1
     if counts_toward_quorum(config, isolation, origin):
-        suspects, reached = quorum_step(suspects, producer, at_ms, now_ms, config)
+        suspects, reached, voters = quorum_vote(suspects, producer, at_ms, now_ms, config)
+        reporters = voters if reached else 1
         suspected = not reached
         if suspected:
             duration = 0
@@ -400,4 +416,28 @@ def apply(
         old, broker_name, latency_ms, duration, at_ms, config.last_report_wins
     )
     item = FaultItem(broker_name, latency_ms, base.available_at, isolations, suspects)
-    return Applied(item, duration, tier, reached and isolation, suspected)
+    return Applied(item, duration, tier, reached and isolation, suspected, reporters)
+
+
+# ---------------------------------------------------------------- the event log
+
+
+def window_event(
+    change: strategy.WindowChange, isolation: bool, quorum_reached: bool
+) -> tuple[str, str] | None:
+    """(kind, reason) of the event a report writes to the event log, or None.
+
+    kinds: ``opened``, ``extended``, ``ended`` (early), ``quorum`` (opened because the
+    quorum was reached); reasons: ``isolation`` (a failure), ``latency`` (a slow
+    answer), ``quorum``, ``success`` (a report under lastReportWins ended a window).
+    An operator's delete is ``("ended", "operator")``, written by the store.
+    report.lua derives the same.
+    """
+    if change is strategy.WindowChange.NONE:
+        return None
+    if change is strategy.WindowChange.CLEARED:
+        return "ended", "success"
+    if quorum_reached and change is strategy.WindowChange.OPENED:
+        return "quorum", "quorum"
+    kind = "opened" if change is strategy.WindowChange.OPENED else "extended"
+    return kind, "isolation" if isolation else "latency"

@@ -485,3 +485,40 @@ class LatencyLogOut(Body):
         description="The `after` for the next page; null when this page is empty.",
         examples=["1763791234567-0"],
     )
+
+
+class EventOut(Body):
+    id: str = Field(
+        description="Log position; pass it as `since` to read on.", examples=["1763791234567-0"]
+    )
+    kind: Literal["opened", "extended", "ended", "quorum"] = Field(
+        description="`opened`: a window opened; `extended`: an open window moved; `ended`: a "
+        "window ended early; `quorum`: opened because `isolationQuorum` producers agreed.",
+        examples=["opened"],
+    )
+    reason: Literal["isolation", "latency", "quorum", "success", "operator"] = Field(
+        description="`isolation` (a failure), `latency` (a slow answer), `quorum`, `success` "
+        "(a report under `lastReportWins` ended it), `operator` (`DELETE /fault-items`).",
+        examples=["isolation"],
+    )
+    broker_name: BrokerName
+    tier_ms: int | None = Field(
+        description="The latencyMax (ms) of the tier the window came from; null when none.",
+        examples=[15000],
+    )
+    reporters: int = Field(
+        description="Producers behind it: the quorum's voters, 1 for a report, 0 for an operator.",
+        examples=[1],
+    )
+    available_at: EpochMs = Field(
+        description="The window end after the event (epoch ms).", examples=[1763791834567]
+    )
+    at: EpochMs = Field(description="When it happened (epoch ms).", examples=[1763791234567])
+
+
+class EventsOut(Body):
+    events: list[EventOut] = Field(description="Oldest first.", examples=[[]])
+    next: str | None = Field(
+        description="The `since` for the next page; null when this page is empty.",
+        examples=["1763791234567-0"],
+    )

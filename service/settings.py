@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     max_batch_body_bytes: int = Field(256 * 1024, ge=1024, le=16 * 1024 * 1024)
     #: Reports kept in the latency log (a Redis stream, trimmed approximately); 0 = no log.
     latency_log_max: int = Field(100_000, ge=0, le=10_000_000)
+    #: Events kept in the event log (windows opened, extended, ended early; a Redis stream,
+    #: trimmed approximately); 0 = no log.
+    events_max: int = Field(10_000, ge=0, le=1_000_000)
     #: Seconds SIGTERM waits for requests in flight (an open push stream is cut after it).
     shutdown_grace_s: int = Field(5, ge=0, le=300)
     #: Requests inside the app at once before new ones get 503 SYSTEM_BUSY.

@@ -229,3 +229,47 @@ def test_bad_policy_config_is_422_naming_the_field(
 def test_bad_policy_requests_are_422(client: TestClient, path: str, body: Any, field: str) -> None:
     r = client.post(path, json=body)
     assert r.status_code == 422 and r.json()["field"] == field, r.text
+
+
+# -- event log -------------------------------------------------------------------------------
+
+
+def events(client: TestClient, **params: Any) -> Any:
+    r = client.get("/events", params=params)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_event_log_records_every_window_change(client: TestClient) -> None:
+    assert events(client) == {"events": [], "next": None}
+    fail(client, "a", producer="p1")  # opened: isolation
+    client.post("/report-latency", json={"brokerName": "b", "latencyMs": 600})  # opened: latency
+    client.post("/report-latency", json={"brokerName": "b", "latencyMs": 1200})  # extended
+    client.post("/report-latency", json={"brokerName": "b", "latencyMs": 10})  # nothing
+    assert client.delete("/fault-items/a").status_code == 204  # ended: operator
+    configure(client, lastReportWins=True)
+    client.post("/report-latency", json={"brokerName": "b", "latencyMs": 10})  # ended: success
+    configure(client, isolationQuorum=2)
+    fail(client, "c", producer="p1")  # suspected: no event
+    fail(client, "c", producer="p2")  # quorum
+    page = events(client)
+    got = [(e["kind"], e["reason"], e["brokerName"], e["tierMs"], e["reporters"])
+           for e in page["events"]]
+    assert got == [
+        ("opened", "isolation", "a", 15000, 1),
+        ("opened", "latency", "b", 550, 1),
+        ("extended", "latency", "b", 1000, 1),
+        ("ended", "operator", "a", None, 0),
+        ("ended", "success", "b", None, 1),
+        ("quorum", "quorum", "c", 15000, 2),
+    ]
+    opened = page["events"][0]
+    assert opened["availableAt"] == opened["at"] + 600000
+    # Paging: since the last id there is nothing more.
+    assert events(client, since=page["next"]) == {"events": [], "next": None}
+    first = events(client, limit=1)
+    assert first["events"] == page["events"][:1]
+    assert events(client, since=first["next"], limit=2)["events"] == page["events"][1:3]
+    assert events(client, latest="true", limit=2)["events"] == page["events"][-2:]
+    assert client.get("/events", params={"since": "x"}).json()["field"] == "since"
+    assert metric(client, "detour_window_events_total", kind="quorum", reason="quorum") >= 1

@@ -440,3 +440,29 @@ def test_route_without_queues_is_refused() -> None:
 def test_config_rejects_bad_policy(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         Config(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("change", "isolation", "quorum", "expected"),
+    [
+        (strategy.WindowChange.NONE, True, True, None),
+        (strategy.WindowChange.OPENED, True, False, ("opened", "isolation")),
+        (strategy.WindowChange.OPENED, False, False, ("opened", "latency")),
+        (strategy.WindowChange.OPENED, True, True, ("quorum", "quorum")),
+        (strategy.WindowChange.MOVED, True, False, ("extended", "isolation")),
+        (strategy.WindowChange.MOVED, False, False, ("extended", "latency")),
+        (strategy.WindowChange.CLEARED, False, False, ("ended", "success")),
+    ],
+)
+def test_window_event(
+    change: strategy.WindowChange, isolation: bool, quorum: bool, expected: object
+) -> None:
+    assert policy.window_event(change, isolation, quorum) == expected
+
+
+@HYP
+@given(st.integers(0, 3), st.booleans(), st.booleans())
+def test_every_visible_change_is_one_event(change: int, isolation: bool, quorum: bool) -> None:
+    kind = strategy.WindowChange(change)
+    event = policy.window_event(kind, isolation, quorum)
+    assert (event is None) == (kind is strategy.WindowChange.NONE)

@@ -44,8 +44,8 @@ def test_keys_share_one_hash_tag(redis_url: str, raw: redis.Redis) -> None:
         c.post("/report-latency", json={"brokerName": "a", "latencyMs": 0, "isolation": True})
         c.put("/config", json={})
     keys = sorted(raw.keys("*"))
-    assert keys == [f"{PREFIX}:faults", f"{PREFIX}:latency-log", f"{PREFIX}:meta",
-                    f"{PREFIX}:routes"]
+    assert keys == [f"{PREFIX}:events", f"{PREFIX}:faults", f"{PREFIX}:latency-log",
+                    f"{PREFIX}:meta", f"{PREFIX}:routes"]
     assert raw.hget(f"{PREFIX}:faults", "a") is not None
 
 
@@ -97,8 +97,9 @@ def _run_reports(raw: redis.Redis, script: Any, rule: str,
                  reports: list[tuple[str, int, int, int]], config_version: int = 0) -> Any:
     args: list[Any] = [config_version, rule, f"{PREFIX}:changes", 1000, _policy_arg(Config())]
     for broker, latency, duration, age in reports:
-        args += [broker, latency, duration, age, 0, "test", 0, 0]
-    return script(keys=[f"{PREFIX}:faults", f"{PREFIX}:meta", f"{PREFIX}:latency-log"],
+        args += [broker, latency, duration, age, 0, "test", 0, 0, ""]
+    return script(keys=[f"{PREFIX}:faults", f"{PREFIX}:meta", f"{PREFIX}:latency-log",
+                        f"{PREFIX}:events"],
                   args=args)
 
 
@@ -172,10 +173,10 @@ def test_report_lua_matches_the_policy(raw: redis.Redis) -> None:
             broker, latency, isolation, origin, producer, age, roll = report
             duration = strategy.report_duration(config, latency, isolation)
             args += [broker, latency, duration, age, int(isolation), producer,
-                     int(policy.counts_toward_quorum(config, isolation, origin)), roll]
+                     int(policy.counts_toward_quorum(config, isolation, origin)), roll, ""]
             batch.append(report)
-        reply = script(keys=[f"{PREFIX}:faults", f"{PREFIX}:meta", f"{PREFIX}:latency-log"],
-                       args=args)
+        reply = script(keys=[f"{PREFIX}:faults", f"{PREFIX}:meta", f"{PREFIX}:latency-log",
+                             f"{PREFIX}:events"], args=args)
         status, now, ends, _, _, _, quorums, asked, values = reply
         assert status == 1
         for (broker, latency, isolation, origin, producer, age, roll), end, q, d, value in zip(

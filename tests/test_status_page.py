@@ -216,6 +216,12 @@ def test_page_follows_a_fault_scenario(browser: WebDriver, detour: ServiceProces
         wait.until(_shows(browser, {"broker-a": "available", "broker-c": "avoided"}))
         wait.until(lambda _: _route_state(browser, "orders") == "ok")
         assert _row(browser, "broker-a")["text_latency"] == "—"
+        # The event log shows the latest first: the operator's restore, c's isolation.
+        wait.until(lambda _: browser.find_elements(
+            By.CSS_SELECTOR, '#events tbody tr[data-kind="ended"][data-broker="broker-a"]'))
+        kinds = [(r.get_attribute("data-kind"), r.get_attribute("data-broker")) for r in
+                 browser.find_elements(By.CSS_SELECTOR, "#events tbody tr")]
+        assert kinds[:2] == [("ended", "broker-a"), ("opened", "broker-c")]
 
 
 @pytest.mark.e2e
@@ -231,7 +237,8 @@ def test_error_banner_when_a_poll_fails(browser: WebDriver, detour: ServiceProce
     detour.stop()
     wait.until(lambda _: banner.is_displayed())
     assert browser.find_element(By.TAG_NAME, "body").get_attribute("data-poll") == "error"
-    assert re.match(r"Poll failed: GET /(fault-items|routes|config): ", banner.text), banner.text
+    assert re.match(r"Poll failed: GET /(fault-items|routes|config|events\?\S*): ",
+                    banner.text), banner.text
     assert "showing data from" in banner.text
     assert _row(browser, "x")["state"] == "available"  # the last good data stays on screen
 

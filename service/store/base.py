@@ -44,6 +44,8 @@ class ReportOutcome:
     degraded: bool = False
     #: a failure subject to the isolation quorum: "suspected" (short of it) or "reached"
     quorum: str | None = None
+    #: producers behind the report: the quorum's voters when it was reached, else 1
+    reporters: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,26 @@ class LogEntry:
     isolation: bool
     producer: str
     #: when the send completed, epoch ms on the store's clock
+    at: int
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One entry of the event log: a window opened, extended, ended early or reached by quorum."""
+
+    id: str
+    #: "opened", "extended", "ended" or "quorum" (service.policy.window_event)
+    kind: str
+    #: "isolation", "latency", "quorum", "success" or "operator"
+    reason: str
+    broker_name: str
+    #: the tier's latencyMax (ms) the window came from, None when none applies
+    tier_ms: int | None
+    #: producers behind it: the quorum's voters, 1 for one report, 0 for an operator
+    reporters: int
+    #: the window end after the event, epoch ms (``at`` when it ended)
+    available_at: int
+    #: when it happened, epoch ms on the store's clock
     at: int
 
 
@@ -93,6 +115,11 @@ class FaultStore(Protocol):
 
     async def latency_log(self, after: str | None, limit: int) -> list[LogEntry]:
         """Log entries after id ``after`` (from the oldest kept when None), oldest first."""
+        ...
+
+    async def events(self, since: str | None, limit: int, latest: bool = False) -> list[Event]:
+        """Event log entries after id ``since`` (from the oldest kept when None), oldest first;
+        ``latest``: the newest ``limit`` entries instead (``since`` ignored), oldest first."""
         ...
 
     async def fault_items(self) -> tuple[int, list[FaultItem]]:

@@ -62,4 +62,5 @@ def report_locally(
         strategy.window_change(old_end, item.available_at, now_ms),
         degraded,
         "reached" if applied.quorum_reached else "suspected" if applied.suspected else None,
+        applied.reporters,
     )

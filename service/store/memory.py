@@ -6,8 +6,9 @@ import time
 from collections import deque
 from collections.abc import Sequence
 
+from service import metrics, policy
 from service.model import Config, FaultItem, Route
-from service.store.base import LogEntry, ReportIn, ReportOutcome
+from service.store.base import Event, LogEntry, ReportIn, ReportOutcome
 from service.store.local import report_locally
 from service.view import TableView
 
@@ -25,11 +26,13 @@ def _log_key(entry_id: str) -> tuple[int, int]:
 class MemoryStore:
     kind = "memory"
 
-    def __init__(self, latency_log_max: int = 100_000) -> None:
+    def __init__(self, latency_log_max: int = 100_000, events_max: int = 10_000) -> None:
         self.view = TableView(_wall_ms)
         self._version = 0
         self._log: deque[LogEntry] = deque(maxlen=latency_log_max)
         self._log_seq = 0
+        self._events: deque[Event] = deque(maxlen=events_max)
+        self._event_seq = 0
 
     def _next_version(self) -> int:
         self._version += 1
@@ -58,12 +61,60 @@ class MemoryStore:
         out = []
         for r in reports:
             self._log_report(r, now)
-            out.append(report_locally(self.view, r, now, self._write))
+            outcome = report_locally(self.view, r, now, self._write)
+            out.append(outcome)
+            event = policy.window_event(outcome.change, r.isolation, outcome.quorum == "reached")
+            if event is not None:
+                self._event(
+                    *event,
+                    r.broker_name,
+                    outcome.tier_ms,
+                    outcome.reporters,
+                    outcome.available_at,
+                    now - r.age_ms,
+                    now,
+                )
             self.view.observe_latency(r.broker_name, r.latency_ms, now)
         return out
 
     def _write(self, item: FaultItem) -> None:
         self.view.apply_fault(item.broker_name, item, self._next_version())
+
+    def _event(
+        self,
+        kind: str,
+        reason: str,
+        broker: str,
+        tier_ms: int | None,
+        reporters: int,
+        available_at: int,
+        at: int,
+        now: int,
+    ) -> None:
+        if self._events.maxlen == 0:
+            return
+        self._event_seq += 1
+        self._events.append(
+            Event(
+                f"{now}-{self._event_seq}",
+                kind,
+                reason,
+                broker,
+                tier_ms,
+                reporters,
+                available_at,
+                at,
+            )
+        )
+
+    async def events(self, since: str | None, limit: int, latest: bool = False) -> list[Event]:
+        entries = list(self._events)
+        if latest:
+            return entries[-limit:]
+        if since is not None:
+            key = _log_key(since)
+            entries = [e for e in entries if _log_key(e.id) > key]
+        return entries[:limit]
 
     def _log_report(self, r: ReportIn, now: int) -> None:
         if self._log.maxlen == 0:
@@ -87,8 +138,13 @@ class MemoryStore:
         return self.view.now_ms(), list(self.view.faults.values())
 
     async def delete_fault(self, broker: str) -> bool:
-        if broker not in self.view.faults:
+        item = self.view.faults.get(broker)
+        if item is None:
             return False
+        now = self.view.now_ms()
+        if item.available_at > now:
+            self._event("ended", "operator", broker, None, 0, now, now, now)
+            metrics.EVENTS.labels("ended", "operator").inc()
         self.view.apply_fault(broker, None, self._next_version())
         return True
 

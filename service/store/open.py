@@ -14,6 +14,6 @@ async def open_store(settings: Settings) -> FaultStore:
 
         store = RedisStore(settings)
     else:
-        store = MemoryStore(settings.latency_log_max)
+        store = MemoryStore(settings.latency_log_max, settings.events_max)
     await store.start()
     return store

@@ -8,6 +8,8 @@ Layout (all keys share the ``{namespace}`` hash tag, so one Cluster slot):
                                 config_version (version that wrote config), config (JSON)
     {prefix}:{ns}:latency-log  stream: every report (broker, latency, isolation, producer,
                            time), trimmed to about ``latency_log_max`` entries
+    {prefix}:{ns}:events   stream: the event log (windows opened, extended, ended early,
+                           opened by quorum), trimmed to about ``events_max`` entries
     {prefix}:{ns}:changes  pub/sub channel: one message per visible change
 
 Writes are Lua scripts (one round trip, atomic, Redis's clock). A report that
@@ -47,7 +49,7 @@ from service.errors import StoreUnavailable
 from service.model import Config, FaultItem, Route
 from service.settings import Settings
 from service.store import codec
-from service.store.base import LogEntry, ReportIn, ReportOutcome
+from service.store.base import Event, LogEntry, ReportIn, ReportOutcome
 from service.store.connect import StoreClients, parse_redis_url
 from service.store.journal import Journal
 from service.store.local import report_locally
@@ -69,7 +71,7 @@ return {tonumber(redis.call('HGET', KEYS[1], 'version') or '0'), t[1], t[2]}
 _QUORUM_STATES: tuple[str | None, ...] = (None, "suspected", "reached")
 
 
-def _policy_arg(config: Config) -> str:
+def _policy_arg(config: Config, events_max: int = 0) -> str:
     """report.lua's ARGV[5]: the policy knobs the script applies."""
     keep_ms = max(config.quorum_window_ms, strategy.report_duration(config, 0, True))
     return ",".join(
@@ -85,6 +87,7 @@ def _policy_arg(config: Config) -> str:
             policy.JITTER_SCALE,
             policy.MAX_SUSPECTS,
             policy.MAX_ISOLATIONS,
+            events_max,
         )
     )
 
@@ -131,6 +134,8 @@ class RedisStore:
         self._channel = f"{base}:changes"
         self._log = f"{base}:latency-log"
         self._log_max = settings.latency_log_max
+        self._events = f"{base}:events"
+        self._events_max = settings.events_max
         # Reports are on the producers' send path: they get their own connections
         # (``fast``) with a short timeout, and fall back to the journal when it passes.
         self._conn = StoreClients(
@@ -271,9 +276,9 @@ class RedisStore:
                 rule,
                 self._channel,
                 self._log_max,
-                _policy_arg(config),
+                _policy_arg(config, self._events_max),
             ]
-            for r, d in zip(reports, durations, strict=True):
+            for r, d, t in zip(reports, durations, tiers, strict=True):
                 args += [
                     r.broker_name,
                     r.latency_ms,
@@ -283,8 +288,10 @@ class RedisStore:
                     r.producer,
                     int(policy.counts_toward_quorum(config, r.isolation, r.origin)),
                     random.randrange(policy.JITTER_SCALE) if config.jitter_percent else 0,
+                    "" if t is None else config.latency_max[t],
                 ]
-            reply = await self._eval("report", (self._faults, self._meta, self._log), args, script)
+            keys = (self._faults, self._meta, self._log, self._events)
+            reply = await self._eval("report", keys, args, script)
             if reply[0] == -1:
                 # Another replica changed the config and its push has not
                 # arrived yet: take the table as it is now and recompute.
@@ -326,14 +333,43 @@ class RedisStore:
             for entry_id, f in rows
         ]
 
-    async def _set_entry(self, key: str, kind: str, field: str, value: str) -> int:
-        version = await self._eval(
-            "set_entry", (key, self._meta), (self._channel, kind, field, value)
-        )
+    async def events(self, since: str | None, limit: int, latest: bool = False) -> list[Event]:
+        rows: list[tuple[str, dict[str, str]]]
+        async with _wrap_errors():
+            if latest:
+                newest = await self._client.xrevrange(self._events, count=limit)
+                rows = list(reversed(newest))  # type: ignore[arg-type]
+            else:
+                rows = await self._client.xrange(
+                    self._events, min=f"({since}" if since else "-", max="+", count=limit
+                )  # type: ignore[assignment]
+        return [
+            Event(
+                entry_id,
+                f["k"],
+                f["r"],
+                f["b"],
+                int(f["t"]) if f["t"] else None,
+                int(f["n"]),
+                int(f["e"]),
+                int(f["a"]),
+            )
+            for entry_id, f in rows
+        ]
+
+    async def _set_entry(
+        self, key: str, kind: str, field: str, value: str, events: bool = False
+    ) -> int:
+        keys = (key, self._meta, self._events) if events else (key, self._meta)
+        args = (self._channel, kind, field, value, *((self._events_max,) if events else ()))
+        version = await self._eval("set_entry", keys, args)
         return int(version)
 
     async def delete_fault(self, broker: str) -> bool:
-        version = await self._set_entry(self._faults, "fault", broker, "")
+        item = self.view.faults.get(broker)
+        version = await self._set_entry(self._faults, "fault", broker, "", events=True)
+        if version and item is not None and item.available_at > self.view.now_ms():
+            metrics.EVENTS.labels("ended", "operator").inc()
         if version:
             self.view.apply_fault(broker, None, version)
         return version > 0

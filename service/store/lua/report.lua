@@ -6,17 +6,20 @@
 -- KEYS[2] meta hash (version, config_version, config)
 -- KEYS[3] latency log stream (entries b=broker l=latency ms i=isolation 0/1 p=producer
 --         t=report time ms)
+-- KEYS[4] event log stream: one entry per window opened, extended, ended early or opened by
+--         quorum (k=kind r=reason b=broker t=tier ms or "" n=reporters e=window end a=at);
+--         the kinds and reasons are service.policy.window_event's
 -- ARGV[1] config version the caller chose durations and rule with
 -- ARGV[2] update rule: "extend" (window end = max(old, at + duration)), "overwrite" (RocketMQ
 --         4.x: at + duration) or "off" (avoidance disabled: the table is not written)
 -- ARGV[3] change channel
 -- ARGV[4] latency log length cap (approximate trim; 0 = no log)
 -- ARGV[5] policy: "quorum,quorumWindowMs,keepMs,repeat(0/1),maxIsolationMs,repeatDecayMs,
---         jitterPercent,jitterScale,maxSuspects,maxIsolations"
--- ARGV[6..] eight values per report, applied in order: broker, latency ms, the tier's window
+--         jitterPercent,jitterScale,maxSuspects,maxIsolations,eventLogCap" (cap 0 = no log)
+-- ARGV[6..] nine values per report, applied in order: broker, latency ms, the tier's window
 --         duration ms, age ms (the report happened at now - age), isolation (0/1), producer
 --         ("" = none), quorum (1: a failure that waits for the quorum), jitter roll
---         (0..jitterScale-1)
+--         (0..jitterScale-1), the tier's latencyMax ms ("" below every tier)
 -- returns {status, now ms, {availableAt}, {version}, {change}, 0, {quorum}, {duration}, {value}}
 --   with one entry per report
 --   status 1: applied. version > 0: the report changed the window or the suspects and was
@@ -41,7 +44,7 @@ for x in string.gmatch(ARGV[5], '[^,]+') do
 end
 local quorum, quorum_window, keep_ms, repeat_on = p[1], p[2], p[3], p[4] == 1
 local max_isolation, decay, jitter_pct, jitter_scale = p[5], p[6], p[7], p[8]
-local max_suspects, max_isolations = p[9], p[10]
+local max_suspects, max_isolations, event_cap = p[9], p[10], p[11]
 
 local function fmt(n)
   return string.format('%.0f', n)
@@ -52,7 +55,7 @@ local function by_time(a, b)
 end
 
 local ends, versions, changes, quorums, durations, values = {}, {}, {}, {}, {}, {}
-for i = 6, #ARGV, 8 do
+for i = 6, #ARGV, 9 do
   local broker, latency = ARGV[i], ARGV[i + 1]
   local at = now - tonumber(ARGV[i + 3])
   local isolation, producer = ARGV[i + 4], ARGV[i + 5]
@@ -67,7 +70,7 @@ for i = 6, #ARGV, 8 do
       suspects[#suspects + 1] = {who, tonumber(when)}
     end
   end
-  local version, change, quorum_state, value = 0, 0, 0, ''
+  local version, change, quorum_state, value, reporters = 0, 0, 0, '', 1
   local duration = tonumber(ARGV[i + 2])
   local new_end
   if rule == 'off' then
@@ -98,7 +101,7 @@ for i = 6, #ARGV, 8 do
         end
       end
       if voters >= quorum then
-        suspects, quorum_state = {}, 2
+        suspects, quorum_state, reporters = {}, 2, voters
       else
         suspects, quorum_state, duration = kept, 1, 0
       end
@@ -145,6 +148,24 @@ for i = 6, #ARGV, 8 do
       change = 2
     elseif was_open and not is_open then
       change = 3
+    end
+    if change > 0 and event_cap > 0 then
+      -- policy.window_event
+      local kind, reason = 'extended', 'latency'
+      if change == 3 then
+        kind, reason = 'ended', 'success'
+      elseif change == 1 and quorum_state == 2 then
+        kind, reason = 'quorum', 'quorum'
+      else
+        if change == 1 then
+          kind = 'opened'
+        end
+        if isolation == '1' then
+          reason = 'isolation'
+        end
+      end
+      redis.call('XADD', KEYS[4], 'MAXLEN', '~', event_cap, '*', 'k', kind, 'r', reason,
+        'b', broker, 't', ARGV[i + 8], 'n', reporters, 'e', fmt(new_end), 'a', fmt(at))
     end
     -- A suspect is pushed too: its producer avoids the broker on every replica.
     if change > 0 or quorum_state > 0 then

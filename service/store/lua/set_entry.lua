@@ -4,10 +4,23 @@
 -- KEYS[1] the hash   KEYS[2] meta hash (version, config_version)
 -- ARGV[1] change channel   ARGV[2] kind ("route" | "config" | "fault")   ARGV[3] field
 -- ARGV[4] value; "" deletes the field
+-- KEYS[3] (faults only) event log stream, ARGV[5] its length cap: an operator's delete of a
+--         broker whose window was open is an event (k=ended r=operator, as report.lua's)
 -- returns the new version, or 0 when deleting a field that does not exist (nothing pushed)
 if ARGV[4] == '' then
-  if redis.call('HDEL', KEYS[1], ARGV[3]) == 0 then
+  local old = redis.call('HGET', KEYS[1], ARGV[3])
+  if not old then
     return 0
+  end
+  redis.call('HDEL', KEYS[1], ARGV[3])
+  if KEYS[3] and tonumber(ARGV[5] or '0') > 0 then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local e = tonumber(string.match(old, '^%d+,(%d+)'))
+    if e > now then
+      redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'k', 'ended', 'r', 'operator',
+        'b', ARGV[3], 't', '', 'n', 0, 'e', string.format('%.0f', now), 'a', string.format('%.0f', now))
+    end
   end
 else
   redis.call('HSET', KEYS[1], ARGV[3], ARGV[4])
