@@ -19,7 +19,7 @@ def choose(
     else:
         found = view.routes.get(topic)
         if found is None:
-            metrics.observe_select(None)
+            metrics.observe_select(view.namespace, None)
             raise NotFound(f"no route for topic {topic!r}", field="topic")
         route = found
     selection = strategy.select(
@@ -31,5 +31,5 @@ def choose(
         view.config.send_latency_fault_enable,
     )
     view.set_counter(topic, selection.next_counter)
-    metrics.observe_select(selection)
+    metrics.observe_select(view.namespace, selection)
     return route, selection

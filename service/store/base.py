@@ -65,6 +65,7 @@ class FaultStore(Protocol):
     """
 
     kind: str
+    namespace: str
     view: TableView
 
     @property

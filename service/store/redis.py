@@ -43,7 +43,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import RedisClusterException, RedisError
 
 from service import metrics, strategy
-from service.errors import StoreUnavailable
+from service.errors import StoreUnavailable, TableFull
 from service.model import Config, FaultItem, Route
 from service.settings import Settings
 from service.store import codec
@@ -100,10 +100,11 @@ async def _wrap_errors() -> AsyncIterator[None]:
 class RedisStore:
     kind = "redis"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, namespace: str | None = None) -> None:
         assert settings.redis_url
         self._settings = settings
-        base = f"{settings.redis_prefix}:{{{settings.namespace}}}"
+        self.namespace = namespace or settings.namespace
+        base = f"{settings.redis_prefix}:{{{self.namespace}}}"
         self._faults, self._routes, self._meta = f"{base}:faults", f"{base}:routes", f"{base}:meta"
         self._channel = f"{base}:changes"
         self._log = f"{base}:latency-log"
@@ -128,7 +129,7 @@ class RedisStore:
         self._journal = Journal(settings.journal_max)
         # Until the first sync, the local wall clock stands in for Redis's.
         self._offset_ms = time.time_ns() / 1_000_000 - _mono_ms()
-        self.view = TableView(lambda: int(_mono_ms() + self._offset_ms))
+        self.view = TableView(lambda: int(_mono_ms() + self._offset_ms), self.namespace)
         self.synced = asyncio.Event()
         self._ever_synced = False
         self._resync_needed = False
@@ -213,6 +214,10 @@ class RedisStore:
     def _report_locally(self, reports: Sequence[ReportIn]) -> list[ReportOutcome]:
         """Apply to this replica's view at once and journal for replay."""
         now = self.view.now_ms()
+        new = {r.broker_name for r in reports} - self.view.faults.keys()
+        if new and len(self.view.faults) + len(new) > self._settings.max_brokers:
+            # No eviction here: dropping items is Redis's call once it is back.
+            raise TableFull(self.namespace, self._settings.max_brokers)
         received = _mono_ms()
         out = []
         for r in reports:
@@ -225,9 +230,20 @@ class RedisStore:
         while self._journal:
             batch = self._journal.take(_REPLAY_BATCH, _mono_ms())
             if batch:
-                await self._report_remote(batch)
+                try:
+                    await self._report_remote(batch)
+                except TableFull:
+                    # The table filled while Redis was away: keep what still fits.
+                    await self._replay_one_by_one(batch)
             self._journal.drop(len(batch))
             metrics.JOURNAL_REPLAYED.inc(len(batch))
+
+    async def _replay_one_by_one(self, batch: Sequence[ReportIn]) -> None:
+        for report in batch:
+            try:
+                await self._report_remote([report])
+            except TableFull:
+                metrics.JOURNAL_DROPPED.labels("table_full").inc()
 
     async def _report_remote(
         self, reports: Sequence[ReportIn], script: AsyncScript | None = None
@@ -242,10 +258,16 @@ class RedisStore:
                 for r in reports
             ]
             durations = [0 if t is None else config.not_available_duration[t] for t in tiers]
-            args: list[str | int] = [config_version, rule, self._channel, self._log_max]
+            args: list[str | int] = [
+                config_version,
+                rule,
+                self._channel,
+                self._log_max,
+                self._settings.max_brokers,
+            ]
             for r, d in zip(reports, durations, strict=True):
                 args += [r.broker_name, r.latency_ms, d, r.age_ms, int(r.isolation), r.producer]
-            status, now, ends, versions, changes, *_ = await self._eval(
+            status, now, ends, versions, changes, extra = await self._eval(
                 "report", (self._faults, self._meta, self._log), args, script
             )
             if status == -1:
@@ -253,6 +275,10 @@ class RedisStore:
                 # arrived yet: take the table as it is now and recompute.
                 await self._resync()
                 continue
+            if extra:
+                metrics.EVICTED.labels(self.namespace).inc(int(extra))
+            if status == -2:
+                raise TableFull(self.namespace, self._settings.max_brokers)
             out = []
             for r, t, d, end, version, change in zip(
                 reports, tiers, durations, ends, versions, changes, strict=True

@@ -9,14 +9,23 @@
 --         4.x: at + duration) or "off" (avoidance disabled: the table is not written)
 -- ARGV[3] change channel
 -- ARGV[4] latency log length cap (approximate trim; 0 = no log)
--- ARGV[5..] six values per report, applied in order: broker, latency ms, window duration ms,
+-- ARGV[5] table cap: fault items the hash may hold. When the reports name brokers not in it
+--         and it would overflow, every item whose window has ended is dropped (each pushed as
+--         a delete); if still too full, nothing is written. After a scan that could not make
+--         room, the next one waits until the earliest open window ends (meta field prune_at,
+--         cleared whenever a new broker is added), so a table full of open windows costs O(1)
+--         per refused report.
+-- ARGV[6..] six values per report, applied in order: broker, latency ms, window duration ms,
 --         age ms (the report happened at now - age), isolation (0/1), producer ("" = none)
 -- returns {status, now ms, {availableAt}, {version}, {change}} with one entry per report
 --   status 1: applied. version > 0: the report changed the window and was pushed as
 --             {k="fault", v=version, f=broker, x="latencyMs,availableAt"};
 --             change: 0 none, 1 opened, 2 moved, 3 cleared
+--   the sixth element is the number of items dropped to make room
 --   status -1: the caller's config is stale: nothing written; {} {} {} and the current config
 --             version as the sixth element
+--   status -2: the table is full of open windows: nothing written; {} {} {} and the number
+--             of items dropped (0) as the sixth element
 local config_version = tonumber(redis.call('HGET', KEYS[2], 'config_version') or '0')
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -26,8 +35,58 @@ end
 
 local rule = ARGV[2]
 local log_cap = tonumber(ARGV[4])
+local evicted = 0
+if rule ~= 'off' then
+  local cap = tonumber(ARGV[5])
+  local function count_new()
+    local new, seen = 0, {}
+    for i = 6, #ARGV, 6 do
+      local broker = ARGV[i]
+      if not seen[broker] then
+        seen[broker] = true
+        if redis.call('HEXISTS', KEYS[1], broker) == 0 then
+          new = new + 1
+        end
+      end
+    end
+    return new
+  end
+  local new = count_new()
+  if new > 0 then
+    local size = redis.call('HLEN', KEYS[1])
+    if size + new > cap then
+      local prune_at = tonumber(redis.call('HGET', KEYS[2], 'prune_at') or '0')
+      if now >= prune_at then
+        local all = redis.call('HGETALL', KEYS[1])
+        local next_end = nil
+        for j = 1, #all, 2 do
+          local item_end = tonumber(string.match(all[j + 1], ',(%d+)$'))
+          if item_end <= now then
+            redis.call('HDEL', KEYS[1], all[j])
+            local v = redis.call('HINCRBY', KEYS[2], 'version', 1)
+            redis.call('PUBLISH', ARGV[3], cjson.encode({k = 'fault', v = v, f = all[j], x = ''}))
+            evicted = evicted + 1
+          elseif next_end == nil or item_end < next_end then
+            next_end = item_end
+          end
+        end
+        size = size - evicted
+        -- a broker of these reports may have been one of the dropped
+        new = count_new()
+        if size + new > cap then
+          -- Nothing is added while refusing, so no item can end before next_end.
+          redis.call('HSET', KEYS[2], 'prune_at', string.format('%.0f', next_end or 0))
+        end
+      end
+      if size + new > cap then
+        return {-2, now, {}, {}, {}, evicted}
+      end
+    end
+    redis.call('HDEL', KEYS[2], 'prune_at')
+  end
+end
 local ends, versions, changes = {}, {}, {}
-for i = 5, #ARGV, 6 do
+for i = 6, #ARGV, 6 do
   local broker, latency = ARGV[i], ARGV[i + 1]
   local at = now - tonumber(ARGV[i + 3])
   local old = redis.call('HGET', KEYS[1], broker)
@@ -68,4 +127,4 @@ for i = 5, #ARGV, 6 do
   versions[#versions + 1] = version
   changes[#changes + 1] = change
 end
-return {1, now, ends, versions, changes}
+return {1, now, ends, versions, changes, evicted}
