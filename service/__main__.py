@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import uvicorn
 
+from service.auth import check_exposure, load_tokens
 from service.settings import Settings
 
 
@@ -27,6 +28,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--workers", type=int, help="uvicorn worker processes (default 1; env DETOUR_WORKERS)"
     )
     p.add_argument("--log-level", help="log level (default info; env DETOUR_LOG_LEVEL)")
+    p.add_argument(
+        "--tokens-file", help="YAML/JSON tokens file (docs/security.md; env DETOUR_TOKENS_FILE)"
+    )
+    p.add_argument(
+        "--allow-open",
+        action="store_const",
+        const="true",
+        help="serve a non-loopback --host with no tokens (env DETOUR_ALLOW_OPEN)",
+    )
     return p.parse_args(argv)
 
 
@@ -48,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     # Flags win over the environment. They are written back to the environment
     # because each uvicorn worker builds its own app through the factory.
-    for name in ("host", "port", "redis_url", "workers", "log_level"):
+    for name in ("host", "port", "redis_url", "workers", "log_level", "tokens_file", "allow_open"):
         value = getattr(args, name)
         if value is not None:
             os.environ[f"DETOUR_{name.upper()}"] = str(value)
@@ -57,6 +67,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=settings.log_level.upper() if settings.log_level != "trace" else "DEBUG",
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    try:
+        tokens = load_tokens(settings)
+    except ValueError as exc:
+        print(f"detour: {exc}", file=sys.stderr)
+        return 2
+    refusal = check_exposure(settings, tokens)
+    if refusal:
+        print(f"detour: {refusal}", file=sys.stderr)
+        return 2
     if settings.workers > 1 and not settings.redis_url:
         print(
             "detour: --workers > 1 needs --redis-url: the memory store lives in one process, "

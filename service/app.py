@@ -15,8 +15,11 @@ from typing import Any, TypedDict
 from fastapi import FastAPI
 from pydantic import BaseModel
 
+from service import metrics
 from service.api import admin, events, health, reports, routes, select, status, stream
 from service.api.fast import mount_fast
+from service.api.guard import Guard
+from service.auth import TokenTable, load_tokens
 from service.errors import install_error_handlers
 from service.limits import AssumeJson, BodyLimit
 from service.metrics import RequestTimer
@@ -30,7 +33,10 @@ log = logging.getLogger("detour")
 
 
 class State(TypedDict):
+    #: The store of the open namespace; with tokens, the Guard replaces it per request.
     store: FaultStore
+    #: Every namespace's store, by namespace.
+    stores: dict[str, FaultStore]
 
 
 def _describe(settings: Settings) -> str:
@@ -92,23 +98,49 @@ def _before_stop_signal(callback: Callable[[], None]) -> Callable[[], None]:
     return restore
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, tokens: TokenTable | None = None) -> FastAPI:
+    """The app; ``tokens`` default to the settings' (raises ValueError when they are invalid)."""
     settings = settings or Settings()
+    tokens = load_tokens(settings) if tokens is None else tokens
+    namespaces = tokens.namespaces if tokens else [settings.namespace]
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[State]:
-        store = await open_store(settings)
-        restore_signals = _before_stop_signal(store.view.stop_listeners)
+        metrics.prepare_namespaces(namespaces)
+        stores: dict[str, FaultStore] = {}
+        try:
+            for ns in namespaces:
+                stores[ns] = await open_store(settings, ns)
+        except BaseException:
+            for opened in stores.values():
+                await opened.close()
+            raise
+
+        def stop_listeners() -> None:
+            for s in stores.values():
+                s.view.stop_listeners()
+
+        restore_signals = _before_stop_signal(stop_listeners)
         log.info("detour ready: %s", _describe(settings))
+        if tokens:
+            log.info("tokens required; namespaces: %s", ", ".join(namespaces))
+        else:
+            log.warning(
+                "no tokens configured: every request is served, on namespace %r; "
+                "listening on %s only",
+                settings.namespace,
+                settings.host,
+            )
         # Start-up objects live for the whole process; keeping them out of the
         # cyclic GC's generations removes its pauses from the request path.
         gc.collect()
         gc.freeze()
         try:
-            yield {"store": store}
+            yield {"store": stores[namespaces[0]], "stores": stores}
         finally:
             restore_signals()
-            await store.close()
+            for s in stores.values():
+                await s.close()
 
     app = FastAPI(
         title="Detour",
@@ -133,6 +165,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_bytes=settings.max_body_bytes,
         overrides={"/report-latency:batch": settings.max_batch_body_bytes},
     )
+    if tokens:
+        # Before the body is read: a request without a valid token costs one hash.
+        app.add_middleware(Guard, tokens=tokens)
     # Outermost: a refused request costs as little as possible and is not timed.
     app.add_middleware(
         Shedder,

@@ -4,6 +4,7 @@
     ├── InvalidInput            422 VALIDATION_ERROR: a field failed validation
     ├── NotFound                404 NOT_FOUND: unknown topic, broker or path
     ├── PayloadTooLarge         413 PAYLOAD_TOO_LARGE: body over the limit
+    ├── TableFull               409 TABLE_FULL: a new broker, and the table is full
     └── StoreUnavailable        503 STORE_UNAVAILABLE: Redis did not answer
 
 Also 503 SYSTEM_BUSY, answered by the shedder (service/shedding.py) before any
@@ -49,6 +50,22 @@ class NotFound(DetourError):
 class PayloadTooLarge(DetourError):
     status = 413
     code = "PAYLOAD_TOO_LARGE"
+
+
+class TableFull(DetourError):
+    """A report named a broker the namespace's table has no room for (``max_brokers``
+    items, every window still open): the whole request changed nothing."""
+
+    status = 409
+    code = "TABLE_FULL"
+
+    def __init__(self, namespace: str, cap: int) -> None:
+        super().__init__(
+            f"the fault table of namespace {namespace!r} holds {cap} brokers with open "
+            "windows: a report for a new broker is refused until one ends",
+            field="brokerName",
+        )
+        self.namespace = namespace
 
 
 class StoreUnavailable(DetourError):

@@ -57,7 +57,8 @@ class ErrorBody(Body):
 
     error: str = Field(
         description="Stable machine-readable code: VALIDATION_ERROR, NOT_FOUND, "
-        "PAYLOAD_TOO_LARGE, METHOD_NOT_ALLOWED, STORE_UNAVAILABLE, SYSTEM_BUSY, INTERNAL.",
+        "PAYLOAD_TOO_LARGE, METHOD_NOT_ALLOWED, UNAUTHORIZED, FORBIDDEN, TABLE_FULL, "
+        "STORE_UNAVAILABLE, SYSTEM_BUSY, INTERNAL.",
         examples=["VALIDATION_ERROR"],
     )
     message: str = Field(description="What went wrong, for people.", examples=["latencyMs: ..."])

@@ -31,7 +31,7 @@ def choose(
     else:
         found = view.routes.get(topic)
         if found is None:
-            metrics.observe_select(None)
+            metrics.observe_select(view.namespace, None)
             raise NotFound(f"no route for topic {topic!r}", field="topic")
         route = found
     config = view.config
@@ -53,6 +53,6 @@ def choose(
         view.latency_scores if config.selection == "p2c-ewma" else None,
     )
     view.set_counter(topic, choice.selection.next_counter)
-    metrics.observe_select(choice.selection)
-    metrics.observe_policy(choice)
+    metrics.observe_select(view.namespace, choice.selection)
+    metrics.observe_policy(view.namespace, choice)
     return route, choice

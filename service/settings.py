@@ -54,3 +54,14 @@ class Settings(BaseSettings):
     #: (RocketMQ's waitTimeMillsInSendQueue).
     max_queue_wait_ms: float = Field(200.0, ge=0, le=60_000)
     log_level: str = Field("info", pattern=r"^(critical|error|warning|info|debug|trace)$")
+    #: A YAML or JSON file of tokens (docs/security.md); ``tokens`` holds the same text
+    #: inline (for a Secret mounted as an environment variable). Neither: the service
+    #: runs open, with every request in ``namespace``.
+    tokens_file: str | None = None
+    tokens: str | None = None
+    #: Binding a non-loopback ``host`` with no tokens configured refuses to start
+    #: unless this is set: an open Detour on a network lets anyone steer producers.
+    allow_open: bool = False
+    #: Fault items one namespace's table may hold. A report for a new broker when it is
+    #: full first drops items whose window has ended; if none has, it is refused (409).
+    max_brokers: int = Field(10_000, ge=1, le=1_000_000)

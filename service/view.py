@@ -37,9 +37,11 @@ Listener = Callable[[ChangeKind, str, object, int], None]
 
 
 class TableView:
-    def __init__(self, clock: Callable[[], int]) -> None:
+    def __init__(self, clock: Callable[[], int], namespace: str = "default") -> None:
         #: Epoch ms on the store's clock (Redis TIME for Redis, the process clock for memory).
         self.now_ms = clock
+        #: Whose table this is (a label on the metrics it feeds).
+        self.namespace = namespace
         self.config = Config()
         #: Store version at which ``config`` was written; reports carry it so a
         #: replica never applies tiers it has not seen yet.

@@ -12,6 +12,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Self
 
 import httpx
 import redis
@@ -108,6 +109,12 @@ class HttpProcess:
         except BaseException:
             self.stop()
             raise
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
 
     def stop(self) -> None:
         if self.proc.poll() is None:

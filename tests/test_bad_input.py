@@ -624,3 +624,25 @@ def test_batch_of_bad_requests_changes_nothing_and_service_still_works(
 
     assert after == before, f"state changed; bad requests not refused with a 4xx: {wrong}"
     assert wrong == [], "bad requests not refused with a 4xx Error body"
+
+
+#: Nesting depth: every accepted body is at most 4 levels deep (no schema has a free-form
+#: object and unknown fields are refused); the JSON parsers refuse documents past 200
+#: levels before validation. Either way 422, never a 500 or a stack overflow.
+DEPTH_CASES = [
+    pytest.param(method, path, depth, id=f"{path}-depth-{depth}")
+    for method, path in (*BODY_ENDPOINTS.values(), ("POST", "/report-latency:batch"))
+    for depth in (40, 250, 20_000)
+]
+
+
+@pytest.mark.parametrize(("method", "path", "depth"), DEPTH_CASES)
+def test_deeply_nested_json_is_refused(
+    seeded: TestClient, seeded_state: State, method: str, path: str, depth: int
+) -> None:
+    nested = "[" * depth + "]" * depth
+    whole = send(seeded, method, path, Raw(nested.encode()))
+    assert_error(whole, 422, VE, "body")
+    inside = send(seeded, method, path, Raw(('{"x":' + nested + "}").encode()))
+    assert inside.status_code == 422 and inside.json()["error"] == VE
+    assert snapshot(seeded) == seeded_state

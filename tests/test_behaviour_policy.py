@@ -35,13 +35,16 @@ def fail(client: TestClient, broker: str, producer: str | None = None,
 
 
 def metric(client: TestClient, name: str, **labels: str) -> float:
-    text = client.get("/metrics").text
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in text.splitlines():
+    """The sum of ``name``'s series whose labels include ``labels`` (any namespace)."""
+    total = 0.0
+    for line in client.get("/metrics").text.splitlines():
         m = re.match(rf"^{name}(?:\{{(.*)\}})? (\S+)$", line)
-        if m and ",".join(sorted((m.group(1) or "").split(","))) == want:
-            return float(m.group(2))
-    return 0.0
+        if m is None:
+            continue
+        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
 
 
 def test_defaults_keep_the_select_answer_rocketmq(client: TestClient) -> None:

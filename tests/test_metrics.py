@@ -20,7 +20,22 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return out
 
 
-def value(text: str, name: str, **labels: str) -> float:
+#: Series about the process rather than a namespace's table carry no namespace label.
+_PROCESS_WIDE = (
+    "detour_http_",
+    "detour_store_errors",
+    "detour_store_roundtrip",
+    "detour_requests_shed",
+    "detour_journal_",
+    "detour_view_resyncs",
+    "detour_store_reseeds",
+)
+
+
+def value(text: str, name: str, namespace: str = "default", **labels: str) -> float:
+    """The sample with exactly these labels, plus ``namespace`` on per-namespace series."""
+    if not name.startswith(_PROCESS_WIDE):
+        labels = {**labels, "namespace": namespace}
     return samples(text).get((name, tuple(sorted(labels.items()))), 0.0)
 
 

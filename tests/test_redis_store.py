@@ -73,8 +73,8 @@ def test_one_round_trip_per_report_and_none_per_select(redis_url: str, raw: redi
     delta = {k: middle.get(k, 0) - before.get(k, 0) for k in middle}
     assert delta["evalsha"] == 20
     # Redis counts the script's own commands too; nothing else came from the client.
-    assert {k for k, v in delta.items() if v} <= {"evalsha", "hget", "hset", "time",
-                                                  "hincrby", "publish", "xadd"}
+    assert {k for k, v in delta.items() if v} <= {"evalsha", "hget", "hset", "time", "hexists",
+                                                  "hlen", "hincrby", "publish", "xadd"}
     assert sum(after.values()) == sum(middle.values())
 
 
@@ -95,7 +95,8 @@ def _report_script(raw: redis.Redis) -> Any:
 
 def _run_reports(raw: redis.Redis, script: Any, rule: str,
                  reports: list[tuple[str, int, int, int]], config_version: int = 0) -> Any:
-    args: list[Any] = [config_version, rule, f"{PREFIX}:changes", 1000, _policy_arg(Config())]
+    args: list[Any] = [config_version, rule, f"{PREFIX}:changes", 1000, 10_000,
+                       _policy_arg(Config())]
     for broker, latency, duration, age in reports:
         args += [broker, latency, duration, age, 0, "test", 0, 0, ""]
     return script(keys=[f"{PREFIX}:faults", f"{PREFIX}:meta", f"{PREFIX}:latency-log",
@@ -116,7 +117,8 @@ def test_report_lua_matches_the_python_rule(raw: redis.Redis) -> None:
              rng.choice([0, 0, 1, 5, 30000, 600000]), rng.choice([0, 0, 0, 3, 40000]))
             for _ in range(rng.randint(1, 4))
         ]
-        status, now, ends, pushed, changes, *_ = _run_reports(raw, script, rule, batch)
+        status, now, ends, pushed, changes, evicted, *_ = _run_reports(raw, script, rule, batch)
+        assert evicted == 0
         sent += len(batch)
         assert status == 1 and len(ends) == len(pushed) == len(changes) == len(batch)
         for (broker, latency, duration, age), end, v, change in zip(
@@ -163,7 +165,7 @@ def test_report_lua_matches_the_policy(raw: redis.Redis) -> None:
         )
         batch = []
         args: list[Any] = [0, "overwrite" if config.last_report_wins else "extend",
-                           f"{PREFIX}:changes", 1000, _policy_arg(config)]
+                           f"{PREFIX}:changes", 1000, 10_000, _policy_arg(config)]
         for _ in range(rng.randint(1, 4)):
             isolation = rng.random() < 0.7
             report = (rng.choice("ab"), rng.choice([0, 10, 550, 15000]), isolation,
@@ -286,7 +288,7 @@ def test_redis_outage_degrades_never_500() -> None:
             r = c.put("/routes/u", json={"brokers": [{"brokerName": "z", "writeQueueNums": 1}]})
             assert r.status_code == 503 and r.json()["error"] == "STORE_UNAVAILABLE"
             text = c.get("/metrics").text
-            assert "detour_store_degraded 1.0" in text
+            assert 'detour_store_degraded{namespace="default"} 1.0' in text
             assert "detour_journal_reports 1.0" in text
     finally:
         server.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -19,6 +20,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 from service.app import create_app
+from service.auth import hash_token
 from service.settings import Settings
 from tests.procs import ROOT, ServiceProcess
 
@@ -249,3 +251,27 @@ def test_error_banner_when_a_poll_fails(browser: WebDriver, detour: ServiceProce
         assert browser.find_element(By.TAG_NAME, "body").get_attribute("data-poll") == "ok"
     finally:
         revived.stop()
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_page_asks_for_a_token_when_the_service_needs_one(browser: WebDriver,
+                                                          tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps([{"name": "ops", "sha256": hash_token("tok-ops"),
+                                   "role": "admin", "namespace": "prod"}]))
+    with ServiceProcess(env={"DETOUR_TOKENS_FILE": str(tokens)}) as svc:
+        httpx.put(f"{svc.url}/routes/orders", timeout=5,
+                  headers={"Authorization": "Bearer tok-ops"},
+                  json={"brokers": [{"brokerName": "broker-a", "writeQueueNums": 2}]}
+                  ).raise_for_status()
+        browser.get(svc.url + "/")
+        wait = WebDriverWait(browser, WAIT_S, poll_frequency=0.05)
+        form = browser.find_element(By.ID, "auth")
+        wait.until(lambda _: form.is_displayed())
+        assert "401" in browser.find_element(By.ID, "error").text
+        browser.find_element(By.ID, "token").send_keys("tok-ops")
+        browser.find_element(By.CSS_SELECTOR, "#auth button").click()
+        wait.until(_shows(browser, {"broker-a": "available"}))
+        wait.until(lambda _: not browser.find_element(By.ID, "error").is_displayed())
+        assert form.is_displayed() is False

@@ -17,7 +17,14 @@ async def get_store(request: Request) -> FaultStore:
     return store
 
 
+async def get_stores(request: Request) -> dict[str, FaultStore]:
+    stores: dict[str, FaultStore] = request.state.stores
+    return stores
+
+
 StoreDep = Annotated[FaultStore, Depends(get_store)]
+#: Every namespace's store: for probes and metrics, which are not per tenant.
+StoresDep = Annotated[dict[str, FaultStore], Depends(get_stores)]
 TopicPath = Annotated[
     str,
     Path(
@@ -42,6 +49,15 @@ BrokerPath = Annotated[
 
 #: Error responses every route may give, for the OpenAPI document.
 ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {
+        "model": ErrorBody,
+        "description": "Tokens are configured and this one is missing or unknown.",
+    },
+    403: {
+        "model": ErrorBody,
+        "description": "The token's role may not do this, or "
+        "`X-Detour-Namespace` names another namespace than the token's.",
+    },
     413: {"model": ErrorBody, "description": "Body larger than the limit."},
     422: {"model": ErrorBody, "description": "A field failed validation; `field` names it."},
 }

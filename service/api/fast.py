@@ -21,6 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from service.auth import Principal
 from service.store import FaultStore
 
 M = TypeVar("M", bound=BaseModel)
@@ -40,6 +41,15 @@ async def parse(request: Request, adapter: TypeAdapter[M]) -> M:
 def store_of(request: Request) -> FaultStore:
     store: FaultStore = request.state.store
     return store
+
+
+def reporter_of(request: Request, given: str | None) -> str:
+    """Who made a report: with tokens, the token's name, then ``/`` and the producer id
+    the request gave, so one token's holder cannot report as another's producers."""
+    principal: Principal | None = getattr(request.state, "principal", None)
+    if principal is None:
+        return given or ""
+    return f"{principal.name}/{given}" if given else principal.name
 
 
 def json_response(body: str) -> Response:

@@ -6,15 +6,22 @@ from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from service import metrics
-from service.api.deps import StoreDep
+from service.api.deps import StoresDep
 from service.schemas import ErrorBody, Health
+from service.store import FaultStore
 
 router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz", response_model=Health, summary="The process is alive")
-async def healthz(store: StoreDep) -> Health:
-    return Health(status="ok", store=store.kind, degraded=store.degraded)  # type: ignore[arg-type]
+async def healthz(stores: StoresDep) -> Health:
+    return _health("ok", stores)
+
+
+def _health(status: str, stores: dict[str, FaultStore]) -> Health:
+    kind = next(iter(stores.values())).kind
+    degraded = any(s.degraded for s in stores.values())
+    return Health(status=status, store=kind, degraded=degraded)  # type: ignore[arg-type]
 
 
 @router.get(
@@ -23,12 +30,13 @@ async def healthz(store: StoreDep) -> Health:
     responses={503: {"model": ErrorBody, "description": "Store not reachable."}},
     summary="The store is reachable and this replica's table is synced",
 )
-async def readyz(store: StoreDep) -> Health:
+async def readyz(stores: StoresDep) -> Health:
     """Ready once the replica holds a table. A Redis outage after that keeps it ready
     (`degraded: true`): selects go on from the replica's copy and reports are journaled,
     so Kubernetes should keep sending producers here."""
-    await store.ping()
-    return Health(status="ready", store=store.kind, degraded=store.degraded)  # type: ignore[arg-type]
+    for store in stores.values():
+        await store.ping()
+    return _health("ready", stores)
 
 
 @router.get(
@@ -42,6 +50,7 @@ async def readyz(store: StoreDep) -> Health:
         }
     },
 )
-async def prometheus(store: StoreDep) -> Response:
-    """Counters of this process (all workers' when several run) and the table's state."""
-    return Response(metrics.exposition(store.view, store.degraded), media_type=CONTENT_TYPE_LATEST)
+async def prometheus(stores: StoresDep) -> Response:
+    """Counters of this process (all workers' when several run) and every table's state."""
+    tables = [metrics.TableState(s.view, s.degraded) for _, s in sorted(stores.items())]
+    return Response(metrics.exposition(tables), media_type=CONTENT_TYPE_LATEST)

@@ -3,34 +3,53 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import TypeAdapter
 
 from service import metrics
 from service.api.deps import ERRORS, UNAVAILABLE, StoreDep
-from service.api.fast import json_response, parse, request_body, store_of
+from service.api.fast import json_response, parse, reporter_of, request_body, store_of
 from service.api.render import report_out
+from service.errors import TableFull
 from service.schemas import (
     BatchReportRequest,
     BatchReportResponse,
+    ErrorBody,
     LatencyLogOut,
     LogEntryOut,
     ReportRequest,
     ReportResponse,
 )
-from service.store import ReportIn
+from service.store import FaultStore, ReportIn, ReportOutcome
 
 _REPORT = TypeAdapter(ReportRequest)
 
 router = APIRouter(tags=["reports"])
+_TABLE_FULL: dict[int | str, dict[str, Any]] = {
+    409: {
+        "model": ErrorBody,
+        "description": "TABLE_FULL: a report names a new broker and "
+        "the namespace's table holds `DETOUR_MAX_BROKERS` open windows; nothing changed.",
+    }
+}
+
+
+async def _apply(store: FaultStore, reports: list[ReportIn]) -> list[ReportOutcome]:
+    try:
+        outcomes = await store.report_many(reports)
+    except TableFull:
+        metrics.REPORTS_REFUSED.labels(store.namespace, "table_full").inc(len(reports))
+        raise
+    metrics.observe_reports(store.namespace, outcomes)
+    return outcomes
 
 
 @router.post(
     "/report-latency",
     response_model=ReportResponse,
-    responses={**ERRORS, **UNAVAILABLE},
+    responses={**ERRORS, **_TABLE_FULL, **UNAVAILABLE},
     summary="Report a send's latency or failure",
     openapi_extra=request_body(ReportRequest),
 )
@@ -50,11 +69,11 @@ async def report_latency(request: Request) -> Response:
         math.floor(body.latency_ms),
         body.isolation,
         0,
-        body.producer or "",
+        reporter_of(request, body.producer),
         body.origin,
     )
-    outcomes = await store_of(request).report_many([report])
-    metrics.observe_reports(outcomes)
+    store = store_of(request)
+    outcomes = await _apply(store, [report])
     o = outcomes[0]
     # brokerName matched NAME_PATTERN on the way in: nothing to escape.
     return json_response(
@@ -67,10 +86,12 @@ async def report_latency(request: Request) -> Response:
 @router.post(
     "/report-latency:batch",
     response_model=BatchReportResponse,
-    responses={**ERRORS, **UNAVAILABLE},
+    responses={**ERRORS, **_TABLE_FULL, **UNAVAILABLE},
     summary="Report up to 1,000 sends at once",
 )
-async def report_latency_batch(body: BatchReportRequest, store: StoreDep) -> BatchReportResponse:
+async def report_latency_batch(
+    body: BatchReportRequest, store: StoreDep, request: Request
+) -> BatchReportResponse:
     """Apply reports in order, all in one atomic store operation (one Redis round trip).
 
     Each report follows the single report's rule, computed from the moment the send
@@ -83,13 +104,12 @@ async def report_latency_batch(body: BatchReportRequest, store: StoreDep) -> Bat
             math.floor(r.latency_ms),
             r.isolation,
             r.age_ms,
-            r.producer or "",
+            reporter_of(request, r.producer),
             r.origin,
         )
         for r in body.reports
     ]
-    outcomes = await store.report_many(reports)
-    metrics.observe_reports(outcomes)
+    outcomes = await _apply(store, reports)
     return BatchReportResponse(results=[report_out(o) for o in outcomes])
 
 

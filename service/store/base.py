@@ -91,6 +91,7 @@ class FaultStore(Protocol):
     """
 
     kind: str
+    namespace: str
     view: TableView
 
     @property

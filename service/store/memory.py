@@ -7,6 +7,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from service import metrics, policy
+from service.errors import TableFull
 from service.model import Config, FaultItem, Route
 from service.store.base import Event, LogEntry, ReportIn, ReportOutcome
 from service.store.local import report_locally
@@ -26,13 +27,23 @@ def _log_key(entry_id: str) -> tuple[int, int]:
 class MemoryStore:
     kind = "memory"
 
-    def __init__(self, latency_log_max: int = 100_000, events_max: int = 10_000) -> None:
-        self.view = TableView(_wall_ms)
+    def __init__(
+        self,
+        latency_log_max: int = 100_000,
+        namespace: str = "default",
+        max_brokers: int = 10_000,
+        events_max: int = 10_000,
+    ) -> None:
+        self.namespace = namespace
+        self.max_brokers = max_brokers
+        self.view = TableView(_wall_ms, namespace)
         self._version = 0
         self._log: deque[LogEntry] = deque(maxlen=latency_log_max)
         self._log_seq = 0
         self._events: deque[Event] = deque(maxlen=events_max)
         self._event_seq = 0
+        #: No item of a full table can have ended before this (ms): skip the scan until then.
+        self._prune_at = 0
 
     def _next_version(self) -> int:
         self._version += 1
@@ -58,6 +69,8 @@ class MemoryStore:
 
     async def report_many(self, reports: Sequence[ReportIn]) -> list[ReportOutcome]:
         now = self.view.now_ms()
+        if self.view.config.send_latency_fault_enable:
+            self._make_room({r.broker_name for r in reports}, now)
         out = []
         for r in reports:
             self._log_report(r, now)
@@ -76,6 +89,24 @@ class MemoryStore:
                 )
             self.view.observe_latency(r.broker_name, r.latency_ms, now)
         return out
+
+    def _make_room(self, brokers: set[str], now: int) -> None:
+        """The Redis script's cap rule (service/store/lua/report.lua), step for step."""
+        faults = self.view.faults
+        new = len(brokers - faults.keys())
+        if new == 0:
+            return
+        if len(faults) + new > self.max_brokers:
+            if now >= self._prune_at:
+                ended = [b for b, item in faults.items() if item.available_at <= now]
+                for broker in ended:
+                    self.view.apply_fault(broker, None, self._next_version())
+                metrics.EVICTED.labels(self.namespace).inc(len(ended))
+                if len(faults) + len(brokers - faults.keys()) > self.max_brokers:
+                    self._prune_at = min((i.available_at for i in faults.values()), default=0)
+            if len(faults) + len(brokers - faults.keys()) > self.max_brokers:
+                raise TableFull(self.namespace, self.max_brokers)
+        self._prune_at = 0
 
     def _write(self, item: FaultItem) -> None:
         self.view.apply_fault(item.broker_name, item, self._next_version())
@@ -144,7 +175,7 @@ class MemoryStore:
         now = self.view.now_ms()
         if item.available_at > now:
             self._event("ended", "operator", broker, None, 0, now, now, now)
-            metrics.EVENTS.labels("ended", "operator").inc()
+            metrics.EVENTS.labels(self.namespace, "ended", "operator").inc()
         self.view.apply_fault(broker, None, self._next_version())
         return True
 

@@ -45,7 +45,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import RedisClusterException, RedisError
 
 from service import metrics, policy, strategy
-from service.errors import StoreUnavailable
+from service.errors import StoreUnavailable, TableFull
 from service.model import Config, FaultItem, Route
 from service.settings import Settings
 from service.store import codec
@@ -126,10 +126,11 @@ async def _wrap_errors() -> AsyncIterator[None]:
 class RedisStore:
     kind = "redis"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, namespace: str | None = None) -> None:
         assert settings.redis_url
         self._settings = settings
-        base = f"{settings.redis_prefix}:{{{settings.namespace}}}"
+        self.namespace = namespace or settings.namespace
+        base = f"{settings.redis_prefix}:{{{self.namespace}}}"
         self._faults, self._routes, self._meta = f"{base}:faults", f"{base}:routes", f"{base}:meta"
         self._channel = f"{base}:changes"
         self._log = f"{base}:latency-log"
@@ -156,7 +157,7 @@ class RedisStore:
         self._journal = Journal(settings.journal_max)
         # Until the first sync, the local wall clock stands in for Redis's.
         self._offset_ms = time.time_ns() / 1_000_000 - _mono_ms()
-        self.view = TableView(lambda: int(_mono_ms() + self._offset_ms))
+        self.view = TableView(lambda: int(_mono_ms() + self._offset_ms), self.namespace)
         self.synced = asyncio.Event()
         self._ever_synced = False
         self._resync_needed = False
@@ -241,6 +242,10 @@ class RedisStore:
     def _report_locally(self, reports: Sequence[ReportIn]) -> list[ReportOutcome]:
         """Apply to this replica's view at once and journal for replay."""
         now = self.view.now_ms()
+        new = {r.broker_name for r in reports} - self.view.faults.keys()
+        if new and len(self.view.faults) + len(new) > self._settings.max_brokers:
+            # No eviction here: dropping items is Redis's call once it is back.
+            raise TableFull(self.namespace, self._settings.max_brokers)
         received = _mono_ms()
         out = []
         for r in reports:
@@ -254,9 +259,20 @@ class RedisStore:
         while self._journal:
             batch = self._journal.take(_REPLAY_BATCH, _mono_ms())
             if batch:
-                await self._report_remote(batch)
+                try:
+                    await self._report_remote(batch)
+                except TableFull:
+                    # The table filled while Redis was away: keep what still fits.
+                    await self._replay_one_by_one(batch)
             self._journal.drop(len(batch))
             metrics.JOURNAL_REPLAYED.inc(len(batch))
+
+    async def _replay_one_by_one(self, batch: Sequence[ReportIn]) -> None:
+        for report in batch:
+            try:
+                await self._report_remote([report])
+            except TableFull:
+                metrics.JOURNAL_DROPPED.labels("table_full").inc()
 
     async def _report_remote(
         self, reports: Sequence[ReportIn], script: AsyncScript | None = None
@@ -276,6 +292,7 @@ class RedisStore:
                 rule,
                 self._channel,
                 self._log_max,
+                self._settings.max_brokers,
                 _policy_arg(config, self._events_max),
             ]
             for r, d, t in zip(reports, durations, tiers, strict=True):
@@ -297,6 +314,11 @@ class RedisStore:
                 # arrived yet: take the table as it is now and recompute.
                 await self._resync()
                 continue
+            extra = reply[5]
+            if extra:
+                metrics.EVICTED.labels(self.namespace).inc(int(extra))
+            if reply[0] == -2:
+                raise TableFull(self.namespace, self._settings.max_brokers)
             _, now, ends, versions, changes, _, quorums, asked, values = reply
             out = []
             for r, t, d, end, version, change, q, value in zip(
@@ -369,7 +391,7 @@ class RedisStore:
         item = self.view.faults.get(broker)
         version = await self._set_entry(self._faults, "fault", broker, "", events=True)
         if version and item is not None and item.available_at > self.view.now_ms():
-            metrics.EVENTS.labels("ended", "operator").inc()
+            metrics.EVENTS.labels(self.namespace, "ended", "operator").inc()
         if version:
             self.view.apply_fault(broker, None, version)
         return version > 0

@@ -14,19 +14,26 @@
 --         4.x: at + duration) or "off" (avoidance disabled: the table is not written)
 -- ARGV[3] change channel
 -- ARGV[4] latency log length cap (approximate trim; 0 = no log)
--- ARGV[5] policy: "quorum,quorumWindowMs,keepMs,repeat(0/1),maxIsolationMs,repeatDecayMs,
+-- ARGV[5] table cap: fault items the hash may hold. When the reports name brokers not in it
+--         and it would overflow, every item whose window has ended is dropped (each pushed as
+--         a delete); if still too full, nothing is written. After a scan that could not make
+--         room, the next one waits until the earliest open window ends (meta field prune_at,
+--         cleared whenever a new broker is added), so a table full of open windows costs O(1)
+--         per refused report. A dropped item takes its isolation count and suspects with it.
+-- ARGV[6] policy: "quorum,quorumWindowMs,keepMs,repeat(0/1),maxIsolationMs,repeatDecayMs,
 --         jitterPercent,jitterScale,maxSuspects,maxIsolations,eventLogCap" (cap 0 = no log)
--- ARGV[6..] nine values per report, applied in order: broker, latency ms, the tier's window
+-- ARGV[7..] nine values per report, applied in order: broker, latency ms, the tier's window
 --         duration ms, age ms (the report happened at now - age), isolation (0/1), producer
 --         ("" = none), quorum (1: a failure that waits for the quorum), jitter roll
 --         (0..jitterScale-1), the tier's latencyMax ms ("" below every tier)
--- returns {status, now ms, {availableAt}, {version}, {change}, 0, {quorum}, {duration}, {value}}
---   with one entry per report
+-- returns {status, now ms, {availableAt}, {version}, {change}, evicted, {quorum}, {duration},
+--   {value}} with one entry per report; evicted: the number of items dropped to make room
 --   status 1: applied. version > 0: the report changed the window or the suspects and was
 --             pushed as {k="fault", v=version, f=broker, x=value};
 --             change: 0 none, 1 opened, 2 moved, 3 cleared; quorum: 0 n/a, 1 suspected,
 --             2 reached; duration: the window asked for after quorum, backoff and jitter;
 --             value: the item as stored ("" with avoidance off)
+--   status -2: the table is full (nothing written): {} {} {} and evicted as the sixth element
 --   status -1: the caller's config is stale: nothing written; {} {} {} and the current config
 --             version as the sixth element
 local config_version = tonumber(redis.call('HGET', KEYS[2], 'config_version') or '0')
@@ -39,7 +46,7 @@ end
 local rule = ARGV[2]
 local log_cap = tonumber(ARGV[4])
 local p = {}
-for x in string.gmatch(ARGV[5], '[^,]+') do
+for x in string.gmatch(ARGV[6], '[^,]+') do
   p[#p + 1] = tonumber(x)
 end
 local quorum, quorum_window, keep_ms, repeat_on = p[1], p[2], p[3], p[4] == 1
@@ -54,8 +61,58 @@ local function by_time(a, b)
   return a[2] < b[2] or (a[2] == b[2] and a[1] < b[1])
 end
 
+local evicted = 0
+if rule ~= 'off' then
+  local cap = tonumber(ARGV[5])
+  local function count_new()
+    local new, seen = 0, {}
+    for i = 7, #ARGV, 9 do
+      local broker = ARGV[i]
+      if not seen[broker] then
+        seen[broker] = true
+        if redis.call('HEXISTS', KEYS[1], broker) == 0 then
+          new = new + 1
+        end
+      end
+    end
+    return new
+  end
+  local new = count_new()
+  if new > 0 then
+    local size = redis.call('HLEN', KEYS[1])
+    if size + new > cap then
+      local prune_at = tonumber(redis.call('HGET', KEYS[2], 'prune_at') or '0')
+      if now >= prune_at then
+        local all = redis.call('HGETALL', KEYS[1])
+        local next_end = nil
+        for j = 1, #all, 2 do
+          local item_end = tonumber(string.match(all[j + 1], '^%d+,(%d+)'))
+          if item_end <= now then
+            redis.call('HDEL', KEYS[1], all[j])
+            local v = redis.call('HINCRBY', KEYS[2], 'version', 1)
+            redis.call('PUBLISH', ARGV[3], cjson.encode({k = 'fault', v = v, f = all[j], x = ''}))
+            evicted = evicted + 1
+          elseif next_end == nil or item_end < next_end then
+            next_end = item_end
+          end
+        end
+        size = size - evicted
+        -- a broker of these reports may have been one of the dropped
+        new = count_new()
+        if size + new > cap then
+          -- Nothing is added while refusing, so no item can end before next_end.
+          redis.call('HSET', KEYS[2], 'prune_at', string.format('%.0f', next_end or 0))
+        end
+      end
+      if size + new > cap then
+        return {-2, now, {}, {}, {}, evicted}
+      end
+    end
+    redis.call('HDEL', KEYS[2], 'prune_at')
+  end
+end
 local ends, versions, changes, quorums, durations, values = {}, {}, {}, {}, {}, {}
-for i = 6, #ARGV, 9 do
+for i = 7, #ARGV, 9 do
   local broker, latency = ARGV[i], ARGV[i + 1]
   local at = now - tonumber(ARGV[i + 3])
   local isolation, producer = ARGV[i + 4], ARGV[i + 5]
@@ -184,4 +241,4 @@ for i = 6, #ARGV, 9 do
   durations[#durations + 1] = duration
   values[#values + 1] = value
 end
-return {1, now, ends, versions, changes, 0, quorums, durations, values}
+return {1, now, ends, versions, changes, evicted, quorums, durations, values}

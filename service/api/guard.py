@@ -1,0 +1,90 @@
+"""The token check in front of every route: who is calling, may they, and on which table.
+
+Installed only when tokens are configured, so an open sidecar on loopback pays
+nothing. It runs before routing and before any body is read: a request without a
+valid token costs a header lookup and one hash. On success it points the request
+at its namespace's store (``request.state.store``, what every handler uses) and
+records the principal (``request.state.principal``) for reporter identity.
+"""
+
+from __future__ import annotations
+
+import json
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from service.auth import Principal, TokenTable, requires_token
+
+#: Optional request header naming the namespace the caller means; a mismatch with
+#: the token's namespace is refused rather than silently served from the token's.
+NAMESPACE_HEADER = b"x-detour-namespace"
+
+
+async def _refuse(
+    send: Send, status: int, code: str, message: str, field: str, extra: list[tuple[bytes, bytes]]
+) -> None:
+    body = json.dumps({"error": code, "message": message, "field": field}).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *extra,
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Guard:
+    def __init__(self, app: ASGIApp, tokens: TokenTable) -> None:
+        self.app = app
+        self.tokens = tokens
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not requires_token(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        token = None
+        wanted_ns = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, rest = value.decode("latin-1").partition(" ")
+                if scheme.lower() == "bearer" and rest.strip():
+                    token = rest.strip()
+            elif name == NAMESPACE_HEADER:
+                wanted_ns = value.decode("latin-1")
+        principal: Principal | None = self.tokens.lookup(token) if token else None
+        if principal is None:
+            await _refuse(
+                send,
+                401,
+                "UNAUTHORIZED",
+                "a valid token is required: Authorization: Bearer <token>"
+                if token is None
+                else "unknown token",
+                "Authorization",
+                [(b"www-authenticate", b'Bearer realm="detour"')],
+            )
+            return
+        if wanted_ns is not None and wanted_ns != principal.namespace:
+            await _refuse(
+                send,
+                403,
+                "FORBIDDEN",
+                f"this token is for namespace {principal.namespace!r}, not {wanted_ns!r}",
+                "X-Detour-Namespace",
+                [],
+            )
+            return
+        if not principal.may(scope["method"], scope["path"]):
+            await _refuse(
+                send,
+                403,
+                "FORBIDDEN",
+                f"role {principal.role.value!r} may not {scope['method']} {scope['path']}",
+                "Authorization",
+                [],
+            )
+            return
+        state = scope["state"]
+        state["store"] = state["stores"][principal.namespace]
+        state["principal"] = principal
+        await self.app(scope, receive, send)

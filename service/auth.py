@@ -1,0 +1,200 @@
+"""Tokens, roles and namespaces: who may call what, on which table.
+
+A token is a random secret a producer or operator sends as ``Authorization: Bearer``.
+The service keeps only SHA-256 digests (a leaked tokens file does not leak tokens;
+tokens are 256-bit random, so a fast hash is enough and no salt or KDF is needed)
+and compares digests with ``hmac.compare_digest`` against every entry, so neither
+the comparison nor the number of entries checked depends on how much of a guess
+was right.
+
+Each token carries a role and one namespace. ``producer`` may select, report and
+follow the push stream (the SDK's cached mode); ``admin`` may do everything. The
+namespace picks the table: every Redis key of it is under ``{prefix}:{namespace}``,
+so a token can neither read nor change another namespace. Probes, metrics, the
+status page's HTML and the API documents stay open.
+
+``python -m service.auth new --name NAME --role ROLE --namespace NS`` makes a token
+and prints the entry for the tokens file; docs/security.md has the details.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import json
+import re
+import secrets
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from service.settings import Settings
+
+NAMESPACE_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+#: Paths anyone may call: probes, metrics, the status page's HTML, the API documents.
+OPEN_PATHS = frozenset({"/", "/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/redoc"})
+#: What a producer may do; anything else that is not open needs ``admin``.
+PRODUCER_CALLS = frozenset(
+    {
+        ("POST", "/select"),
+        ("POST", "/report-latency"),
+        ("POST", "/report-latency:batch"),
+        ("GET", "/fault-items/stream"),
+    }
+)
+_LOOPBACK = re.compile(r"^(127\.\d{1,3}\.\d{1,3}\.\d{1,3}|::1|localhost)$")
+
+
+class Role(StrEnum):
+    PRODUCER = "producer"
+    ADMIN = "admin"
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who a request comes from, once its token matched."""
+
+    name: str
+    role: Role
+    namespace: str
+
+    def may(self, method: str, path: str) -> bool:
+        return self.role is Role.ADMIN or (method, path) in PRODUCER_CALLS
+
+
+class TokenEntry(BaseModel):
+    """One line of the tokens file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.:@-]{1,64}$")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    role: Role
+    namespace: str = Field(pattern=NAMESPACE_PATTERN)
+
+
+class TokensFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tokens: list[TokenEntry] = Field(min_length=1, max_length=10_000)
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def requires_token(path: str) -> bool:
+    return path not in OPEN_PATHS
+
+
+def is_loopback(host: str) -> bool:
+    return bool(_LOOPBACK.match(host))
+
+
+class TokenTable:
+    """The configured tokens; ``lookup`` turns a presented token into a Principal."""
+
+    def __init__(self, entries: Sequence[TokenEntry]) -> None:
+        names = [e.name for e in entries]
+        digests = [e.sha256 for e in entries]
+        if len(set(names)) != len(names):
+            raise ValueError("tokens: every name must be unique (it is the reporter identity)")
+        if len(set(digests)) != len(digests):
+            raise ValueError("tokens: the same token is listed twice")
+        self._entries = tuple(
+            (bytes.fromhex(e.sha256), Principal(e.name, e.role, e.namespace)) for e in entries
+        )
+
+    def __bool__(self) -> bool:
+        return bool(self._entries)
+
+    @property
+    def namespaces(self) -> list[str]:
+        return sorted({p.namespace for _, p in self._entries})
+
+    def lookup(self, token: str) -> Principal | None:
+        digest = hashlib.sha256(token.encode()).digest()
+        found = None
+        for known, principal in self._entries:
+            if hmac.compare_digest(digest, known):
+                found = principal
+        return found
+
+
+def parse_tokens(text: str, source: str) -> TokenTable:
+    """Read YAML or JSON: ``{"tokens": [...]}`` or the bare list. Raises ValueError."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{source}: not YAML or JSON: {exc}") from None
+    if isinstance(data, list):
+        data = {"tokens": data}
+    try:
+        parsed = TokensFile.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"{source}: {where}: {first['msg']}") from None
+    return TokenTable(parsed.tokens)
+
+
+def load_tokens(settings: Settings) -> TokenTable:
+    """The tokens from ``tokens_file`` or ``tokens``; an empty table when neither is set."""
+    if settings.tokens_file and settings.tokens:
+        raise ValueError("set DETOUR_TOKENS_FILE or DETOUR_TOKENS, not both")
+    if settings.tokens_file:
+        path = Path(settings.tokens_file)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"{path}: {exc.strerror}") from None
+        return parse_tokens(text, str(path))
+    if settings.tokens:
+        return parse_tokens(settings.tokens, "DETOUR_TOKENS")
+    return TokenTable(())
+
+
+def check_exposure(settings: Settings, tokens: TokenTable) -> str | None:
+    """Why this process must not start as configured, or None when it may."""
+    if tokens or settings.allow_open or is_loopback(settings.host):
+        return None
+    return (
+        f"refusing to listen on {settings.host} with no tokens: anyone who can reach it could "
+        "steer every producer. Configure tokens (DETOUR_TOKENS_FILE), bind 127.0.0.1, or "
+        "pass --allow-open (DETOUR_ALLOW_OPEN=true) to run open on purpose."
+    )
+
+
+def new_token() -> str:
+    return "dtr_" + secrets.token_urlsafe(32)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m service.auth", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    new = sub.add_parser("new", help="make a token; print it and its tokens-file entry")
+    new.add_argument("--name", required=True)
+    new.add_argument("--role", choices=[r.value for r in Role], required=True)
+    new.add_argument("--namespace", default="default")
+    sub.add_parser("hash", help="read a token on stdin, print its sha256 for the tokens file")
+    args = p.parse_args(argv)
+    if args.command == "hash":
+        print(hash_token(sys.stdin.readline().strip()))
+        return 0
+    token = new_token()
+    entry = TokenEntry(
+        name=args.name, sha256=hash_token(token), role=args.role, namespace=args.namespace
+    )
+    print(f"token (give it to the client, it is not stored): {token}", file=sys.stderr)
+    print(json.dumps(entry.model_dump(mode="json")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,671 @@
+"""The image recipe and the Kubernetes manifests, checked without Docker or a cluster.
+
+The Dockerfile is parsed (dockerfile-parse) and its properties asserted; the image's
+dependency set is derived from pyproject.toml and requirements.lock the way its build does.
+Every kustomization is rendered with `kubectl kustomize`; every built-in object is validated
+against the Kubernetes 1.30 schemas (kubernetes-validate, strict: unknown fields fail) and the
+prometheus-operator objects, which it has no schema for, are checked field by field here.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+import tomllib
+from collections.abc import Iterator
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from dockerfile_parse import DockerfileParser
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+
+from service.settings import Settings
+from tests.procs import ROOT
+
+pytestmark = pytest.mark.integration
+
+K8S_VERSION = "1.30.0"
+DOCKERFILE = ROOT / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+LOCK = ROOT / "requirements.lock"
+PYPROJECT = ROOT / "pyproject.toml"
+README = ROOT / "README.md"
+DOC = ROOT / "docs" / "deploy.md"
+DEPLOY = ROOT / "deploy"
+SPARK_TEMPLATE = DEPLOY / "spark" / "executor-pod-template.yaml"
+DASHBOARD = DEPLOY / "grafana" / "detour.json"
+RULES = DEPLOY / "prometheus" / "rules.yaml"
+#: Every kustomization a user applies (the base and the generators are in them).
+KUSTOMIZATIONS = ["overlays/shared", "overlays/sidecar", "observability"]
+#: prometheus-operator kinds: no schema in kubernetes-validate, checked structurally.
+CRD_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+}
+WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job", "Pod"}
+#: Above this, client-side `kubectl apply` cannot store the last-applied annotation.
+LAST_APPLIED_LIMIT = 262_144
+
+
+# ------------------------------------------------------------------------------ helpers
+def _pyproject() -> dict[str, Any]:
+    return tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))
+
+
+def _version() -> str:
+    return str(_pyproject()["project"]["version"])
+
+
+def _lock() -> dict[str, str]:
+    """Canonical name -> pinned version; fails on any line that is not `name==version`."""
+    pins = {}
+    for line in LOCK.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = re.fullmatch(r"([A-Za-z0-9._-]+)==([A-Za-z0-9.+!-]+)", line)
+        assert m, f"requirements.lock: not an exact pin: {line!r}"
+        pins[canonicalize_name(m.group(1))] = m.group(2)
+    return pins
+
+
+def _runtime_closure() -> dict[str, set[str]]:
+    """Every distribution `pip install <[project].dependencies>` installs on Linux, Python
+    3.11 (the image), with the extras asked of it; read from the installed metadata."""
+    env = {
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "os_name": "posix",
+        "python_version": "3.11",
+        "python_full_version": "3.11.7",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+    }
+    todo = [Requirement(r) for r in _pyproject()["project"]["dependencies"]]
+    seen: dict[str, set[str]] = {}
+    while todo:
+        req = todo.pop()
+        name = canonicalize_name(req.name)
+        if name in seen and set(req.extras) <= seen[name]:
+            continue  # walked already, with these extras
+        extras = seen.setdefault(name, set())
+        extras |= set(req.extras)
+        for raw in metadata.requires(name) or []:
+            sub = Requirement(raw)
+            if sub.marker is not None and not any(
+                sub.marker.evaluate({**env, "extra": e}) for e in ({""} | extras)
+            ):
+                continue
+            todo.append(sub)
+    return seen
+
+
+def _stages(parser: DockerfileParser) -> list[list[dict[str, Any]]]:
+    """The instructions of each stage, FROM first."""
+    stages: list[list[dict[str, Any]]] = []
+    for ins in parser.structure:
+        if ins["instruction"] == "FROM":
+            stages.append([])
+        if stages and ins["instruction"] != "COMMENT":
+            stages[-1].append(ins)
+    return stages
+
+
+def _dockerfile() -> DockerfileParser:
+    return DockerfileParser(path=str(DOCKERFILE))
+
+
+def _exec_form(value: str) -> list[str]:
+    parsed = json.loads(value)
+    assert isinstance(parsed, list) and all(isinstance(x, str) for x in parsed), value
+    return parsed
+
+
+def _ignored(path: str, patterns: list[str]) -> bool:
+    """Docker's .dockerignore rule: the last pattern matching the path or a parent wins."""
+
+    def regex(pattern: str) -> re.Pattern[str]:
+        out = ""
+        i = 0
+        while i < len(pattern):
+            if pattern.startswith("**", i):
+                out += ".*"
+                i += 2
+            elif pattern[i] == "*":
+                out += "[^/]*"
+                i += 1
+            elif pattern[i] == "?":
+                out += "[^/]"
+                i += 1
+            else:
+                out += re.escape(pattern[i])
+                i += 1
+        return re.compile(out)
+
+    parts = path.split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    ignored = False
+    for raw in patterns:
+        negate = raw.startswith("!")
+        pattern = raw[1:] if negate else raw
+        pattern = pattern.strip("/")
+        rx = regex(pattern)
+        if any(rx.fullmatch(p) for p in prefixes):
+            ignored = not negate
+    return ignored
+
+
+def _dockerignore() -> list[str]:
+    return [
+        line.strip()
+        for line in DOCKERIGNORE.read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+
+
+def _kustomize(path: Path) -> tuple[dict[str, Any], ...]:
+    kubectl = shutil.which("kubectl")
+    assert kubectl is not None, "kubectl renders the manifests: `make system-deps` installs it"
+    proc = subprocess.run(
+        [kubectl, "kustomize", str(path)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    docs = tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
+    assert docs, f"{path} rendered nothing"
+    return docs
+
+
+@cache
+def _render(directory: str) -> tuple[dict[str, Any], ...]:
+    """`kubectl kustomize deploy/<directory>`, as parsed objects."""
+    return _kustomize(DEPLOY / directory)
+
+
+def _spark_template() -> dict[str, Any]:
+    return yaml.safe_load(SPARK_TEMPLATE.read_text(encoding="utf-8"))  # type: ignore[no-any-return]
+
+
+def _one(docs: tuple[dict[str, Any], ...], kind: str, name: str) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind}/{name}, found {len(found)}"
+    return found[0]
+
+
+def _named_prefix(docs: tuple[dict[str, Any], ...], kind: str, prefix: str) -> dict[str, Any]:
+    """A generated object, whose name has a content-hash suffix."""
+    found = [
+        d
+        for d in docs
+        if d["kind"] == kind
+        and re.fullmatch(re.escape(prefix) + r"(-[a-z0-9]{10})?", d["metadata"]["name"])
+    ]
+    assert len(found) == 1, f"expected one {kind} {prefix}-<hash>, found {len(found)}"
+    return found[0]
+
+
+def _pod_spec(obj: dict[str, Any]) -> dict[str, Any]:
+    return obj["spec"] if obj["kind"] == "Pod" else obj["spec"]["template"]["spec"]  # type: ignore[no-any-return]
+
+
+def _containers(obj: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    spec = _pod_spec(obj)
+    for c in spec.get("initContainers", []):
+        yield "init", c
+    for c in spec["containers"]:
+        yield "main", c
+
+
+def _workloads() -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, object) for every workload of every kustomization and the Spark template."""
+    for d in KUSTOMIZATIONS:
+        for obj in _render(d):
+            if obj["kind"] in WORKLOADS:
+                yield f"{d}:{obj['kind']}/{obj['metadata']['name']}", obj
+    yield "spark/executor-pod-template", _spark_template()
+
+
+def _is_detour(container: dict[str, Any]) -> bool:
+    return str(container.get("image", "")).split(":")[0].rsplit("/", 1)[-1] == "detour"
+
+
+def _env(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def _flag(args: list[str], name: str) -> str | None:
+    for a in args:
+        if a.startswith(f"--{name}="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _probe_target(probe: dict[str, Any]) -> str:
+    """The path a probe asks for, whether httpGet or an exec'd urlopen."""
+    if "httpGet" in probe:
+        return str(probe["httpGet"]["path"])
+    command = " ".join(probe["exec"]["command"])
+    m = re.search(r"http://127\.0\.0\.1:\d+(/\w+)", command)
+    assert m, f"exec probe asks no local Detour URL: {command}"
+    return m.group(1)
+
+
+# ----------------------------------------------------------------------------- Dockerfile
+def test_dockerfile_is_multi_stage_slim_and_runs_as_non_root() -> None:
+    parser = _dockerfile()
+    stages = _stages(parser)
+    assert len(stages) >= 2, "multi-stage: a build stage and a final stage"
+    args = {
+        i["value"].split("=", 1)[0]: i["value"].split("=", 1)[1]
+        for i in parser.structure
+        if i["instruction"] == "ARG" and "=" in i["value"]
+    }
+    for stage in stages:
+        base = stage[0]["value"].split()[0]
+        base = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], base)
+        assert re.fullmatch(r"python:3\.\d+-slim(-\w+)?", base), f"not a slim Python: {base}"
+    final = stages[-1]
+    users = [i["value"] for i in final if i["instruction"] == "USER"]
+    assert users, "the final stage sets no USER"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, f"USER must be a numeric non-root uid, got {users[-1]}"
+    # The final stage installs nothing: no compiler, no package manager run, no pip.
+    for ins in final:
+        if ins["instruction"] == "RUN":
+            assert not re.search(
+                r"\b(apt-get|apt|apk|pip|gcc|make|build-essential)\b", ins["value"]
+            ), f"final stage installs or builds: {ins['value']}"
+    copies = [i["value"] for i in final if i["instruction"] == "COPY"]
+    assert copies and all(c.startswith("--from=") for c in copies), (
+        "the final stage takes everything from the build stage"
+    )
+
+
+def test_dockerfile_installs_the_runtime_dependencies_pinned_by_the_lock() -> None:
+    build_runs = " ".join(
+        i["value"] for i in _stages(_dockerfile())[0] if i["instruction"] == "RUN"
+    )
+    # The dependency list comes from pyproject.toml, the versions from the lock (-c).
+    assert "['project']['dependencies']" in build_runs
+    assert re.search(r"pip install [^&]*-r \S+ [^&]*-c \S*requirements\.lock", build_runs)
+    assert "--only-binary=:all:" in build_runs, "wheels only: no compiler in the build"
+    assert "pip check" in build_runs
+
+    pins = _lock()
+    closure = _runtime_closure()
+    for name in closure:
+        assert name in pins, f"{name} is installed in the image but not pinned in requirements.lock"
+        installed = metadata.version(name)
+        assert installed == pins[name], f"{name}: lock {pins[name]}, environment {installed}"
+    for raw in _pyproject()["project"]["dependencies"]:
+        req = Requirement(raw)
+        assert SpecifierSet(str(req.specifier)).contains(pins[canonicalize_name(req.name)]), (
+            f"the lock's {req.name}=={pins[canonicalize_name(req.name)]} is outside {raw}"
+        )
+    # The lock's dev, test and Spark packages stay out of the image.
+    for dev in ("pytest", "pyspark", "selenium", "ruff", "mypy", "schemathesis", "matplotlib"):
+        assert dev in pins and dev not in closure, dev
+    # Sanity of the walk itself: extras were followed.
+    assert {"uvloop", "httptools", "hiredis", "starlette", "pydantic-core"} <= set(closure)
+
+
+def test_dockerfile_entrypoint_is_the_documented_command() -> None:
+    parser = _dockerfile()
+    final = _stages(parser)[-1]
+    (entrypoint,) = [i["value"] for i in final if i["instruction"] == "ENTRYPOINT"]
+    command = _exec_form(entrypoint)  # exec form: Python is PID 1 and gets SIGTERM
+    assert command == ["python", "-m", "service"]
+    assert "python -m service" in README.read_text(encoding="utf-8")
+    assert "ENV" in {i["instruction"] for i in final}
+    envs = parser.envs
+    assert envs["PATH"].startswith("/opt/venv/bin:"), "`python` must be the venv's"
+    default_port = Settings.model_fields["port"].default
+    assert envs["DETOUR_PORT"] == str(default_port)
+    assert envs["DETOUR_HOST"] == "0.0.0.0", "a container must listen beyond its loopback"
+    exposed = [i["value"] for i in final if i["instruction"] == "EXPOSE"]
+    assert exposed == [str(default_port)]
+
+
+def test_dockerfile_healthcheck_and_oci_labels() -> None:
+    parser = _dockerfile()
+    final = _stages(parser)[-1]
+    (health,) = [i["value"] for i in final if i["instruction"] == "HEALTHCHECK"]
+    m = re.search(r"\bCMD\s+(\[.*\])\s*$", health)
+    assert m, f"HEALTHCHECK without an exec-form CMD: {health}"
+    check = _exec_form(m.group(1))
+    assert check[0] == "python" and "/healthz" in " ".join(check)
+    labels = parser.labels
+    project = _pyproject()["project"]
+    for key in ("title", "description", "version", "revision", "source", "licenses"):
+        assert f"org.opencontainers.image.{key}" in labels, key
+    assert labels["org.opencontainers.image.version"] == project["version"]
+    assert labels["org.opencontainers.image.licenses"] == project["license"]["text"]
+    assert labels["org.opencontainers.image.description"] == project["description"]
+
+
+def test_dockerignore_sends_only_what_the_build_copies() -> None:
+    patterns = _dockerignore()
+    assert patterns[0] == "*", "an allow-list: ignore everything, then re-include"
+    sources = []
+    for stage in _stages(_dockerfile()):
+        for ins in stage:
+            if ins["instruction"] == "COPY" and not ins["value"].startswith("--from="):
+                sources.extend(ins["value"].split()[:-1])
+    assert sources
+    for src in sources:
+        target = ROOT / src
+        assert target.exists(), f"COPY {src}: no such path"
+        probe = next(p for p in sorted(target.rglob("*.py"))) if target.is_dir() else target
+        rel = probe.relative_to(ROOT).as_posix()
+        assert not _ignored(rel, patterns), f"{rel} is copied but .dockerignore drops it"
+    for kept_out in (
+        ".venv/bin/python",
+        ".git/HEAD",
+        "tests/test_deploy.py",
+        "bench/run.py",
+        "deploy/base/kustomization.yaml",
+        "service/__pycache__/app.cpython-311.pyc",
+        ".env",
+        "pipeline/produce.py",
+    ):
+        assert _ignored(kept_out, patterns), f"{kept_out} would reach the build context"
+    assert not _ignored("service/store/lua/report.lua", patterns)
+    assert not _ignored("service/static/status.html", patterns)
+
+
+# ------------------------------------------------------------------------- schemas (1.30)
+@pytest.mark.parametrize("where", [*KUSTOMIZATIONS, "base", "spark"])
+def test_every_object_is_valid_for_kubernetes_1_30(where: str) -> None:
+    docs = (_spark_template(),) if where == "spark" else _render(where)
+    builtin = 0
+    for obj in docs:
+        ident = f"{obj.get('kind')}/{obj.get('metadata', {}).get('name')}"
+        if (obj.get("apiVersion"), obj.get("kind")) in CRD_KINDS:
+            _check_crd_object(obj)
+            continue
+        try:
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{where}: {ident}: {exc.message} at {list(exc.path)}")
+        except kubernetes_validate.SchemaNotFoundError as exc:
+            pytest.fail(f"{where}: {ident}: {exc.message}")
+        builtin += 1
+    assert builtin, f"{where}: nothing validated"
+
+
+def _check_crd_object(obj: dict[str, Any]) -> None:
+    """What the prometheus-operator CRDs require, and the fields Detour relies on."""
+    meta = obj["metadata"]
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", meta["name"]), meta["name"]
+    spec = obj["spec"]
+    if obj["kind"] == "ServiceMonitor":
+        assert set(spec) <= {
+            "jobLabel",
+            "selector",
+            "endpoints",
+            "namespaceSelector",
+            "targetLabels",
+            "podTargetLabels",
+            "sampleLimit",
+        }, set(spec)
+        assert spec["selector"]["matchLabels"], "a ServiceMonitor without a selector scrapes all"
+        assert spec["endpoints"]
+        for ep in spec["endpoints"]:
+            assert isinstance(ep["port"], str) and ep["path"].startswith("/")
+            for key in ("interval", "scrapeTimeout"):
+                assert re.fullmatch(r"\d+(ms|s|m|h)", ep[key]), ep
+    else:
+        groups = spec["groups"]
+        assert groups and all(g["name"] and g["rules"] for g in groups)
+
+
+# ------------------------------------------------------------------------------ invariants
+def test_every_container_is_non_root_read_only_and_bounded() -> None:
+    seen = 0
+    for where, obj in _workloads():
+        pod = _pod_spec(obj)
+        pod_ctx = pod.get("securityContext", {})
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        for _, c in _containers(obj):
+            if where.startswith("spark") and c["name"] == "spark-executor":
+                continue  # Spark fills the executor in
+            seen += 1
+            ident = f"{where} container {c['name']}"
+            ctx = c.get("securityContext", {})
+            assert ctx.get("runAsNonRoot", pod_ctx.get("runAsNonRoot")) is True, ident
+            uid = ctx.get("runAsUser", pod_ctx.get("runAsUser"))
+            assert isinstance(uid, int) and uid > 0, f"{ident}: numeric non-root uid"
+            assert ctx.get("readOnlyRootFilesystem") is True, ident
+            assert ctx.get("allowPrivilegeEscalation") is False, ident
+            assert ctx.get("capabilities", {}).get("drop") == ["ALL"], ident
+            res = c.get("resources", {})
+            assert {"cpu", "memory"} <= set(res.get("requests", {})), f"{ident}: requests"
+            assert "memory" in res.get("limits", {}), f"{ident}: memory limit"
+            # A read-only root needs somewhere to write: /tmp on an emptyDir.
+            mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+            assert "/tmp" in mounts, f"{ident}: no writable /tmp"
+            assert "emptyDir" in volumes[mounts["/tmp"]], f"{ident}: /tmp is not an emptyDir"
+    assert seen >= 5
+
+
+def test_every_detour_container_has_probes_and_a_writable_metrics_dir() -> None:
+    detours = 0
+    for where, obj in _workloads():
+        volumes = {v["name"]: v for v in _pod_spec(obj).get("volumes", [])}
+        for role, c in _containers(obj):
+            if not _is_detour(c):
+                continue
+            detours += 1
+            ident = f"{where} container {c['name']}"
+            if not where.startswith("spark"):
+                assert c["image"] == f"detour:{_version()}", f"{ident}: {c['image']}"
+            assert _probe_target(c["startupProbe"]) == "/readyz", ident
+            assert _probe_target(c["readinessProbe"]) == "/readyz", ident
+            assert _probe_target(c["livenessProbe"]) == "/healthz", ident
+            args = c.get("args", [])
+            if role == "init":
+                # A native sidecar: started first, kept running, stopped after the main one.
+                assert c.get("restartPolicy") == "Always", f"{ident}: not a native sidecar"
+                assert _flag(args, "host") == "127.0.0.1", f"{ident}: must stay on loopback"
+                assert "DETOUR_TOKENS_FILE" not in _env(c), ident
+                for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                    # The kubelet's httpGet goes to the pod IP, where a loopback Detour
+                    # does not listen.
+                    assert "exec" in c[probe], f"{ident}: {probe} must be exec"
+            else:
+                for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                    assert c[probe]["httpGet"]["port"] == "http", ident
+            # prometheus-client's multiprocess files: the env var, if set, must be a mount.
+            multiproc = _env(c).get("PROMETHEUS_MULTIPROC_DIR", {}).get("value")
+            if multiproc:
+                mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+                assert multiproc in mounts and "emptyDir" in volumes[mounts[multiproc]], ident
+            assert "DETOUR_REDIS_URL" in _env(c) or role == "main", ident
+    assert detours >= 4  # shared, sidecar overlay's central one and its sidecar, Spark
+
+
+def test_shared_overlay_is_one_autoscaled_service_on_redis() -> None:
+    docs = _render("overlays/shared")
+    assert {d["metadata"].get("namespace") for d in docs} == {"detour"}
+    deploy = _one(docs, "Deployment", "detour")
+    # The autoscaler owns the count; a manifest count would be reset by every apply.
+    assert "replicas" not in deploy["spec"]
+    assert deploy["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    hpa = _one(docs, "HorizontalPodAutoscaler", "detour")
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "detour",
+    }
+    assert 2 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+    (container,) = deploy["spec"]["template"]["spec"]["containers"]
+    assert "cpu" in container["resources"]["requests"], "HPA utilisation needs a CPU request"
+    pod_labels = deploy["spec"]["template"]["metadata"]["labels"]
+    selector = deploy["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod_labels.items()
+
+    pdb = _one(docs, "PodDisruptionBudget", "detour")
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert pdb["spec"]["maxUnavailable"] < hpa["spec"]["minReplicas"]
+
+    # The Service reaches the container port, and is named as the alert rules' job.
+    service = _one(docs, "Service", "detour")
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    (sport,) = service["spec"]["ports"]
+    assert sport["targetPort"] in ports
+    assert 'job="detour"' in RULES.read_text(encoding="utf-8")
+
+    # Configuration: listen on the pod IP at the container port; tokens from a Secret file.
+    (config_ref,) = [e["configMapRef"]["name"] for e in container["envFrom"]]
+    config = _one(docs, "ConfigMap", config_ref)["data"]
+    assert config_ref.startswith("detour-config-"), "generated: a change rolls the pods"
+    assert config["DETOUR_HOST"] == "0.0.0.0"
+    assert int(config["DETOUR_PORT"]) == ports[sport["targetPort"]]
+    assert config["DETOUR_WORKERS"] == "1"
+    Settings.model_validate(
+        {
+            k.removeprefix("DETOUR_").lower(): v
+            for k, v in config.items()
+            if k != "DETOUR_TOKENS_FILE"
+        }
+    )
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in deploy["spec"]["template"]["spec"]["volumes"]}
+    tokens = volumes["tokens"]["secret"]
+    assert tokens["secretName"] == "detour-tokens" and not tokens.get("optional", False)
+    tokens_file = Path(mounts["tokens"]["mountPath"]) / tokens["items"][0]["path"]
+    assert config["DETOUR_TOKENS_FILE"] == str(tokens_file)
+    assert mounts["tokens"]["readOnly"] is True
+
+    # DETOUR_REDIS_URL comes from the generated Secret and names the bundled Redis Service.
+    ref = _env(container)["DETOUR_REDIS_URL"]["valueFrom"]["secretKeyRef"]
+    secret = _one(docs, "Secret", ref["name"])
+    url = base64.b64decode(secret["data"][ref["key"]]).decode()
+    m = re.fullmatch(r"redis://([a-z0-9-]+):(\d+)/\d+", url)
+    assert m, url
+    redis_service = _one(docs, "Service", m.group(1))
+    assert int(m.group(2)) in {p["port"] for p in redis_service["spec"]["ports"]}
+    # Shutdown: the grace period covers the preStop pause and Detour's own drain.
+    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
+    grace = deploy["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert pre_stop[0] == "sleep"
+    assert int(pre_stop[1]) + int(config["DETOUR_SHUTDOWN_GRACE_S"]) < grace
+
+
+def test_redis_keeps_the_table_on_a_volume_with_aof() -> None:
+    docs = _render("overlays/shared")
+    sts = _one(docs, "StatefulSet", "detour-redis")
+    (redis,) = sts["spec"]["template"]["spec"]["containers"]
+    args = redis["args"]
+    opts = dict(zip(args[::2], args[1::2], strict=True))
+    assert opts["--appendonly"] == "yes"
+    assert opts["--appendfsync"] == "everysec"
+    assert opts["--maxmemory-policy"] == "noeviction", "an evicted fault item readmits a broker"
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    mounts = {m["name"]: m["mountPath"] for m in redis["volumeMounts"]}
+    assert mounts[claim["metadata"]["name"]] == opts["--dir"]
+    assert claim["spec"]["resources"]["requests"]["storage"]
+    headless = _one(docs, "Service", sts["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None"
+    pod_labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert headless["spec"]["selector"].items() <= pod_labels.items()
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert redis[probe]["exec"]["command"] == ["redis-cli", "ping"]
+
+
+def test_sidecar_overlay_puts_detour_beside_the_producer() -> None:
+    docs = _render("overlays/sidecar")
+    producer = _one(docs, "Deployment", "example-producer")
+    spec = producer["spec"]["template"]["spec"]
+    (sidecar,) = spec["initContainers"]
+    assert _is_detour(sidecar) and sidecar["restartPolicy"] == "Always"
+    port = _flag(sidecar["args"], "port")
+    (main,) = spec["containers"]
+    assert _env(main)["DETOUR_URL"]["value"] == f"http://127.0.0.1:{port}"
+    # The sidecar shares the table: the same generated Secret as the central replica.
+    ref = _env(sidecar)["DETOUR_REDIS_URL"]["valueFrom"]["secretKeyRef"]
+    secret = _named_prefix(docs, "Secret", "detour-redis")
+    assert ref["name"] == secret["metadata"]["name"]
+    central = _one(docs, "Deployment", "detour")
+    assert central["spec"]["replicas"] == 1
+    central_ref = _env(central["spec"]["template"]["spec"]["containers"][0])["DETOUR_REDIS_URL"]
+    assert central_ref["valueFrom"]["secretKeyRef"] == ref
+    assert _one(docs, "StatefulSet", "detour-redis")
+
+
+def test_observability_configmaps_are_the_repository_files() -> None:
+    docs = _render("observability")
+    dashboard = _one(docs, "ConfigMap", "detour-grafana-dashboard")
+    assert dashboard["data"] == {"detour.json": DASHBOARD.read_text(encoding="utf-8")}
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    rules = _one(docs, "ConfigMap", "detour-prometheus-rules")
+    assert rules["data"] == {"rules.yaml": RULES.read_text(encoding="utf-8")}
+    for cm in (dashboard, rules):
+        assert len(json.dumps(cm)) < LAST_APPLIED_LIMIT, cm["metadata"]["name"]
+
+    # The ServiceMonitor finds the shared Service, its port by name, and yields job="detour".
+    monitor = _one(docs, "ServiceMonitor", "detour")
+    service = _one(_render("overlays/shared"), "Service", "detour")
+    labels = service["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    port_names = {p["name"] for p in service["spec"]["ports"]}
+    assert {ep["port"] for ep in monitor["spec"]["endpoints"]} <= port_names
+    assert labels[monitor["spec"]["jobLabel"]] == "detour"
+    for ep in monitor["spec"]["endpoints"]:
+        assert ep["path"] == "/metrics"
+    assert monitor["metadata"]["namespace"] == service["metadata"]["namespace"]
+
+
+# ------------------------------------------------------------------------------------ docs
+def test_readme_and_deploy_doc_point_at_what_exists() -> None:
+    readme = README.read_text(encoding="utf-8")
+    headings = re.findall(r"^## (.+)$", readme, flags=re.M)
+    assert "Deploying" in headings
+    if "Development" in headings:
+        assert headings.index("Deploying") < headings.index("Development")
+    section = readme.split("## Deploying", 1)[1].split("\n## ", 1)[0]
+    assert "docs/deploy.md" in section
+    assert "helm lint" in section and "helm template" in section
+    doc = DOC.read_text(encoding="utf-8")
+    paths = set(re.findall(r"\b((?:deploy|helm)/[\w./-]*[\w/])", doc))
+    assert {"deploy/overlays/shared", "deploy/overlays/sidecar", "helm/detour"} <= {
+        p.rstrip("/") for p in paths
+    }
+    for p in paths:
+        assert (ROOT / p).exists(), f"docs/deploy.md names {p}, which does not exist"
+    # The in-cluster URL the doc gives is the Service's.
+    service = _one(_render("overlays/shared"), "Service", "detour")
+    ns, port = service["metadata"]["namespace"], service["spec"]["ports"][0]["port"]
+    assert f"http://detour.{ns}.svc.cluster.local:{port}" in doc
+
+
+def test_the_external_redis_overlay_in_the_doc_renders(tmp_path: Path) -> None:
+    """docs/deploy.md's overlay for a managed Redis, placed beside the others as it says."""
+    doc = DOC.read_text(encoding="utf-8")
+    m = re.search(r"```yaml\n# kustomization.yaml\n(.*?)```", doc, re.S)
+    assert m, "docs/deploy.md lost its external Redis overlay"
+    overlay = tmp_path / "prod"
+    overlay.mkdir()
+    # kustomize resolves `../shared` from the overlay: make it the real one from here.
+    shared = os.path.relpath(DEPLOY / "overlays" / "shared", overlay)
+    (overlay / "kustomization.yaml").write_text(m.group(1).replace("../shared", shared))
+    url = "rediss://:pw@my-redis.example:6380/0"
+    (overlay / "redis.env").write_text(f"url={url}\n")
+    docs = _kustomize(overlay)
+    assert not [d for d in docs if d["kind"] == "StatefulSet"]
+    assert {d["metadata"]["name"] for d in docs if d["kind"] == "Service"} == {"detour"}
+    deploy = _one(docs, "Deployment", "detour")
+    ref = _env(deploy["spec"]["template"]["spec"]["containers"][0])["DETOUR_REDIS_URL"]
+    secret = _one(docs, "Secret", ref["valueFrom"]["secretKeyRef"]["name"])
+    assert base64.b64decode(secret["data"]["url"]).decode() == url
