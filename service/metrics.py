@@ -143,6 +143,12 @@ EVENTS = Counter(
     "quorum; reason isolation, latency, quorum, success (lastReportWins) or operator.",
     ["namespace", "kind", "reason"],
 )
+PROBES = Counter(
+    "detour_probes_total",
+    "Probation probes (probeOnExpiry): sent (a select was given a broker whose window "
+    "ended), passed (its success re-opened the broker to all), failed (it re-isolated it).",
+    ["namespace", "outcome"],
+)
 HTTP_DURATION = Histogram(
     "detour_http_request_duration_seconds",
     "Time to answer Detour's own endpoints.",
@@ -216,6 +222,8 @@ def prepare_namespaces(namespaces: Iterable[str]) -> None:
             AVOIDANCE.labels(ns, outcome)
         for placement in _PLACEMENTS:
             ORDERED.labels(ns, placement)
+        for outcome in ("sent", "passed", "failed"):
+            PROBES.labels(ns, outcome)
 
 
 def observe_select(namespace: str, selection: Selection | None) -> None:
@@ -245,6 +253,8 @@ def observe_policy(namespace: str, choice: Choice) -> None:
         AVOIDANCE.labels(namespace, outcome).inc()
     if choice.ordered is not None:
         ORDERED.labels(namespace, choice.ordered).inc()
+    if choice.probe is not None:
+        PROBES.labels(namespace, "sent").inc()
 
 
 def observe_reports(namespace: str, outcomes: Sequence[ReportOutcome]) -> None:
@@ -252,7 +262,9 @@ def observe_reports(namespace: str, outcomes: Sequence[ReportOutcome]) -> None:
         broker = broker_label(o.broker_name)
         if o.quorum is not None:
             QUORUM.labels(namespace, broker, o.quorum).inc()
-        event = window_event(o.change, o.isolation, o.quorum == "reached")
+        if o.probe is not None:
+            PROBES.labels(namespace, o.probe).inc()
+        event = window_event(o.change, o.isolation, o.quorum == "reached", o.probe)
         if event is not None:
             EVENTS.labels(namespace, *event).inc()
         REPORTS.labels(namespace, broker, "isolation" if o.isolation else "ok").inc()

@@ -57,6 +57,10 @@ class Config:
     repeat_decay_ms: int = 600000
     #: isolation windows are lengthened by up to this share, at random, so they do not end together.
     jitter_percent: int = 0
+    #: a broker whose window ends gets one select (the probe) before it is open to all again.
+    probe_on_expiry: bool = False
+    #: how long (ms) a probe may go unreported before another select is given one.
+    probe_timeout_ms: int = 10000
 
     def __post_init__(self) -> None:
         # The API validates with field names; this guards programmatic callers.
@@ -78,7 +82,7 @@ class Config:
                 raise ValueError(f"{name} must be 0..100")
         if not 1 <= self.isolation_quorum <= MAX_QUORUM:
             raise ValueError(f"isolation_quorum must be 1..{MAX_QUORUM}")
-        for name in ("quorum_window_ms", "repeat_decay_ms", "max_isolation_ms"):
+        for name in ("quorum_window_ms", "repeat_decay_ms", "max_isolation_ms", "probe_timeout_ms"):
             if not 1 <= getattr(self, name) <= MAX_WINDOW_MS:
                 raise ValueError(f"{name} must be 1..{MAX_WINDOW_MS}")
         if not 0 <= self.jitter_percent <= 100:
@@ -118,6 +122,9 @@ class FaultItem:
     #: producers whose failure is short of the isolation quorum, with when each failed (ms);
     #: each avoids the broker on its own until its failure's window would have ended
     suspects: tuple[tuple[str, int], ...] = ()
+    #: on probation (probeOnExpiry): once the window ends, only a probe is sent until a
+    #: successful report re-opens the broker to all
+    probation: bool = False
 
     def is_available(self, now_ms: int) -> bool:
         return now_ms >= self.available_at

@@ -131,6 +131,7 @@ def avoidance(
         for b in brokers
         if ((item := faults.get(b)) is not None and now_ms < item.available_at)
         or now_ms < local.get(b, 0)
+        or (item is not None and on_probation(item, now_ms, config))
     )
     if not detected:
         return Avoidance((), frozenset(), ())
@@ -163,6 +164,27 @@ def _with_local(faults: Mapping[str, FaultItem], local: Mapping[str, int]) -> di
         elif end > item.available_at:
             out[broker] = FaultItem(broker, item.current_latency_ms, end)
     return out
+
+
+def on_probation(item: FaultItem, now_ms: int, config: Config) -> bool:
+    """The broker's window has ended but it waits for a probe to succeed (probeOnExpiry)."""
+    return config.probe_on_expiry and item.probation and now_ms >= item.available_at
+
+
+def probe_free(
+    item: FaultItem, now_ms: int, config: Config, handed: tuple[int, int] | None
+) -> bool:
+    """Whether a select may be the probe for this broker now.
+
+    ``handed`` is (window end, when) of the last probe this replica gave for the
+    broker: one probe per window end, another only after ``probeTimeoutMs`` went by
+    without a report deciding it (the probe's send was lost or never reported).
+    """
+    if not on_probation(item, now_ms, config):
+        return False
+    if handed is None or handed[0] != item.available_at:
+        return True
+    return now_ms - handed[1] >= config.probe_timeout_ms
 
 
 # ---------------------------------------------------------------- power of two choices
@@ -218,6 +240,8 @@ class Choice:
     avoidance: Avoidance
     #: None for an unkeyed select; "home", "wait" or "remap" for a keyed one
     ordered: str | None = None
+    #: the broker this select probes (probeOnExpiry), None when it is no probe
+    probe: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,9 +264,14 @@ def choose(
     producer: str | None = None,
     sharding_key: str | None = None,
     scores: Mapping[str, float] | None = None,
+    probes: Collection[str] = (),
 ) -> Choice:
     """One select with the whole policy; with a default config and no key or producer
     it is exactly ``strategy.select``.
+
+    ``probes`` are the brokers on probation this select may probe (``probe_free``);
+    a probe goes first: the select returns one of them (the first by name that is not
+    ``last_broker``; for a keyed select only the key's own broker).
 
     Raises ValueError when the route has no queue.
     """
@@ -256,6 +285,10 @@ def choose(
     local = producer_windows(faults, producer, config)
     av = avoidance(route, faults, now_ms, config, draws.enforce, local)
     order = [b for b in av.detected if b in av.enforced]
+    if probes:
+        probe = _probe(route, counter, av, probes, last_broker, sharding_key, order)
+        if probe is not None:
+            return probe
     if sharding_key is not None:
         q, how = ordered_pick(route, sharding_key, av.enforced, config.ordered_fallback)
         decision = (
@@ -273,13 +306,40 @@ def choose(
             avoided = tuple(b for b in order if b != q2.broker_name)
             sel = strategy.Selection(q2, strategy.Decision.AVAILABLE, avoided, counter + 1)
             return Choice(sel, av)
-    if not local and not av.unenforced:
-        # The common case: the table alone decides, exactly as RocketMQ would.
+    if not local and not av.unenforced and not config.probe_on_expiry:
+        # The common case: the table's windows alone decide, exactly as RocketMQ would.
         return Choice(strategy.select(route, counter, faults, now_ms, last_broker, True), av)
     sel = strategy.select(
         route, counter, _with_local(faults, local), now_ms, last_broker, True, av.enforced
     )
     return Choice(sel, av)
+
+
+def _probe(
+    route: Route,
+    counter: int,
+    av: Avoidance,
+    probes: Collection[str],
+    last_broker: str | None,
+    sharding_key: str | None,
+    order: list[str],
+) -> Choice | None:
+    if sharding_key is not None:
+        home = route.queues[shard_index(sharding_key, len(route.queues))]
+        if home.broker_name not in probes or home.broker_name not in av.enforced:
+            return None
+        avoided = tuple(b for b in order if b != home.broker_name)
+        sel = strategy.Selection(home, strategy.Decision.AVAILABLE, avoided, counter)
+        return Choice(sel, av, "home", home.broker_name)
+    for broker in sorted(b for b in route.by_broker if b in probes and b in av.enforced):
+        if broker == last_broker:
+            continue
+        queues = route.by_broker[broker]
+        q = queues[counter % len(queues)]
+        avoided = tuple(b for b in order if b != broker)
+        sel = strategy.Selection(q, strategy.Decision.AVAILABLE, avoided, counter + 1)
+        return Choice(sel, av, None, broker)
+    return None
 
 
 # ---------------------------------------------------------------- reports: quorum and backoff
@@ -379,6 +439,9 @@ class Applied:
     suspected: bool = False
     #: producers behind the report: the quorum's voters, else 1
     reporters: int = 1
+    #: a report on a broker on probation: "passed" (a success re-opened it to all) or
+    #: "failed" (it opened a new window); None otherwise
+    probe: str | None = None
 
 
 def apply(
@@ -415,24 +478,43 @@ def apply(
     base = strategy.apply_report(
         old, broker_name, latency_ms, duration, at_ms, config.last_report_wins
     )
-    item = FaultItem(broker_name, latency_ms, base.available_at, isolations, suspects)
-    return Applied(item, duration, tier, reached and isolation, suspected, reporters)
+    probation = old is not None and old.probation and config.probe_on_expiry
+    probing = probation and old is not None and at_ms >= old.available_at
+    probe = None
+    if not config.probe_on_expiry:
+        probation = False
+    elif duration > 0:
+        probation = True
+        probe = "failed" if probing else None
+    elif probing and not isolation:
+        probation, probe = False, "passed"
+    item = FaultItem(broker_name, latency_ms, base.available_at, isolations, suspects, probation)
+    return Applied(item, duration, tier, reached and isolation, suspected, reporters, probe)
 
 
 # ---------------------------------------------------------------- the event log
 
 
 def window_event(
-    change: strategy.WindowChange, isolation: bool, quorum_reached: bool
+    change: strategy.WindowChange,
+    isolation: bool,
+    quorum_reached: bool,
+    probe: str | None = None,
 ) -> tuple[str, str] | None:
     """(kind, reason) of the event a report writes to the event log, or None.
 
     kinds: ``opened``, ``extended``, ``ended`` (early), ``quorum`` (opened because the
     quorum was reached); reasons: ``isolation`` (a failure), ``latency`` (a slow
     answer), ``quorum``, ``success`` (a report under lastReportWins ended a window).
-    An operator's delete is ``("ended", "operator")``, written by the store.
+    An operator's delete is ``("ended", "operator")``, written by the store. A probe:
+    ``("ended", "probe")`` when its success re-opened the broker to all (its window had
+    ended already, but selects still kept away), ``("opened", "probe")`` when it failed.
     report.lua derives the same.
     """
+    if probe == "passed":
+        return "ended", "probe"
+    if probe == "failed" and change is strategy.WindowChange.OPENED:
+        return "opened", "probe"
     if change is strategy.WindowChange.NONE:
         return None
     if change is strategy.WindowChange.CLEARED:

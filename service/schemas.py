@@ -188,6 +188,21 @@ class ConfigBody(Body):
         examples=[0],
     )
 
+    probe_on_expiry: bool = Field(
+        False,
+        description="When a window ends, give the broker to one select (the probe, `probe: "
+        "true`) and keep the rest away until a successful report for it; a failure "
+        "re-isolates it (with backoff when `repeatMultiplier` is on).",
+        examples=[False],
+    )
+    probe_timeout_ms: int = Field(
+        10000,
+        ge=1,
+        le=MAX_WINDOW_MS,
+        description="A probe not reported within this many ms is given to another select.",
+        examples=[10000],
+    )
+
     @field_validator("latency_max")
     @classmethod
     def _increasing(cls, v: list[int]) -> list[int]:
@@ -343,6 +358,11 @@ class SelectResponse(Body):
         "or past `maxAvoidedPercent` (then the least bad).",
         examples=[[]],
     )
+    probe: bool = Field(
+        description="This select is the probe for a broker whose window ended "
+        "(`probeOnExpiry`): report its outcome; only a success re-opens the broker to all.",
+        examples=[False],
+    )
     ordered: Literal["home", "wait", "remap"] | None = Field(
         description="With `shardingKey`: `home` (the key's queue), `wait` (the key's queue "
         "although its broker is avoided) or `remap` (moved to the next available queue); null "
@@ -497,9 +517,10 @@ class EventOut(Body):
         "window ended early; `quorum`: opened because `isolationQuorum` producers agreed.",
         examples=["opened"],
     )
-    reason: Literal["isolation", "latency", "quorum", "success", "operator"] = Field(
+    reason: Literal["isolation", "latency", "quorum", "success", "operator", "probe"] = Field(
         description="`isolation` (a failure), `latency` (a slow answer), `quorum`, `success` "
-        "(a report under `lastReportWins` ended it), `operator` (`DELETE /fault-items`).",
+        "(a report under `lastReportWins` ended it), `operator` (`DELETE /fault-items`), "
+        "`probe` (a probe's success re-opened the broker, or its failure re-isolated it).",
         examples=["isolation"],
     )
     broker_name: BrokerName

@@ -35,6 +35,7 @@ def choose(
             raise NotFound(f"no route for topic {topic!r}", field="topic")
         route = found
     config = view.config
+    now = view.now_ms()
     draws = policy.Draws(
         _rng.random() if config.enforcement_percent < 100 else 0.0,
         _rng.getrandbits(32),
@@ -44,14 +45,17 @@ def choose(
         route,
         view.counter(topic),
         view.faults,
-        view.now_ms(),
+        now,
         last_broker,
         config,
         draws,
         producer,
         sharding_key,
         view.latency_scores if config.selection == "p2c-ewma" else None,
+        view.free_probes(now) if config.probe_on_expiry else (),
     )
+    if choice.probe is not None:
+        view.probe_sent(choice.probe, now)
     view.set_counter(topic, choice.selection.next_counter)
     metrics.observe_select(view.namespace, choice.selection)
     metrics.observe_policy(view.namespace, choice)

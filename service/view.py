@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from service.model import Config, FaultItem, Route
-from service.policy import peak_ewma
+from service.policy import peak_ewma, probe_free
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +57,8 @@ class TableView:
         #: ``selection: p2c-ewma``; a broker not reported here yet falls back to the table's
         #: currentLatencyMs (see ``latency_scores``).
         self._ewma: dict[str, tuple[float, int]] = {}
+        #: broker -> (window end, when) of the last probe this replica handed out
+        self._probes: dict[str, tuple[int, int]] = {}
         self._listeners: list[Listener] = []
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
@@ -112,6 +114,24 @@ class TableView:
         scores = {b: float(i.current_latency_ms) for b, i in self.faults.items()}
         scores.update({b: v for b, (v, _) in self._ewma.items()})
         return scores
+
+    # -- probation probes --------------------------------------------------
+    def free_probes(self, now_ms: int) -> set[str]:
+        """Brokers on probation this replica may give a probe to now (policy.probe_free).
+
+        Each replica hands out its own probe: a global one would need a store round
+        trip on /select (docs/policy.md).
+        """
+        return {
+            b
+            for b, item in self.faults.items()
+            if probe_free(item, now_ms, self.config, self._probes.get(b))
+        }
+
+    def probe_sent(self, broker: str, now_ms: int) -> None:
+        item = self.faults.get(broker)
+        if item is not None:
+            self._probes[broker] = (item.available_at, now_ms)
 
     # -- changes -----------------------------------------------------------
     def apply_fault(self, broker: str, item: FaultItem | None, version: int) -> None:

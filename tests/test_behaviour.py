@@ -29,6 +29,8 @@ DEFAULT_CONFIG = {
     "maxIsolationMs": 3600000,
     "repeatDecayMs": 600000,
     "jitterPercent": 0,
+    "probeOnExpiry": False,
+    "probeTimeoutMs": 10000,
 }
 
 

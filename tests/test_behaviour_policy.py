@@ -51,8 +51,8 @@ def test_defaults_keep_the_select_answer_rocketmq(client: TestClient) -> None:
     put_route(client, "t", {"a": 2, "b": 2})
     fail(client, "a")
     s = select(client, "t")
-    assert (s["brokerName"], s["panic"], s["dryRun"], s["unenforcedBrokers"], s["ordered"]) == (
-        "b", False, False, [], None)
+    assert (s["brokerName"], s["panic"], s["dryRun"], s["unenforcedBrokers"], s["ordered"],
+            s["probe"]) == ("b", False, False, [], None, False)
     assert client.get("/config").json() == DEFAULT_CONFIG
 
 
@@ -213,7 +213,8 @@ def test_jitter_lengthens_isolation_windows(client: TestClient) -> None:
     [("selection", "random"), ("orderedFallback", "drop"), ("maxAvoidedPercent", 101),
      ("panicThresholdPercent", -1), ("enforcementPercent", 100.0), ("isolationQuorum", 0),
      ("isolationQuorum", 65), ("quorumWindowMs", 0), ("repeatMultiplier", "yes"),
-     ("maxIsolationMs", 86_400_001), ("repeatDecayMs", 0), ("jitterPercent", 101)],
+     ("maxIsolationMs", 86_400_001), ("repeatDecayMs", 0), ("jitterPercent", 101),
+     ("probeOnExpiry", 1), ("probeTimeoutMs", 0)],
 )
 def test_bad_policy_config_is_422_naming_the_field(
     client: TestClient, field: str, value: object
@@ -276,3 +277,43 @@ def test_event_log_records_every_window_change(client: TestClient) -> None:
     assert events(client, latest="true", limit=2)["events"] == page["events"][-2:]
     assert client.get("/events", params={"since": "x"}).json()["field"] == "since"
     assert metric(client, "detour_window_events_total", kind="quorum", reason="quorum") >= 1
+
+
+# -- probation probe --------------------------------------------------------------------------
+
+
+def test_probe_on_expiry(client: TestClient) -> None:
+    configure(client, latencyMax=[100], notAvailableDuration=[150], probeOnExpiry=True,
+              probeTimeoutMs=60000)
+    put_route(client, "t", {"a": 2, "b": 2})
+    sent = metric(client, "detour_probes_total", outcome="sent")
+    fail(client, "a")
+    # Window expiry is a time event with nothing to await: poll it, bounded.
+    wait_until(lambda: items(client)["a"]["available"], 5, "window end")
+    probe = select(client, "t")
+    assert (probe["brokerName"], probe["probe"], probe["decision"]) == ("a", True, "available")
+    # One probe: until it is reported, the others keep away.
+    picks = [select(client, "t") for _ in range(6)]
+    assert {p["brokerName"] for p in picks} == {"b"} and not any(p["probe"] for p in picks)
+    assert metric(client, "detour_probes_total", outcome="sent") == sent + 1
+    # Its success re-opens the broker to all.
+    r = client.post("/report-latency", json={"brokerName": "a", "latencyMs": 0})
+    assert r.status_code == 200
+    assert {select(client, "t")["brokerName"] for _ in range(6)} == {"a", "b"}
+    kinds = [(e["kind"], e["reason"]) for e in events(client)["events"]]
+    assert kinds[-1] == ("ended", "probe")
+    assert metric(client, "detour_probes_total", outcome="passed") >= 1
+
+
+def test_failed_probe_re_isolates(client: TestClient) -> None:
+    configure(client, latencyMax=[100], notAvailableDuration=[150], probeOnExpiry=True,
+              repeatMultiplier=True)
+    put_route(client, "t", {"a": 1, "b": 1})
+    fail(client, "a")
+    wait_until(lambda: items(client)["a"]["available"], 5, "window end")
+    assert select(client, "t")["probe"] is True
+    out = fail(client, "a")
+    assert out["notAvailableDurationMs"] == 300  # backoff: the second isolation
+    assert {select(client, "t")["brokerName"] for _ in range(4)} == {"b"}
+    assert [(e["kind"], e["reason"]) for e in events(client)["events"]][-1] == ("opened", "probe")
+    assert metric(client, "detour_probes_total", outcome="failed") >= 1

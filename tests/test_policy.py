@@ -466,3 +466,78 @@ def test_every_visible_change_is_one_event(change: int, isolation: bool, quorum:
     kind = strategy.WindowChange(change)
     event = policy.window_event(kind, isolation, quorum)
     assert (event is None) == (kind is strategy.WindowChange.NONE)
+
+
+# ---------------------------------------------------------------- probation probe
+
+PROBE = Config(probe_on_expiry=True, probe_timeout_ms=5_000)
+
+
+def test_probe_lifecycle_in_reports() -> None:
+    opened = policy.apply(None, "a", 0, True, None, "", NOW, NOW, PROBE)
+    assert opened.item.probation and opened.probe is None
+    end = opened.item.available_at
+    # A success inside the window changes nothing about the probation.
+    early = policy.apply(opened.item, "a", 5, False, None, "", end - 1, end - 1, PROBE)
+    assert early.item.probation and early.probe is None
+    # After the window: a success re-opens the broker to all.
+    passed = policy.apply(opened.item, "a", 5, False, None, "", end, end, PROBE)
+    assert not passed.item.probation and passed.probe == "passed"
+    assert policy.window_event(strategy.WindowChange.NONE, False, False, "passed") == (
+        "ended", "probe")
+    # A failure re-isolates (with backoff when on) and stays on probation.
+    cfg = dataclasses.replace(PROBE, repeat_multiplier=True)
+    first = policy.apply(None, "a", 0, True, None, "", NOW, NOW, cfg)
+    failed = policy.apply(first.item, "a", 0, True, None, "", first.item.available_at,
+                          first.item.available_at, cfg)
+    assert failed.probe == "failed" and failed.item.probation
+    assert failed.duration_ms == 1_200_000 and failed.item.isolations == 2
+    # With the probe off nothing is on probation.
+    assert not policy.apply(None, "a", 0, True, None, "", NOW, NOW, Config()).item.probation
+
+
+def test_probe_goes_to_one_select() -> None:
+    route = make_route({"a": 2, "b": 2})
+    item = FaultItem("a", 0, NOW, probation=True)  # window ended just now
+    faults = {"a": item}
+    assert policy.on_probation(item, NOW, PROBE)
+    assert not policy.on_probation(item, NOW - 1, PROBE)
+    got = policy.choose(route, 3, faults, NOW, None, PROBE, probes={"a"})
+    assert got.probe == "a" and got.selection.queue.broker_name == "a"
+    # Without a free probe the broker stays avoided.
+    for c in range(6):
+        other = policy.choose(route, c, faults, NOW, None, PROBE)
+        assert other.selection.queue.broker_name == "b" and other.probe is None
+        assert other.avoidance.detected == ("a",)
+    # The retry of a failed probe does not go back to it.
+    retry = policy.choose(route, 0, faults, NOW, "a", PROBE, probes={"a"})
+    assert retry.probe is None and retry.selection.queue.broker_name == "b"
+
+
+def test_probe_free_one_per_window_and_after_timeout() -> None:
+    item = FaultItem("a", 0, NOW, probation=True)
+    assert policy.probe_free(item, NOW, PROBE, None)
+    assert not policy.probe_free(item, NOW + 4_999, PROBE, (NOW, NOW))
+    assert policy.probe_free(item, NOW + 5_000, PROBE, (NOW, NOW))
+    assert policy.probe_free(item, NOW, PROBE, (NOW - 10, NOW))  # an earlier window's probe
+    assert not policy.probe_free(item, NOW, Config(), None)
+
+
+@HYP
+@given(scenarios(), st.data())
+def test_probation_brokers_get_only_probes(sc: Scenario, data: st.DataObject) -> None:
+    brokers = brokers_of(sc.route)
+    on = set(data.draw(st.lists(st.sampled_from(brokers), unique=True)))
+    faults = dict(sc.faults)
+    for b in on:
+        end = faults[b].available_at if b in faults else sc.now
+        faults[b] = FaultItem(b, 0, min(end, sc.now), probation=True)
+    probes = set(data.draw(st.lists(st.sampled_from(brokers), unique=True))) & on
+    got = policy.choose(sc.route, sc.counter, faults, sc.now, sc.last_broker, PROBE,
+                        probes=probes)
+    b = got.selection.queue.broker_name
+    if got.probe is not None:
+        assert got.probe == b and b in probes and b != sc.last_broker
+    elif b in on:
+        # Only when nothing else was available (pickOneAtLeast) or the retry rule left it.
+        assert got.selection.decision is strategy.Decision.PICK_ONE_AT_LEAST

@@ -162,6 +162,7 @@ def test_report_lua_matches_the_policy(raw: redis.Redis) -> None:
             repeat_decay_ms=rng.choice([1, 30_000, 600_000]),
             jitter_percent=rng.choice([0, 0, 10, 100]),
             last_report_wins=rng.random() < 0.2,
+            probe_on_expiry=rng.random() < 0.5,
         )
         batch = []
         args: list[Any] = [0, "overwrite" if config.last_report_wins else "extend",
@@ -179,15 +180,16 @@ def test_report_lua_matches_the_policy(raw: redis.Redis) -> None:
             batch.append(report)
         reply = script(keys=[f"{PREFIX}:faults", f"{PREFIX}:meta", f"{PREFIX}:latency-log",
                              f"{PREFIX}:events"], args=args)
-        status, now, ends, _, _, _, quorums, asked, values = reply
+        status, now, ends, _, _, _, quorums, asked, values, probes = reply
         assert status == 1
-        for (broker, latency, isolation, origin, producer, age, roll), end, q, d, value in zip(
-                batch, ends, quorums, asked, values, strict=True):
+        for (broker, latency, isolation, origin, producer, age, roll), end, q, d, value, pr in zip(
+                batch, ends, quorums, asked, values, probes, strict=True):
             out = policy.apply(model.get(broker), broker, latency, isolation, origin, producer,
                                now - age, now, config, roll)
             assert (end, d, q) == (out.item.available_at, out.duration_ms,
                                    2 if out.quorum_reached else 1 if out.suspected else 0), round_
             assert value == codec.encode_item(out.item)
+            assert pr == {None: 0, "passed": 1, "failed": 2}[out.probe]
             assert codec.decode_fault(broker, value) == out.item
             model[broker] = out.item
 

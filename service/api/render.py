@@ -25,6 +25,8 @@ def config_out(c: Config) -> ConfigBody:
         max_isolation_ms=c.max_isolation_ms,
         repeat_decay_ms=c.repeat_decay_ms,
         jitter_percent=c.jitter_percent,
+        probe_on_expiry=c.probe_on_expiry,
+        probe_timeout_ms=c.probe_timeout_ms,
     )
 
 
@@ -46,6 +48,8 @@ def config_in(body: ConfigBody) -> Config:
         max_isolation_ms=body.max_isolation_ms,
         repeat_decay_ms=body.repeat_decay_ms,
         jitter_percent=body.jitter_percent,
+        probe_on_expiry=body.probe_on_expiry,
+        probe_timeout_ms=body.probe_timeout_ms,
     )
 
 

@@ -77,5 +77,6 @@ async def select(request: Request) -> Response:
         f'"degraded":{"true" if store.degraded else "false"},'
         f'"panic":{"true" if av.panic else "false"},'
         f'"dryRun":{"true" if av.dry_run else "false"},'
-        f'"unenforcedBrokers":[{unenforced}],"ordered":{ordered}}}'
+        f'"unenforcedBrokers":[{unenforced}],"ordered":{ordered},'
+        f'"probe":{"true" if choice.probe else "false"}}}'
     )

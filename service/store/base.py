@@ -46,6 +46,8 @@ class ReportOutcome:
     quorum: str | None = None
     #: producers behind the report: the quorum's voters when it was reached, else 1
     reporters: int = 1
+    #: a report on a broker on probation: "passed", "failed" or None (policy.Applied.probe)
+    probe: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

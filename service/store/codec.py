@@ -22,6 +22,8 @@ _POLICY_FIELDS = {
     "max_isolation_ms": "maxIsolationMs",
     "repeat_decay_ms": "repeatDecayMs",
     "jitter_percent": "jitterPercent",
+    "probe_on_expiry": "probeOnExpiry",
+    "probe_timeout_ms": "probeTimeoutMs",
 }
 
 
@@ -71,23 +73,30 @@ def encode_fault(
     available_at: int,
     isolations: int = 0,
     suspects: Sequence[tuple[str, int]] = (),
+    probation: bool = False,
 ) -> str:
-    """``latencyMs,availableAt``, then ``,isolations;producer=at;...`` only when the policy
-    keeps more (report.lua writes the same; producer ids cannot contain ``;`` or ``=``)."""
-    if not isolations and not suspects:
+    """``latencyMs,availableAt``, then ``,isolations[,1 on probation];producer=at;...`` only
+    when the policy keeps more (report.lua writes the same; producer ids cannot contain
+    ``;`` or ``=``)."""
+    if not isolations and not suspects and not probation:
         return f"{latency_ms},{available_at}"
-    return f"{latency_ms},{available_at},{isolations}" + "".join(f";{p}={a}" for p, a in suspects)
+    head = f"{latency_ms},{available_at},{isolations}" + (",1" if probation else "")
+    return head + "".join(f";{p}={a}" for p, a in suspects)
 
 
 def encode_item(item: FaultItem) -> str:
-    return encode_fault(item.current_latency_ms, item.available_at, item.isolations, item.suspects)
+    return encode_fault(
+        item.current_latency_ms, item.available_at, item.isolations, item.suspects, item.probation
+    )
 
 
 def decode_fault(broker: str, raw: str) -> FaultItem:
     head, *suspects = raw.split(";")
     latency, end, *rest = head.split(",")
     pairs = tuple((p, int(a)) for p, _, a in (s.partition("=") for s in suspects))
-    return FaultItem(broker, int(latency), int(end), int(rest[0]) if rest else 0, pairs)
+    return FaultItem(
+        broker, int(latency), int(end), int(rest[0]) if rest else 0, pairs, rest[1:] == ["1"]
+    )
 
 
 def pairs(flat: Sequence[str]) -> list[tuple[str, str]]:

@@ -63,4 +63,5 @@ def report_locally(
         degraded,
         "reached" if applied.quorum_reached else "suspected" if applied.suspected else None,
         applied.reporters,
+        applied.probe,
     )

@@ -76,7 +76,9 @@ class MemoryStore:
             self._log_report(r, now)
             outcome = report_locally(self.view, r, now, self._write)
             out.append(outcome)
-            event = policy.window_event(outcome.change, r.isolation, outcome.quorum == "reached")
+            event = policy.window_event(
+                outcome.change, r.isolation, outcome.quorum == "reached", outcome.probe
+            )
             if event is not None:
                 self._event(
                     *event,

@@ -69,6 +69,7 @@ return {tonumber(redis.call('HGET', KEYS[1], 'version') or '0'), t[1], t[2]}
 
 
 _QUORUM_STATES: tuple[str | None, ...] = (None, "suspected", "reached")
+_PROBE_STATES: tuple[str | None, ...] = (None, "passed", "failed")
 
 
 def _policy_arg(config: Config, events_max: int = 0) -> str:
@@ -88,6 +89,7 @@ def _policy_arg(config: Config, events_max: int = 0) -> str:
             policy.MAX_SUSPECTS,
             policy.MAX_ISOLATIONS,
             events_max,
+            int(config.probe_on_expiry),
         )
     )
 
@@ -319,10 +321,19 @@ class RedisStore:
                 metrics.EVICTED.labels(self.namespace).inc(int(extra))
             if reply[0] == -2:
                 raise TableFull(self.namespace, self._settings.max_brokers)
-            _, now, ends, versions, changes, _, quorums, asked, values = reply
+            _, now, ends, versions, changes, _, quorums, asked, values, probes = reply
             out = []
-            for r, t, d, end, version, change, q, value in zip(
-                reports, tiers, asked, ends, versions, changes, quorums, values, strict=True
+            for r, t, d, end, version, change, q, value, probe in zip(
+                reports,
+                tiers,
+                asked,
+                ends,
+                versions,
+                changes,
+                quorums,
+                values,
+                probes,
+                strict=True,
             ):
                 if version:
                     view.apply_fault(
@@ -339,6 +350,7 @@ class RedisStore:
                         None if t is None else config.latency_max[t],
                         strategy.WindowChange(int(change)),
                         quorum=_QUORUM_STATES[int(q)],
+                        probe=_PROBE_STATES[int(probe)],
                     )
                 )
                 view.observe_latency(r.broker_name, r.latency_ms, int(now))

@@ -21,14 +21,17 @@
 --         cleared whenever a new broker is added), so a table full of open windows costs O(1)
 --         per refused report. A dropped item takes its isolation count and suspects with it.
 -- ARGV[6] policy: "quorum,quorumWindowMs,keepMs,repeat(0/1),maxIsolationMs,repeatDecayMs,
---         jitterPercent,jitterScale,maxSuspects,maxIsolations,eventLogCap" (cap 0 = no log)
+--         jitterPercent,jitterScale,maxSuspects,maxIsolations,eventLogCap,probeOnExpiry(0/1)"
+--         (eventLogCap 0 = no log)
 -- ARGV[7..] nine values per report, applied in order: broker, latency ms, the tier's window
 --         duration ms, age ms (the report happened at now - age), isolation (0/1), producer
 --         ("" = none), quorum (1: a failure that waits for the quorum), jitter roll
 --         (0..jitterScale-1), the tier's latencyMax ms ("" below every tier)
 -- returns {status, now ms, {availableAt}, {version}, {change}, evicted, {quorum}, {duration},
---   {value}} with one entry per report; evicted: the number of items dropped to make room
---   status 1: applied. version > 0: the report changed the window or the suspects and was
+--   {value}, {probe}} with one entry per report; evicted: the number of items dropped to make
+--   room; probe: 0 none, 1 passed (a success re-opened a broker on probation), 2 failed
+--   status 1: applied. version > 0: the report changed the window, the suspects or the
+--             probation and was
 --             pushed as {k="fault", v=version, f=broker, x=value};
 --             change: 0 none, 1 opened, 2 moved, 3 cleared; quorum: 0 n/a, 1 suspected,
 --             2 reached; duration: the window asked for after quorum, backoff and jitter;
@@ -51,7 +54,7 @@ for x in string.gmatch(ARGV[6], '[^,]+') do
 end
 local quorum, quorum_window, keep_ms, repeat_on = p[1], p[2], p[3], p[4] == 1
 local max_isolation, decay, jitter_pct, jitter_scale = p[5], p[6], p[7], p[8]
-local max_suspects, max_isolations, event_cap = p[9], p[10], p[11]
+local max_suspects, max_isolations, event_cap, probe_on = p[9], p[10], p[11], p[12] == 1
 
 local function fmt(n)
   return string.format('%.0f', n)
@@ -111,23 +114,24 @@ if rule ~= 'off' then
     redis.call('HDEL', KEYS[2], 'prune_at')
   end
 end
-local ends, versions, changes, quorums, durations, values = {}, {}, {}, {}, {}, {}
+local ends, versions, changes, quorums, durations, values, probes = {}, {}, {}, {}, {}, {}, {}
 for i = 7, #ARGV, 9 do
   local broker, latency = ARGV[i], ARGV[i + 1]
   local at = now - tonumber(ARGV[i + 3])
   local isolation, producer = ARGV[i + 4], ARGV[i + 5]
   local old = redis.call('HGET', KEYS[1], broker)
-  local old_end, old_iso, suspects = nil, 0, {}
+  local old_end, old_iso, suspects, old_probation = nil, 0, {}, false
   if old then
     local head, tail = string.match(old, '^([^;]*)(.*)$')
-    local _, e, n = string.match(head, '^(%d+),(%d+),?(%d*)$')
+    local _, e, n, pr = string.match(head, '^(%d+),(%d+),?(%d*),?(%d*)$')
     old_end = tonumber(e)
     old_iso = tonumber(n) or 0
+    old_probation = pr == '1'
     for who, when in string.gmatch(tail, ';([^=;]*)=(%d+)') do
       suspects[#suspects + 1] = {who, tonumber(when)}
     end
   end
-  local version, change, quorum_state, value, reporters = 0, 0, 0, '', 1
+  local version, change, quorum_state, value, reporters, probe = 0, 0, 0, '', 1, 0
   local duration = tonumber(ARGV[i + 2])
   local new_end
   if rule == 'off' then
@@ -189,9 +193,25 @@ for i = 7, #ARGV, 9 do
     if rule == 'extend' and old_end and old_end > new_end then
       new_end = old_end
     end
+    -- policy.apply: probation
+    local probation = old_probation and probe_on
+    local probing = probation and old_end ~= nil and at >= old_end
+    if not probe_on then
+      probation = false
+    elseif duration > 0 then
+      probation = true
+      if probing then
+        probe = 2
+      end
+    elseif probing and isolation ~= '1' then
+      probation, probe = false, 1
+    end
     value = latency .. ',' .. fmt(new_end)
-    if iso > 0 or #suspects > 0 then
+    if iso > 0 or #suspects > 0 or probation then
       value = value .. ',' .. fmt(iso)
+      if probation then
+        value = value .. ',1'
+      end
       for _, s in ipairs(suspects) do
         value = value .. ';' .. s[1] .. '=' .. fmt(s[2])
       end
@@ -206,10 +226,14 @@ for i = 7, #ARGV, 9 do
     elseif was_open and not is_open then
       change = 3
     end
-    if change > 0 and event_cap > 0 then
+    if (change > 0 or probe == 1) and event_cap > 0 then
       -- policy.window_event
       local kind, reason = 'extended', 'latency'
-      if change == 3 then
+      if probe == 1 then
+        kind, reason = 'ended', 'probe'
+      elseif probe == 2 and change == 1 then
+        kind, reason = 'opened', 'probe'
+      elseif change == 3 then
         kind, reason = 'ended', 'success'
       elseif change == 1 and quorum_state == 2 then
         kind, reason = 'quorum', 'quorum'
@@ -224,8 +248,9 @@ for i = 7, #ARGV, 9 do
       redis.call('XADD', KEYS[4], 'MAXLEN', '~', event_cap, '*', 'k', kind, 'r', reason,
         'b', broker, 't', ARGV[i + 8], 'n', reporters, 'e', fmt(new_end), 'a', fmt(at))
     end
-    -- A suspect is pushed too: its producer avoids the broker on every replica.
-    if change > 0 or quorum_state > 0 then
+    -- A suspect is pushed too: its producer avoids the broker on every replica; so is a
+    -- probation set or lifted.
+    if change > 0 or quorum_state > 0 or probation ~= old_probation then
       version = redis.call('HINCRBY', KEYS[2], 'version', 1)
       redis.call('PUBLISH', ARGV[3], cjson.encode({k = 'fault', v = version, f = broker, x = value}))
     end
@@ -239,6 +264,7 @@ for i = 7, #ARGV, 9 do
   changes[#changes + 1] = change
   quorums[#quorums + 1] = quorum_state
   durations[#durations + 1] = duration
+  probes[#probes + 1] = probe
   values[#values + 1] = value
 end
-return {1, now, ends, versions, changes, evicted, quorums, durations, values}
+return {1, now, ends, versions, changes, evicted, quorums, durations, values, probes}
