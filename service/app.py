@@ -15,7 +15,7 @@ from typing import Any, TypedDict
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from service import metrics
+from service import detector, metrics
 from service.api import admin, events, health, reports, routes, select, status, stream
 from service.api.fast import mount_fast
 from service.api.guard import Guard
@@ -135,9 +135,15 @@ def create_app(settings: Settings | None = None, tokens: TokenTable | None = Non
         # cyclic GC's generations removes its pauses from the request path.
         gc.collect()
         gc.freeze()
+        # The active detector runs beside each namespace's table (off until the config
+        # enables it; one replica at a time checks, by a lease in the store).
+        detectors = [asyncio.create_task(detector.run(s)) for s in stores.values()]
         try:
             yield {"store": stores[namespaces[0]], "stores": stores}
         finally:
+            for task in detectors:
+                task.cancel()
+            await asyncio.gather(*detectors, return_exceptions=True)
             restore_signals()
             for s in stores.values():
                 await s.close()

@@ -149,6 +149,12 @@ PROBES = Counter(
     "ended), passed (its success re-opened the broker to all), failed (it re-isolated it).",
     ["namespace", "outcome"],
 )
+DETECTIONS = Counter(
+    "detour_detector_checks_total",
+    "The active detector's TCP connects to avoided brokers, by result (reachable, "
+    "unreachable); only the replica holding the namespace's detector lease checks.",
+    ["namespace", "result"],
+)
 HTTP_DURATION = Histogram(
     "detour_http_request_duration_seconds",
     "Time to answer Detour's own endpoints.",

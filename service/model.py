@@ -61,6 +61,12 @@ class Config:
     probe_on_expiry: bool = False
     #: how long (ms) a probe may go unreported before another select is given one.
     probe_timeout_ms: int = 10000
+    #: TCP-connect to avoided brokers with an address and record whether they answer.
+    detector_enable: bool = False
+    #: ms between two detector rounds (RocketMQ 5's detectInterval).
+    detect_interval_ms: int = 2000
+    #: ms a detector connect may take before the broker counts as unreachable.
+    detect_timeout_ms: int = 200
 
     def __post_init__(self) -> None:
         # The API validates with field names; this guards programmatic callers.
@@ -85,6 +91,10 @@ class Config:
         for name in ("quorum_window_ms", "repeat_decay_ms", "max_isolation_ms", "probe_timeout_ms"):
             if not 1 <= getattr(self, name) <= MAX_WINDOW_MS:
                 raise ValueError(f"{name} must be 1..{MAX_WINDOW_MS}")
+        if not 100 <= self.detect_interval_ms <= 3_600_000:
+            raise ValueError("detect_interval_ms must be 100..3600000")
+        if not 1 <= self.detect_timeout_ms <= 60_000:
+            raise ValueError("detect_timeout_ms must be 1..60000")
         if not 0 <= self.jitter_percent <= 100:
             raise ValueError("jitter_percent must be 0..100")
 
@@ -125,6 +135,9 @@ class FaultItem:
     #: on probation (probeOnExpiry): once the window ends, only a probe is sent until a
     #: successful report re-opens the broker to all
     probation: bool = False
+    #: the active detector's last reading: True (a TCP connect succeeded), False (refused or
+    #: timed out), None (never checked); pickOneAtLeast prefers reachable brokers
+    reachable: bool | None = None
 
     def is_available(self, now_ms: int) -> bool:
         return now_ms >= self.available_at

@@ -488,7 +488,10 @@ def apply(
         probe = "failed" if probing else None
     elif probing and not isolation:
         probation, probe = False, "passed"
-    item = FaultItem(broker_name, latency_ms, base.available_at, isolations, suspects, probation)
+    reachable = old.reachable if old is not None else None
+    item = FaultItem(
+        broker_name, latency_ms, base.available_at, isolations, suspects, probation, reachable
+    )
     return Applied(item, duration, tier, reached and isolation, suspected, reporters, probe)
 
 

@@ -202,6 +202,27 @@ class ConfigBody(Body):
         description="A probe not reported within this many ms is given to another select.",
         examples=[10000],
     )
+    detector_enable: bool = Field(
+        False,
+        description="Active detector (RocketMQ 5's startDetectorEnable): one replica at a time "
+        "TCP-connects to avoided brokers that have an address and records whether they "
+        "answer (`reachable` in `/fault-items`); pickOneAtLeast prefers reachable ones.",
+        examples=[False],
+    )
+    detect_interval_ms: int = Field(
+        2000,
+        ge=100,
+        le=3_600_000,
+        description="ms between two detector rounds.",
+        examples=[2000],
+    )
+    detect_timeout_ms: int = Field(
+        200,
+        ge=1,
+        le=60_000,
+        description="ms a detector connect may take before the broker counts as unreachable.",
+        examples=[200],
+    )
 
     @field_validator("latency_max")
     @classmethod
@@ -451,6 +472,16 @@ class FaultItemOut(Body):
     current_latency_ms: int = Field(description="Latency of the last report.", examples=[120])
     available_at: EpochMs = Field(description="Window end (epoch ms).", examples=[1763791234567])
     available: bool = Field(description="Whether the window has ended at `now`.", examples=[True])
+    probation: bool = Field(
+        description="Waiting for a probe (`probeOnExpiry`): once the window ends, only a probe "
+        "is sent until a success re-opens the broker.",
+        examples=[False],
+    )
+    reachable: bool | None = Field(
+        description="The active detector's last reading (a TCP connect to the broker's address "
+        "succeeded); null when never checked.",
+        examples=[None],
+    )
 
 
 class FaultItemsOut(Body):

@@ -194,18 +194,26 @@ def select(
 
 
 def rank_brokers(brokers: list[str], faults: Mapping[str, FaultItem], now_ms: int) -> list[str]:
-    """Order brokers best first: available, then lower latency, then earlier window end.
+    """Order brokers best first: available, then not found unreachable by the active
+    detector, then lower latency, then earlier window end.
 
-    A broker without a fault item ranks as available with latency 0. One
+    A broker without a fault item ranks as available with latency 0; one the detector
+    never checked ranks as reachable, so without the detector this is RocketMQ's order. One
     ``now`` serves the whole sort so the order is consistent (RocketMQ's
     comparator reads the clock per comparison and can violate the contract).
     """
 
-    def key(b: str) -> tuple[bool, int, int, str]:
+    def key(b: str) -> tuple[bool, bool, int, int, str]:
         item = faults.get(b)
         if item is None:
-            return (False, 0, 0, b)
-        return (not item.is_available(now_ms), item.current_latency_ms, item.available_at, b)
+            return (False, False, 0, 0, b)
+        return (
+            not item.is_available(now_ms),
+            item.reachable is False,
+            item.current_latency_ms,
+            item.available_at,
+            b,
+        )
 
     return sorted(brokers, key=key)
 

@@ -115,6 +115,8 @@ def seed(client: TestClient) -> State:
         "currentLatencyMs": 600,
         "availableAt": r.json()["availableAt"],
         "available": False,
+        "probation": False,
+        "reachable": None,
     }
     return {
         "config": {**DEFAULT_CONFIG, **SEED_CONFIG},

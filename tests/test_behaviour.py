@@ -31,6 +31,9 @@ DEFAULT_CONFIG = {
     "jitterPercent": 0,
     "probeOnExpiry": False,
     "probeTimeoutMs": 10000,
+    "detectorEnable": False,
+    "detectIntervalMs": 2000,
+    "detectTimeoutMs": 200,
 }
 
 
@@ -152,7 +155,8 @@ def test_extend_rule_keeps_an_isolation(client: TestClient) -> None:
     assert out["notAvailableDurationMs"] == 0
     assert out["availableAt"] == end
     assert items(client)["a"] == {"brokerName": "a", "currentLatencyMs": 10,
-                                  "availableAt": end, "available": False}
+                                  "availableAt": end, "available": False,
+                                  "probation": False, "reachable": None}
     # A shorter window never shortens a longer one; a longer one extends it.
     assert report(client, "a", 600)["availableAt"] == end
     assert report(client, "a", 10, isolation=True)["availableAt"] >= end

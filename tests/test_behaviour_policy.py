@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import re
+import socketserver
+import threading
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from service import policy
-from tests.procs import wait_until
+from tests.procs import free_port, wait_until
 from tests.test_behaviour import DEFAULT_CONFIG, items, put_route, select
 
 pytestmark = pytest.mark.integration
@@ -214,7 +217,8 @@ def test_jitter_lengthens_isolation_windows(client: TestClient) -> None:
      ("panicThresholdPercent", -1), ("enforcementPercent", 100.0), ("isolationQuorum", 0),
      ("isolationQuorum", 65), ("quorumWindowMs", 0), ("repeatMultiplier", "yes"),
      ("maxIsolationMs", 86_400_001), ("repeatDecayMs", 0), ("jitterPercent", 101),
-     ("probeOnExpiry", 1), ("probeTimeoutMs", 0)],
+     ("probeOnExpiry", 1), ("probeTimeoutMs", 0), ("detectorEnable", "on"),
+     ("detectIntervalMs", 99), ("detectTimeoutMs", 0), ("detectTimeoutMs", 60_001)],
 )
 def test_bad_policy_config_is_422_naming_the_field(
     client: TestClient, field: str, value: object
@@ -317,3 +321,53 @@ def test_failed_probe_re_isolates(client: TestClient) -> None:
     assert {select(client, "t")["brokerName"] for _ in range(4)} == {"b"}
     assert [(e["kind"], e["reason"]) for e in events(client)["events"]][-1] == ("opened", "probe")
     assert metric(client, "detour_probes_total", outcome="failed") >= 1
+
+
+# -- active detector -----------------------------------------------------------------------
+
+
+class _Accepting(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _Hangup(socketserver.BaseRequestHandler):
+    def handle(self) -> None:  # accept, then close: all a detector needs
+        self.request.close()
+
+
+@pytest.fixture
+def live_broker() -> Iterator[str]:
+    """A real TCP server on 127.0.0.1 that accepts connections: a reachable broker."""
+    server = _Accepting(("127.0.0.1", 0), _Hangup)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_detector_records_reachability_and_pick_one_at_least_prefers_it(
+    client: TestClient, live_broker: str
+) -> None:
+    dead = f"127.0.0.1:{free_port()}"  # bound and closed again: connects are refused
+    r = client.put("/routes/t", json={"brokers": [
+        {"brokerName": "up", "writeQueueNums": 2, "address": live_broker},
+        {"brokerName": "down", "writeQueueNums": 2, "address": dead},
+        {"brokerName": "nameless", "writeQueueNums": 1}]})
+    assert r.status_code == 200
+    # Every broker fails; "down" reports the lowest latency, so RocketMQ would pick it.
+    for broker, latency in (("up", 900), ("down", 5), ("nameless", 950)):
+        fail(client, broker, latency=latency)
+    assert select(client, "t")["brokerName"] == "down"
+    checks = metric(client, "detour_detector_checks_total")
+    configure(client, detectorEnable=True, detectIntervalMs=100, detectTimeoutMs=500)
+    wait_until(lambda: {b: i["reachable"] for b, i in items(client).items()} == {
+        "up": True, "down": False, "nameless": None}, 10, "detector readings")
+    picks = [select(client, "t") for _ in range(4)]
+    assert {(p["brokerName"], p["decision"]) for p in picks} == {("up", "pick_one_at_least")}
+    assert metric(client, "detour_detector_checks_total", result="reachable") >= 1
+    assert metric(client, "detour_detector_checks_total", result="unreachable") >= 1
+    assert metric(client, "detour_detector_checks_total") > checks

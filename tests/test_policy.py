@@ -541,3 +541,52 @@ def test_probation_brokers_get_only_probes(sc: Scenario, data: st.DataObject) ->
     elif b in on:
         # Only when nothing else was available (pickOneAtLeast) or the retry rule left it.
         assert got.selection.decision is strategy.Decision.PICK_ONE_AT_LEAST
+
+
+# ---------------------------------------------------------------- active detector
+
+
+@HYP
+@given(scenarios(), st.data())
+def test_ranking_prefers_reachable_brokers(sc: Scenario, data: st.DataObject) -> None:
+    faults = {
+        b: dataclasses.replace(i, reachable=data.draw(st.sampled_from([None, True, False])))
+        for b, i in sc.faults.items()
+    }
+    brokers = brokers_of(sc.route)
+    ranked = strategy.rank_brokers(brokers, faults, sc.now)
+    def avail(b: str) -> bool:
+        return b not in faults or faults[b].is_available(sc.now)
+    def down(b: str) -> bool:
+        return b in faults and faults[b].reachable is False
+    keys = [(not avail(b), down(b)) for b in ranked]
+    assert keys == sorted(keys)
+    # Without readings, the order is RocketMQ's.
+    plain = {b: dataclasses.replace(i, reachable=None) for b, i in faults.items()}
+    assert strategy.rank_brokers(brokers, plain, sc.now) == strategy.rank_brokers(
+        brokers, sc.faults, sc.now)
+
+
+def test_pick_one_at_least_takes_the_reachable_broker() -> None:
+    route = make_route({"a": 1, "b": 1})
+    faults = {"a": FaultItem("a", 900, NOW + 10_000, reachable=True),
+              "b": FaultItem("b", 5, NOW + 10_000, reachable=False)}
+    got = policy.choose(route, 0, faults, NOW, None, Config())
+    assert (got.selection.queue.broker_name, got.selection.decision) == (
+        "a", strategy.Decision.PICK_ONE_AT_LEAST)
+
+
+def test_detector_targets_and_addresses() -> None:
+    from service import detector
+    from service.model import BrokerRoute
+
+    route = Route.from_brokers("t", [BrokerRoute("a", 1, "10.0.0.5:10911"),
+                                     BrokerRoute("b", 1, None), BrokerRoute("c", 1, "[::1]:9"),
+                                     BrokerRoute("d", 1, "h:1")])
+    faults = {"a": FaultItem("a", 0, NOW + 1), "b": FaultItem("b", 0, NOW + 1),
+              "c": FaultItem("c", 0, NOW, probation=True), "d": FaultItem("d", 0, NOW)}
+    assert detector.targets({"t": route}, faults, NOW, Config()) == {"a": "10.0.0.5:10911"}
+    assert detector.targets({"t": route}, faults, NOW, PROBE) == {
+        "a": "10.0.0.5:10911", "c": "[::1]:9"}
+    assert detector.split_address("[::1]:9") == ("::1", 9)
+    assert detector.split_address("broker.example:10911") == ("broker.example", 10911)

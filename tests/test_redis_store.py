@@ -323,3 +323,51 @@ def test_reports_that_change_no_window_push_nothing(redis_url: str, raw: redis.R
         assert commandstats(raw).get("publish", 0) == before
         c.post("/report-latency", json={"brokerName": "b", "latencyMs": 0, "isolation": True})
         assert commandstats(raw).get("publish", 0) == before + 1
+
+
+def test_reach_lua_matches_the_codec(raw: redis.Redis) -> None:
+    """Differential test: reach.lua rewrites an item exactly as dataclasses.replace + codec."""
+    import dataclasses
+    from importlib import resources
+
+    script = raw.register_script(
+        (resources.files("service.store") / "lua" / "reach.lua").read_text())
+    rng = random.Random(5)
+    for _ in range(200):
+        item = FaultItem("a", rng.choice([0, 40]), rng.choice([1, 1795427760710]),
+                         rng.choice([0, 0, 3]),
+                         tuple(rng.sample([("p1", 7), ("p2", 9), ("", 11)], rng.randint(0, 2))),
+                         rng.random() < 0.5, rng.choice([None, True, False]))
+        raw.hset(f"{PREFIX}:faults", "a", codec.encode_item(item))
+        reading = rng.random() < 0.5
+        out = script(keys=[f"{PREFIX}:faults", f"{PREFIX}:meta"],
+                     args=[f"{PREFIX}:changes", "a", int(reading), "missing", 1])
+        expected = dataclasses.replace(item, reachable=reading)
+        stored = raw.hget(f"{PREFIX}:faults", "a")
+        assert codec.decode_fault("a", stored) == expected
+        assert stored == (codec.encode_item(expected) if item.reachable is not reading
+                          else codec.encode_item(item))
+        assert [b for b, _, _ in out] == (["a"] if item.reachable is not reading else [])
+    assert not raw.hexists(f"{PREFIX}:faults", "missing")
+
+
+def test_detector_lease_is_held_by_one_replica(redis_url: str) -> None:
+    async def scenario() -> None:
+        settings = Settings(redis_url=redis_url)
+        a, b = RedisStore(settings), RedisStore(settings)
+        await a.start()
+        await b.start()
+        try:
+            assert await a.detector_lease(60_000)
+            assert not await b.detector_lease(60_000)
+            assert await a.detector_lease(60_000)  # renewed by its holder
+            assert await a.detector_lease(1)  # a short lease ends on its own...
+            async with asyncio.timeout(5):
+                while not await b.detector_lease(60_000):  # ...and the other takes over
+                    await asyncio.sleep(0.005)
+            assert not await a.detector_lease(60_000)
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(scenario())

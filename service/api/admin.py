@@ -46,6 +46,8 @@ async def fault_items(store: StoreDep) -> FaultItemsOut:
                 current_latency_ms=i.current_latency_ms,
                 available_at=i.available_at,
                 available=i.is_available(now),
+                probation=i.probation,
+                reachable=i.reachable,
             )
             for i in sorted(items, key=lambda i: i.broker_name)
         ],

@@ -27,6 +27,9 @@ def config_out(c: Config) -> ConfigBody:
         jitter_percent=c.jitter_percent,
         probe_on_expiry=c.probe_on_expiry,
         probe_timeout_ms=c.probe_timeout_ms,
+        detector_enable=c.detector_enable,
+        detect_interval_ms=c.detect_interval_ms,
+        detect_timeout_ms=c.detect_timeout_ms,
     )
 
 
@@ -50,6 +53,9 @@ def config_in(body: ConfigBody) -> Config:
         jitter_percent=body.jitter_percent,
         probe_on_expiry=body.probe_on_expiry,
         probe_timeout_ms=body.probe_timeout_ms,
+        detector_enable=body.detector_enable,
+        detect_interval_ms=body.detect_interval_ms,
+        detect_timeout_ms=body.detect_timeout_ms,
     )
 
 

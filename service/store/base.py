@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -130,6 +130,15 @@ class FaultStore(Protocol):
         ...
 
     async def delete_fault(self, broker: str) -> bool: ...
+
+    async def detector_lease(self, ttl_ms: int) -> bool:
+        """Take or renew the active detector's lease: True while this replica holds it."""
+        ...
+
+    async def set_reachability(self, readings: Mapping[str, bool]) -> None:
+        """Record the detector's readings on the brokers' fault items (brokers without
+        one are skipped); a changed reading is pushed like a window change."""
+        ...
 
     async def put_route(self, route: Route) -> None: ...
 

@@ -24,6 +24,9 @@ _POLICY_FIELDS = {
     "jitter_percent": "jitterPercent",
     "probe_on_expiry": "probeOnExpiry",
     "probe_timeout_ms": "probeTimeoutMs",
+    "detector_enable": "detectorEnable",
+    "detect_interval_ms": "detectIntervalMs",
+    "detect_timeout_ms": "detectTimeoutMs",
 }
 
 
@@ -74,19 +77,29 @@ def encode_fault(
     isolations: int = 0,
     suspects: Sequence[tuple[str, int]] = (),
     probation: bool = False,
+    reachable: bool | None = None,
 ) -> str:
-    """``latencyMs,availableAt``, then ``,isolations[,1 on probation];producer=at;...`` only
-    when the policy keeps more (report.lua writes the same; producer ids cannot contain
-    ``;`` or ``=``)."""
-    if not isolations and not suspects and not probation:
+    """``latencyMs,availableAt``, then ``,isolations[,probation 1/0[,reachable 1/0]]`` and
+    ``;producer=at`` per suspect, only as far as the policy keeps more (report.lua and
+    reach.lua write the same; producer ids cannot contain ``;`` or ``=``)."""
+    if not isolations and not suspects and not probation and reachable is None:
         return f"{latency_ms},{available_at}"
-    head = f"{latency_ms},{available_at},{isolations}" + (",1" if probation else "")
+    head = f"{latency_ms},{available_at},{isolations}"
+    if reachable is not None:
+        head += f",{int(probation)},{int(reachable)}"
+    elif probation:
+        head += ",1"
     return head + "".join(f";{p}={a}" for p, a in suspects)
 
 
 def encode_item(item: FaultItem) -> str:
     return encode_fault(
-        item.current_latency_ms, item.available_at, item.isolations, item.suspects, item.probation
+        item.current_latency_ms,
+        item.available_at,
+        item.isolations,
+        item.suspects,
+        item.probation,
+        item.reachable,
     )
 
 
@@ -95,7 +108,13 @@ def decode_fault(broker: str, raw: str) -> FaultItem:
     latency, end, *rest = head.split(",")
     pairs = tuple((p, int(a)) for p, _, a in (s.partition("=") for s in suspects))
     return FaultItem(
-        broker, int(latency), int(end), int(rest[0]) if rest else 0, pairs, rest[1:] == ["1"]
+        broker,
+        int(latency),
+        int(end),
+        int(rest[0]) if rest else 0,
+        pairs,
+        rest[1:2] == ["1"],
+        None if len(rest) < 3 else rest[2] == "1",
     )
 
 

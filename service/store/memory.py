@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from service import metrics, policy
 from service.errors import TableFull
@@ -169,6 +170,15 @@ class MemoryStore:
 
     async def fault_items(self) -> tuple[int, list[FaultItem]]:
         return self.view.now_ms(), list(self.view.faults.values())
+
+    async def detector_lease(self, ttl_ms: int) -> bool:
+        return True  # one process: nobody to share the detector with
+
+    async def set_reachability(self, readings: Mapping[str, bool]) -> None:
+        for broker, reachable in readings.items():
+            item = self.view.faults.get(broker)
+            if item is not None and item.reachable is not reachable:
+                self._write(dataclasses.replace(item, reachable=reachable))
 
     async def delete_fault(self, broker: str) -> bool:
         item = self.view.faults.get(broker)

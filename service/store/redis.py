@@ -33,9 +33,12 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import random
+import socket
 import time
-from collections.abc import AsyncIterator, Sequence
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
@@ -138,6 +141,8 @@ class RedisStore:
         self._log = f"{base}:latency-log"
         self._log_max = settings.latency_log_max
         self._events = f"{base}:events"
+        self._lease = f"{base}:detector"
+        self._replica_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._events_max = settings.events_max
         # Reports are on the producers' send path: they get their own connections
         # (``fast``) with a short timeout, and fall back to the journal when it passes.
@@ -149,7 +154,7 @@ class RedisStore:
         self._client = self._conn.main
         self._scripts: dict[str, AsyncScript] = {
             name: self._client.register_script(_load_lua(name))
-            for name in ("report", "set_entry", "snapshot", "fault_items")
+            for name in ("report", "set_entry", "snapshot", "fault_items", "reach", "lease")
         }
         self._poll_script = self._client.register_script(_POLL_LUA)
         self._fast = self._conn.fast
@@ -398,6 +403,19 @@ class RedisStore:
         args = (self._channel, kind, field, value, *((self._events_max,) if events else ()))
         version = await self._eval("set_entry", keys, args)
         return int(version)
+
+    async def detector_lease(self, ttl_ms: int) -> bool:
+        """One replica per namespace runs the detector: a lease it renews each round."""
+        held = await self._eval("lease", (self._lease,), (self._replica_id, ttl_ms))
+        return int(held) == 1
+
+    async def set_reachability(self, readings: Mapping[str, bool]) -> None:
+        args: list[str | int] = [self._channel]
+        for broker, reachable in readings.items():
+            args += [broker, int(reachable)]
+        changed = await self._eval("reach", (self._faults, self._meta), args)
+        for broker, version, value in changed:
+            self.view.apply_fault(broker, codec.decode_fault(broker, value), int(version))
 
     async def delete_fault(self, broker: str) -> bool:
         item = self.view.faults.get(broker)

@@ -2,7 +2,8 @@
 -- and append each to the latency log. The rule is service.policy.apply (a differential
 -- test feeds both the same reports).
 -- KEYS[1] faults hash (broker -> "latencyMs,availableAt" or, when the policy keeps more,
---         "latencyMs,availableAt,isolations;producer=at;...": see service/store/codec.py)
+--         "latencyMs,availableAt,isolations[,probation[,reachable]];producer=at;...": see
+--         service/store/codec.py; a report keeps the detector's reachable as it is)
 -- KEYS[2] meta hash (version, config_version, config)
 -- KEYS[3] latency log stream (entries b=broker l=latency ms i=isolation 0/1 p=producer
 --         t=report time ms)
@@ -120,10 +121,11 @@ for i = 7, #ARGV, 9 do
   local at = now - tonumber(ARGV[i + 3])
   local isolation, producer = ARGV[i + 4], ARGV[i + 5]
   local old = redis.call('HGET', KEYS[1], broker)
-  local old_end, old_iso, suspects, old_probation = nil, 0, {}, false
+  local old_end, old_iso, suspects, old_probation, reach = nil, 0, {}, false, ''
   if old then
     local head, tail = string.match(old, '^([^;]*)(.*)$')
-    local _, e, n, pr = string.match(head, '^(%d+),(%d+),?(%d*),?(%d*)$')
+    local _, e, n, pr, rc = string.match(head, '^(%d+),(%d+),?(%d*),?(%d*),?(%d*)$')
+    reach = rc
     old_end = tonumber(e)
     old_iso = tonumber(n) or 0
     old_probation = pr == '1'
@@ -207,9 +209,11 @@ for i = 7, #ARGV, 9 do
       probation, probe = false, 1
     end
     value = latency .. ',' .. fmt(new_end)
-    if iso > 0 or #suspects > 0 or probation then
+    if iso > 0 or #suspects > 0 or probation or reach ~= '' then
       value = value .. ',' .. fmt(iso)
-      if probation then
+      if reach ~= '' then
+        value = value .. ',' .. (probation and '1' or '0') .. ',' .. reach
+      elseif probation then
         value = value .. ',1'
       end
       for _, s in ipairs(suspects) do
