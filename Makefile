@@ -10,12 +10,13 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml 2>/dev/
 PYTEST_ARGS ?=
 ARGS ?=
 
-.PHONY: help setup run test pytest lint fmt typecheck system-deps bench openapi clean
+.PHONY: help setup run test pytest lint fmt typecheck system-deps bench bench-overload openapi clean
 
 help:
 	@echo "make run     start Detour on 127.0.0.1:8080 with the memory store (ARGS='--redis-url ...')"
 	@echo "make test    lint, type-check and run every test (installs redis-server when missing)"
 	@echo "make bench   throughput/latency and propagation benchmarks -> docs/BENCHMARKS.md"
+	@echo "make bench-overload  5x capacity: do answers stay fast and refusals come at once?"
 	@echo "make openapi regenerate openapi.yaml from the app"
 
 $(STAMP): requirements.lock pyproject.toml
@@ -66,6 +67,10 @@ fmt: setup
 
 bench: setup system-deps
 	$(BIN)/python -m bench.run $(ARGS)
+
+# 5x the service's capacity, open loop (Node generator): answered p99 and refusal times.
+bench-overload: setup system-deps
+	$(BIN)/python -m bench.overload $(ARGS)
 
 openapi: setup
 	$(BIN)/python -m service.openapi > openapi.yaml

@@ -3,6 +3,12 @@
 #
 # Run (bash, curl, sed, date; no jq):
 #     bash examples/curl.sh http://127.0.0.1:8080
+#     DETOUR_TOKEN=dtr_... bash examples/curl.sh https://detour.internal:8080
+#
+# DETOUR_TOKEN, when set and not empty, goes with every call as "Authorization: Bearer <token>".
+# The script registers its route (PUT /routes), which needs an admin token; a Detour without
+# tokens (loopback only) needs none. Without a valid token Detour answers 401 (403 for a
+# producer token), the route is not registered and the script exits 2.
 #
 # The "brokers" are stand-ins in this script: curl-broker-a is down (every send fails),
 # curl-broker-b succeeds. The loop is RocketMQ's sendDefaultImpl: up to 3 attempts per message;
@@ -22,6 +28,7 @@ DETOUR=${DETOUR%/}
 TOPIC=example-curl
 BROKER_A=curl-broker-a # down: every send fails
 BROKER_B=curl-broker-b # healthy
+TOKEN=${DETOUR_TOKEN:-} # empty or unset: no Authorization header
 MESSAGES=6
 TIMES_TOTAL=3 # RocketMQ: 1 + retryTimesWhenSendFailed (default 2)
 
@@ -31,8 +38,15 @@ call() {
     local args=(-sS --connect-timeout 3 --max-time 5 -X "$method"
                 -H 'Content-Type: application/json' -w '\n%{http_code}')
     if [ $# -ge 3 ]; then args+=(--data "$3"); fi
+    # The token goes to curl on stdin (-H @-), not in its arguments, where any user could
+    # read it with ps.
+    local header=
+    if [ -n "$TOKEN" ]; then
+        args+=(-H @-)
+        header="Authorization: Bearer $TOKEN"
+    fi
     # curl prints its own error (refused, timed out, ...) on stderr.
-    if ! out=$(curl "${args[@]}" "$DETOUR$path"); then
+    if ! out=$(curl "${args[@]}" "$DETOUR$path" <<<"$header"); then
         RESPONSE="$method $path: curl failed"
         return 1
     fi

@@ -14,12 +14,14 @@ stopped, killed and slowed mid-run:
     analyze     per-broker latency, isolations, avoided time; recommended tiers
 
 This module holds the little the jobs share: how a SparkSession is built so that
-``python -m pipeline.X`` and ``spark-submit pipeline/X.py`` behave alike, and how
-the pipeline's own code reaches executors that do not have the repository.
+``python -m pipeline.X`` and ``spark-submit pipeline/X.py`` behave alike, how
+the pipeline's own code reaches executors that do not have the repository, and
+where a program finds its Detour token (``--token``, else ``DETOUR_TOKEN``).
 """
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import os
 import shutil
@@ -38,6 +40,33 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: Packages the executors import (the producer SDK lives in ``service.client``).
 SHIPPED_PACKAGES = ("pipeline", "service")
+
+#: Where every pipeline program looks for its Detour token when ``--token`` is not given.
+TOKEN_ENV = "DETOUR_TOKEN"
+
+
+def add_token_argument(parser: argparse.ArgumentParser, role: str) -> None:
+    """``--token``: the Detour token the program sends (needs role ``role``)."""
+    parser.add_argument(
+        "--token", default=None,
+        help=f"Detour {role} token, sent as 'Authorization: Bearer' (default: ${TOKEN_ENV}; "
+             "prefer the variable, a flag shows in the process list; '' sends none)",
+    )
+
+
+def detour_token(flag: str | None = None) -> str | None:
+    """The token to send: ``flag`` (``--token``) when given, else ``$DETOUR_TOKEN``.
+
+    None means no ``Authorization`` header (a Detour without tokens, on loopback);
+    an empty string counts as not set.
+    """
+    token = flag if flag is not None else os.environ.get(TOKEN_ENV)
+    return token or None
+
+
+def auth_headers(token: str | None) -> dict[str, str]:
+    """``{"Authorization": "Bearer <token>"}``, or nothing when there is no token."""
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def under_spark_submit() -> bool:

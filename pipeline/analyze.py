@@ -45,6 +45,9 @@ Outputs in ``--out``: ``report.md`` (tables), ``latency.png``, ``avoided.png``,
 
     python -m pipeline.analyze --log /tmp/latency.parquet --out /tmp/report --window 60 \\
         [--detour http://127.0.0.1:8080] [--tiers fast=50,100,200:0,0,5000]
+
+``--detour`` reads ``GET /config``: against a Detour with tokens, an admin token in
+``DETOUR_TOKEN`` (or ``--token``).
 """
 
 from __future__ import annotations
@@ -64,7 +67,13 @@ from typing import TYPE_CHECKING, Any
 if __name__ == "__main__" and not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline import ship_code, spark_session  # noqa: E402
+from pipeline import (  # noqa: E402
+    add_token_argument,
+    auth_headers,
+    detour_token,
+    ship_code,
+    spark_session,
+)
 from service import strategy  # noqa: E402
 from service.model import (  # noqa: E402
     DEFAULT_LATENCY_MAX,
@@ -531,8 +540,10 @@ def markdown(a: Analysis) -> str:
         parts += [f"**Only {a.successes} successful sends: q99 is a guess; collect at "
                   f"least {MIN_SAMPLES} before applying this.**", ""]
     body = {k: v for k, v in rec.items() if k not in ("name", "factor")}
-    parts += ["```sh", "curl -X PUT http://127.0.0.1:8080/config -H 'content-type: "
-              "application/json' \\", f"  -d '{json.dumps(body)}'", "```", "",
+    # PUT /config is an admin call: the token comes from DETOUR_TOKEN when it is set.
+    parts += ["```sh", "curl -X PUT http://127.0.0.1:8080/config "
+              "${DETOUR_TOKEN:+-H \"Authorization: Bearer $DETOUR_TOKEN\"} \\",
+              "  -H 'content-type: application/json' \\", f"  -d '{json.dumps(body)}'", "```", "",
               "![latency](latency.png)", "", "![avoided](avoided.png)", "",
               "![histogram](histogram.png)", ""]
     return "\n".join(parts)
@@ -620,10 +631,11 @@ def write_report(a: Analysis, out: Path) -> None:
     (out / "analysis.json").write_text(json.dumps(asdict(a), indent=2, default=str))
 
 
-def fetch_config(detour: str) -> TierTable:
+def fetch_config(detour: str, token: str | None = None) -> TierTable:
+    """Detour's current tiers (``GET /config``: an admin call when Detour has tokens)."""
     import httpx
 
-    r = httpx.get(f"{detour.rstrip('/')}/config", timeout=5)
+    r = httpx.get(f"{detour.rstrip('/')}/config", headers=auth_headers(token), timeout=5)
     r.raise_for_status()
     return TierTable.from_body("current", r.json())
 
@@ -639,9 +651,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--tiers", action="append", default=[], metavar="NAME=L1,..:D1,..",
                    help="an alternative tier table to replay (repeatable)")
     p.add_argument("--master", default=None)
+    add_token_argument(p, "admin")
     args = p.parse_args(argv)
     if args.detour:
-        current = fetch_config(args.detour)
+        current = fetch_config(args.detour, detour_token(args.token))
     elif args.config:
         current = TierTable.from_body("current", json.loads(args.config.read_text()))
     else:

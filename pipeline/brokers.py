@@ -31,7 +31,9 @@ CLI::
         [--queues 4] [--fault kill:broker-b@5000r+4 ...] [--no-persist]
 
 prints the fleet as JSON, registers it as the topic's route in Detour, runs the
-fault schedule and stays up until Ctrl-C (or ``--for`` seconds).
+fault schedule and stays up until Ctrl-C (or ``--for`` seconds). Registering a
+route is an admin call: a Detour with tokens needs an admin token in
+``DETOUR_TOKEN`` (or ``--token``).
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ import httpx
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+from pipeline import add_token_argument, auth_headers, detour_token
 
 Action = Literal["stop", "cont", "kill", "restart", "pause", "sleep"]
 ACTIONS: tuple[str, ...] = ("stop", "cont", "kill", "restart", "pause", "sleep")
@@ -499,10 +503,15 @@ class Fleet:
             ]
         }
 
-    def register(self, detour_url: str, timeout_s: float = 5.0) -> Fleet:
-        """Register the fleet as the topic's route in Detour (raises on a non-2xx answer)."""
+    def register(self, detour_url: str, timeout_s: float = 5.0,
+                 token: str | None = None) -> Fleet:
+        """Register the fleet as the topic's route in Detour (raises on a non-2xx answer).
+
+        ``token``: an admin token, sent as ``Authorization: Bearer`` (None: no header).
+        """
         url = f"{detour_url.rstrip('/')}/routes/{self.topic}"
-        httpx.put(url, json=self.route(), timeout=timeout_s).raise_for_status()
+        httpx.put(url, json=self.route(), headers=auth_headers(token),
+                  timeout=timeout_s).raise_for_status()
         return self
 
     def describe(self) -> dict[str, Any]:
@@ -564,6 +573,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--dir", type=Path, default=None, help="data dirs (default: a temp dir)")
     s.add_argument("--for", dest="for_s", type=float, default=None,
                    help="stop after this many seconds (default: until Ctrl-C)")
+    add_token_argument(s, "admin")
     return p
 
 
@@ -580,7 +590,7 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     try:
         fleet.start()
         if args.detour:
-            fleet.register(args.detour)
+            fleet.register(args.detour, token=detour_token(args.token))
 
         def show(event: FaultEvent) -> None:
             out(json.dumps({"fault": asdict(event)}))

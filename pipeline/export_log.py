@@ -12,6 +12,10 @@ of then); ``--after`` resumes an earlier export. Plain Python with pyarrow: no
 Spark needed for a single sequential reader.
 
     python -m pipeline.export_log --detour http://127.0.0.1:8080 --out /tmp/latency.parquet
+
+``GET /latency-log`` is an admin call: a Detour with tokens needs an admin token
+in ``DETOUR_TOKEN`` (or ``--token``); without one the export stops at the first
+page with the 401 (403 for a producer token).
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from typing import Any
 import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from pipeline import add_token_argument, auth_headers, detour_token
 
 #: The exported columns: the log entry, plus ``at`` as a timestamp for readers that want one.
 SCHEMA = pa.schema(
@@ -81,8 +87,12 @@ def export(
     max_entries: int = MAX_ENTRIES,
     timeout_s: float = 10.0,
     transport: httpx.BaseTransport | None = None,
+    token: str | None = None,
 ) -> Export:
-    """Page through the log after ``after`` (None: from the start) into ``out``."""
+    """Page through the log after ``after`` (None: from the start) into ``out``.
+
+    ``token``: an admin token, sent as ``Authorization: Bearer`` (None: no header).
+    """
     if not 1 <= page <= MAX_PAGE:
         raise ValueError(f"page must be 1..{MAX_PAGE}")
     out = Path(out)
@@ -91,7 +101,8 @@ def export(
     first: str | None = None
     cursor = after
     with (
-        httpx.Client(base_url=detour.rstrip("/"), timeout=timeout_s, transport=transport) as c,
+        httpx.Client(base_url=detour.rstrip("/"), timeout=timeout_s, transport=transport,
+                     headers=auth_headers(token)) as c,
         pq.ParquetWriter(out, SCHEMA) as writer,
     ):
         for _ in range(max_entries // page + 1):  # bounded by the most entries we will read
@@ -123,8 +134,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="the Parquet file to write")
     p.add_argument("--after", default=None, help="resume after this log id")
     p.add_argument("--page", type=int, default=MAX_PAGE, help=f"entries per call (<= {MAX_PAGE})")
+    add_token_argument(p, "admin")
     args = p.parse_args(argv)
-    result = export(args.detour, args.out, args.after, args.page)
+    try:
+        result = export(args.detour, args.out, args.after, args.page,
+                        token=detour_token(args.token))
+    except httpx.HTTPStatusError as exc:
+        # 401/403: no admin token; the answer's body says which.
+        r = exc.response
+        print(f"export_log: {r.request.method} {r.request.url.path}: HTTP {r.status_code} "
+              f"{r.text}", file=sys.stderr)
+        return 2
     print(json.dumps(asdict(result)))
     return 0
 

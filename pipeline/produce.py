@@ -31,6 +31,10 @@ Run it::
 
     .venv/bin/python -m pipeline.produce --input /tmp/in --detour http://127.0.0.1:8080 \\
         --topic orders --out /tmp/out [--mode remote] [--partitions 8]
+
+A Detour with tokens needs a producer token: ``DETOUR_TOKEN`` (or ``--token``),
+read on the driver and shipped to the executors inside ``ProduceOptions``, so
+the executors need no environment of their own.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ if __name__ == "__main__" and not __package__:
     # spark-submit runs this file as a script: make ``pipeline`` and ``service`` importable.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline import ship_code, spark_session  # noqa: E402
+from pipeline import add_token_argument, detour_token, ship_code, spark_session  # noqa: E402
 
 if TYPE_CHECKING:
     import redis
@@ -94,6 +98,9 @@ class ProduceOptions:
     ready_timeout: float = 10.0
     #: seconds the client may take to flush its last reports on close.
     flush_timeout: float = 5.0
+    #: Detour token (role producer) for every partition's client; None: no Authorization
+    #: header. Travels to the executors with the options; kept out of repr (logs).
+    token: str | None = field(default=None, repr=False)
 
 
 def producer_id(partition: int) -> str:
@@ -155,7 +162,7 @@ def _client_kwargs(opts: ProduceOptions, producer: str) -> dict[str, Any]:
     """The DetourClient settings; ``producer`` goes with every report to the latency log."""
     return {
         "timeout": opts.timeout, "mode": opts.mode, "retries": opts.retries,
-        "deadline": opts.deadline, "producer": producer,
+        "deadline": opts.deadline, "producer": producer, "token": opts.token,
     }
 
 
@@ -419,16 +426,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--broker-timeout", type=float, default=0.2, help="broker socket timeout, s")
     p.add_argument("--rate", type=float, default=0.0, help="records/s per partition (0: no cap)")
     p.add_argument("--master", default=None, help="default: spark-submit's, else local[*]")
+    add_token_argument(p, "producer")
     return p
+
+
+def options(args: argparse.Namespace) -> ProduceOptions:
+    """The job's options from its command line; the token from ``--token`` or ``DETOUR_TOKEN``."""
+    return ProduceOptions(
+        detour=args.detour, topic=args.topic, mode=args.mode, timeout=args.timeout,
+        retries=args.retries, deadline=args.deadline, broker_timeout=args.broker_timeout,
+        rate=args.rate, token=detour_token(args.token),
+    )
 
 
 def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) -> int:
     args = _parser().parse_args(argv)
-    opts = ProduceOptions(
-        detour=args.detour, topic=args.topic, mode=args.mode, timeout=args.timeout,
-        retries=args.retries, deadline=args.deadline, broker_timeout=args.broker_timeout,
-        rate=args.rate,
-    )
+    opts = options(args)
     spark = spark_session("detour-produce", args.master,
                           {"spark.ui.showConsoleProgress": "false"})
     try:

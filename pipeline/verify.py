@@ -29,7 +29,13 @@ from typing import TYPE_CHECKING, Any
 if __name__ == "__main__" and not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline import ship_code, spark_session  # noqa: E402
+from pipeline import (  # noqa: E402
+    add_token_argument,
+    auth_headers,
+    detour_token,
+    ship_code,
+    spark_session,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -51,11 +57,18 @@ class BrokerRef:
     queues: int
 
 
-def brokers_from_detour(detour: str, topic: str, timeout_s: float = 5.0) -> list[BrokerRef]:
-    """The topic's route from Detour; raises when a broker has no address."""
+def brokers_from_detour(
+    detour: str, topic: str, timeout_s: float = 5.0, token: str | None = None
+) -> list[BrokerRef]:
+    """The topic's route from Detour; raises when a broker has no address.
+
+    ``GET /routes`` is an admin call: ``token`` (None: no header) must be an admin's
+    when Detour has tokens.
+    """
     import httpx
 
-    r = httpx.get(f"{detour.rstrip('/')}/routes/{topic}", timeout=timeout_s)
+    r = httpx.get(f"{detour.rstrip('/')}/routes/{topic}", headers=auth_headers(token),
+                  timeout=timeout_s)
     r.raise_for_status()
     refs = []
     for b in r.json()["brokers"]:
@@ -208,12 +221,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="a broker (repeatable) instead of --detour")
     p.add_argument("--queues", type=int, default=4, help="queues per --broker (default 4)")
     p.add_argument("--master", default=None)
+    add_token_argument(p, "admin")
     args = p.parse_args(argv)
     if args.broker:
         brokers = [BrokerRef(n, a, args.queues)
                    for n, _, a in (b.partition("=") for b in args.broker)]
     elif args.detour:
-        brokers = brokers_from_detour(args.detour, args.topic)
+        brokers = brokers_from_detour(args.detour, args.topic, token=detour_token(args.token))
     else:
         p.error("give --detour or --broker")
     spark = spark_session("detour-verify", args.master, {"spark.ui.showConsoleProgress": "false"})

@@ -1,12 +1,18 @@
 """The example producers in examples/ run against a real Detour and leave the table they should.
 
 Each program registers its own topic and brokers (``<lang>-broker-a`` down, ``-b`` up), so they
-share one service. A language is skipped only when its runtime is not installed.
+share one service. A language is skipped only when its runtime is not installed. The same
+programs also run against a Detour with tokens: with an admin token in ``DETOUR_TOKEN`` they
+work, without one (or with a producer token, which may not register a route) they stop at the
+route with exit 2 and the status Detour answered.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import secrets
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -15,6 +21,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from service.auth import hash_token
 from tests.procs import ROOT, ServiceProcess, free_port
 
 pytestmark = pytest.mark.e2e
@@ -49,9 +56,13 @@ def _params() -> list[object]:
     return params
 
 
-def _run(ex: Example, url: str) -> subprocess.CompletedProcess[str]:
+def _run(ex: Example, url: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run an example; ``DETOUR_TOKEN`` is exactly ``token`` (unset when None)."""
+    env = {k: v for k, v in os.environ.items() if k != "DETOUR_TOKEN"}
+    if token is not None:
+        env["DETOUR_TOKEN"] = token
     return subprocess.run([*ex.argv, url], cwd=ROOT, capture_output=True, text=True,
-                          timeout=RUN_TIMEOUT_S)
+                          timeout=RUN_TIMEOUT_S, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +74,35 @@ def detour() -> Iterator[str]:
         svc.stop()
 
 
+@dataclass(frozen=True)
+class Secured:
+    url: str
+    admin: str
+    producer: str
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
+    """Detour with a tokens file: an admin and a producer token of namespace ``examples``."""
+    admin, producer = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    tokens = tmp_path_factory.mktemp("auth") / "tokens.json"
+    tokens.write_text(json.dumps({"tokens": [
+        {"name": "ops", "sha256": hash_token(admin), "role": "admin", "namespace": "examples"},
+        {"name": "app", "sha256": hash_token(producer), "role": "producer",
+         "namespace": "examples"},
+    ]}))
+    with ServiceProcess(env={"DETOUR_TOKENS_FILE": str(tokens)}) as svc:
+        yield Secured(svc.url, admin, producer)
+
+
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
 @pytest.mark.parametrize("ex", _params())
 def test_example_retries_on_b_and_leaves_a_isolated(ex: Example, detour: str) -> None:
-    out = _run(ex, detour)
+    _check_delivered_and_isolated(ex, _run(ex, detour), detour, {})
+
+
+def _check_delivered_and_isolated(ex: Example, out: subprocess.CompletedProcess[str], url: str,
+                                  headers: dict[str, str]) -> None:
     log = f"exit {out.returncode}\nstdout:\n{out.stdout}\nstderr:\n{out.stderr}"
     assert out.returncode == 0, log
     assert f"summary: {MESSAGES}/{MESSAGES} messages delivered" in out.stdout, log
@@ -86,7 +122,7 @@ def test_example_retries_on_b_and_leaves_a_isolated(ex: Example, detour: str) ->
     # Every message ends with a success.
     assert {m for m, _, _, result in attempts if result == "ok"} == set(range(1, MESSAGES + 1))
 
-    table = httpx.get(detour + "/fault-items", timeout=5).json()
+    table = httpx.get(url + "/fault-items", headers=headers, timeout=5).json()
     items = {item["brokerName"]: item for item in table["items"]}
     # The failure opened the isolation window: isolationLatencyMs 30000 -> 600 s by default.
     assert items[a]["available"] is False, items
@@ -102,3 +138,24 @@ def test_example_fails_without_detour(ex: Example) -> None:
     out = _run(ex, f"http://127.0.0.1:{free_port()}")  # nothing listens there
     assert out.returncode == 2, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr}"
     assert "cannot register the route" in out.stdout
+
+
+@pytest.mark.timeout(3 * RUN_TIMEOUT_S + 60)
+@pytest.mark.parametrize("ex", _params())
+def test_example_sends_detour_token(ex: Example, secured: Secured) -> None:
+    """``DETOUR_TOKEN`` goes with every call: refused without it, served with an admin one."""
+    admin = {"Authorization": f"Bearer {secured.admin}"}
+    route = f"{secured.url}/routes/example-{ex.lang}"
+    refused = {None: "HTTP 401", "": "HTTP 401", secured.producer: "HTTP 403"}
+    for token, status in refused.items():
+        out = _run(ex, secured.url, token)
+        log = f"token {token!r}: exit {out.returncode}\nstdout:\n{out.stdout}\n" \
+              f"stderr:\n{out.stderr}"
+        # Unset and empty both mean no header (401); a producer may not register a route (403).
+        assert out.returncode == 2, log
+        assert "cannot register the route" in out.stdout and status in out.stdout, log
+        assert httpx.get(route, headers=admin, timeout=5).status_code == 404, log
+
+    out = _run(ex, secured.url, secured.admin)
+    _check_delivered_and_isolated(ex, out, secured.url, admin)
+    assert httpx.get(route, headers=admin, timeout=5).status_code == 200

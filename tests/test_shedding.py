@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import time
 from typing import Any
 
@@ -10,7 +12,7 @@ import httpx
 import pytest
 
 from service.shedding import ARRIVED, Shedder
-from tests.procs import ServiceProcess
+from tests.procs import ServiceProcess, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -111,3 +113,43 @@ def test_the_server_stamps_arrival_so_queue_wait_sheds_end_to_end() -> None:
             assert 'detour_requests_shed_total{reason="queue_wait"} 1.0' in text
     finally:
         svc.stop()
+
+
+@pytest.mark.e2e
+def test_the_server_refuses_past_the_in_flight_bound_before_the_app_runs() -> None:
+    """A report whose body is still arriving holds the one slot of a bound of 1: the
+    next requests are refused by the protocol itself, at once, on a connection that
+    stays usable; once the body is complete the held report is answered and requests
+    pass again."""
+    body = json.dumps({"brokerName": "a", "latencyMs": 1}).encode()
+    # A queue-wait budget no loaded machine reaches: every refusal here is the bound's.
+    env = {"DETOUR_MAX_IN_FLIGHT": "1", "DETOUR_MAX_QUEUE_WAIT_MS": "60000"}
+    with ServiceProcess(env=env) as svc, \
+            httpx.Client(base_url=svc.url, timeout=5) as c, \
+            socket.create_connection(("127.0.0.1", svc.port), timeout=5) as slow:
+        c.put("/routes/t", json={"brokers": [{"brokerName": "a", "writeQueueNums": 1}]})
+        slow.sendall(b"POST /report-latency HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                     b"application/json\r\ncontent-length: %d\r\n\r\n" % len(body)
+                     + body[:5])
+        wait_until(lambda: c.post("/select", json={"topic": "t"}).status_code == 503,
+                   10, "the slow report in flight")
+        for _ in range(20):
+            start = time.perf_counter()
+            r = c.post("/select", json={"topic": "t"})
+            assert time.perf_counter() - start < 0.05
+            assert r.status_code == 503 and r.json()["error"] == "SYSTEM_BUSY"
+            assert r.headers["retry-after"] == "1"
+        # A body the app never reads does not break the connection.
+        big = c.post("/report-latency:batch", content=b'{"reports": [' + b" " * 50_000 + b"]}",
+                     headers={"content-type": "application/json"})
+        assert big.status_code == 503
+        assert c.get("/healthz").status_code == 200  # same connection; probes never shed
+        slow.sendall(body[5:])
+        answer = slow.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        # The slot frees when the held request's task ends, just after its answer.
+        wait_until(lambda: c.post("/select", json={"topic": "t"}).status_code == 200,
+                   10, "the slot freed")
+        shed = [ln for ln in c.get("/metrics").text.splitlines()
+                if ln.startswith('detour_requests_shed_total{reason="in_flight"}')]
+        assert len(shed) == 1 and float(shed[0].split()[-1]) >= 22

@@ -2,6 +2,12 @@
 //
 // Run (Java 17+, standard library only, no build step):
 //     java examples/java/DetourProducer.java http://127.0.0.1:8080
+//     DETOUR_TOKEN=dtr_... java examples/java/DetourProducer.java https://detour.internal:8080
+//
+// DETOUR_TOKEN, when set and not empty, goes with every call as "Authorization: Bearer <token>".
+// The program registers its route (PUT /routes), which needs an admin token; a Detour without
+// tokens (loopback only) needs none. Without a valid token Detour answers 401 (403 for a
+// producer token), the route is not registered and the program exits 2.
 //
 // The "brokers" are in-process stand-ins: java-broker-a is down (every send throws),
 // java-broker-b answers in a few ms. The loop is RocketMQ's sendDefaultImpl: up to 3 attempts
@@ -39,6 +45,8 @@ public class DetourProducer {
             .connectTimeout(HTTP_TIMEOUT)
             .build();
     static String detour;
+    // Empty or unset: no Authorization header.
+    static final String TOKEN = System.getenv().getOrDefault("DETOUR_TOKEN", "");
 
     public static void main(String[] args) throws InterruptedException {
         detour = (args.length > 0 ? args[0] : "http://127.0.0.1:8080").replaceAll("/+$", "");
@@ -143,11 +151,14 @@ public class DetourProducer {
 
     /** One HTTP call with a timeout; any non-2xx status becomes an IOException with the body. */
     static String call(String method, String path, String body) throws IOException {
-        HttpRequest request = HttpRequest.newBuilder(URI.create(detour + path))
+        HttpRequest.Builder builder = HttpRequest.newBuilder(URI.create(detour + path))
                 .timeout(HTTP_TIMEOUT)
                 .header("Content-Type", "application/json")
-                .method(method, HttpRequest.BodyPublishers.ofString(body))
-                .build();
+                .method(method, HttpRequest.BodyPublishers.ofString(body));
+        if (!TOKEN.isEmpty()) {
+            builder.header("Authorization", "Bearer " + TOKEN);
+        }
+        HttpRequest request = builder.build();
         HttpResponse<String> response;
         try {
             response = HTTP.send(request, HttpResponse.BodyHandlers.ofString());

@@ -2,6 +2,12 @@
 //
 // Run (Node 20, no packages: global fetch, performance.now):
 //     node examples/node/producer.mjs http://127.0.0.1:8080
+//     DETOUR_TOKEN=dtr_... node examples/node/producer.mjs https://detour.internal:8080
+//
+// DETOUR_TOKEN, when set and not empty, goes with every call as "Authorization: Bearer <token>".
+// The program registers its route (PUT /routes), which needs an admin token; a Detour without
+// tokens (loopback only) needs none. Without a valid token Detour answers 401 (403 for a
+// producer token), the route is not registered and the program exits 2.
 //
 // The "brokers" are in-process stand-ins: node-broker-a is down (every send throws),
 // node-broker-b answers in a few ms. The loop is RocketMQ's sendDefaultImpl: up to 3 attempts
@@ -17,6 +23,11 @@ const BROKER_B = "node-broker-b"; // healthy
 const MESSAGES = 6;
 const TIMES_TOTAL = 3; // RocketMQ: 1 + retryTimesWhenSendFailed (default 2)
 const HTTP_TIMEOUT_MS = 5000; // every Detour call is bounded
+const TOKEN = process.env.DETOUR_TOKEN || ""; // empty or unset: no Authorization header
+const HEADERS = {
+  "content-type": "application/json",
+  ...(TOKEN ? { authorization: `Bearer ${TOKEN}` } : {}),
+};
 
 /** One JSON call with a timeout; a non-2xx status throws with Detour's error body. */
 async function call(method, path, body) {
@@ -24,7 +35,7 @@ async function call(method, path, body) {
   try {
     response = await fetch(DETOUR + path, {
       method,
-      headers: { "content-type": "application/json" },
+      headers: HEADERS,
       body: body === undefined ? undefined : JSON.stringify(body),
       signal: AbortSignal.timeout(HTTP_TIMEOUT_MS),
     });

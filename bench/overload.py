@@ -1,0 +1,202 @@
+"""Overload: offer 5x the service's capacity and see whether it fails fast.
+
+``python -m bench.overload`` (``make bench-overload``). For each endpoint (``/select`` on
+the memory store, ``/report-latency`` on Redis), in one invocation:
+
+1. **capacity**: wrk, closed-loop, 16 connections: the most requests per second the
+   service answers (the baseline the factor is applied to, measured in the same run);
+2. **under**: an open-loop Poisson load at half that rate: the latency of a service
+   with room to spare;
+3. **over**: the same generator at ``--factor`` (5) times the capacity.
+
+The open-loop generator is ``bench/overload_gen.js`` (Node: a Python client could not
+offer 5x a Python server's capacity from the other core). Each connection carries one
+request at a time, like a producer's HTTP client; a request due while its connection is
+busy waits, and that wait is part of its latency (no coordinated omission). The verdict
+is the issue's bar: answered requests keep p99 under 50 ms, refusals (503 SYSTEM_BUSY)
+come back in under 5 ms. Medians over ``--runs`` runs; the machine is checked for quiet
+before each phase and the idle CPU recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.loadgen import run_wrk, wait_for_quiet, write_script
+from tests.procs import RedisServer, ServiceProcess
+
+ROOT = Path(__file__).resolve().parents[1]
+GENERATOR = ROOT / "bench" / "overload_gen.js"
+OUT = ROOT / "bench" / "out"
+_MARK = "OVERLOAD_JSON "
+BAR_OK_P99_MS = 50.0
+BAR_BUSY_P99_MS = 5.0
+
+SELECT_BODY = {"topic": "orders"}
+REPORT_BODY = {"brokerName": "broker-a", "latencyMs": 7}
+ROUTE = {"brokers": [{"brokerName": f"broker-{c}", "writeQueueNums": 4} for c in "abcd"]}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    name: str
+    path: str
+    body: dict[str, Any]
+    redis: bool
+
+
+ENDPOINTS = {
+    "select": Endpoint("select", "/select", SELECT_BODY, redis=False),
+    "report": Endpoint("report", "/report-latency", REPORT_BODY, redis=True),
+}
+
+
+def offer(port: int, ep: Endpoint, rate: float, conns: int, duration_s: int,
+          seed: int) -> dict[str, Any]:
+    """One open-loop run of the Node generator; its JSON summary."""
+    node = shutil.which("node")
+    if node is None:
+        raise RuntimeError("node not found (Node 20 is part of this machine's toolset)")
+    args = [node, str(GENERATOR), "--port", str(port), "--path", ep.path,
+            "--body", json.dumps(ep.body), "--rate", str(int(rate)), "--conns", str(conns),
+            "--duration", str(duration_s), "--warmup", "1", "--seed", str(seed)]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=duration_s + 60)
+    line = next((x for x in out.stdout.splitlines() if x.startswith(_MARK)), None)
+    if out.returncode != 0 or line is None:
+        raise RuntimeError(f"generator failed ({out.returncode}): {out.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(line[len(_MARK):])
+    return result
+
+
+def capacity(url: str, ep: Endpoint, duration_s: int, work: Path) -> float:
+    script = write_script(work / f"{ep.name}.lua", ep.path, [ep.body])
+    return run_wrk(url, script, connections=16, duration_s=duration_s).rps
+
+
+def run_endpoint(ep: Endpoint, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    redis = RedisServer() if ep.redis else None
+    env = {"DETOUR_MAX_IN_FLIGHT": str(args.max_in_flight)}
+    try:
+        with ServiceProcess(redis_url=redis.url if redis else None, env=env) as svc:
+            httpx.put(f"{svc.url}/routes/orders", json=ROUTE, timeout=5).raise_for_status()
+            runs = []
+            for i in range(args.runs):
+                quiet = wait_for_quiet(30)
+                cap = capacity(svc.url, ep, args.duration, work)
+                under = offer(svc.port, ep, cap / 2, args.conns, args.duration, seed=2 * i + 1)
+                wait_for_quiet(30)
+                over = offer(svc.port, ep, cap * args.factor, args.conns, args.duration,
+                             seed=2 * i + 2)
+                runs.append({"capacity_rps": cap, "under": under, "over": over,
+                             "busy_cores_before": quiet[1]})
+                print(f"{ep.name} run {i + 1}: capacity {cap:.0f}/s; over: "
+                      f"ok p99 {over['ok']['p99_ms']} ms, busy p99 {over['busy']['p99_ms']} ms",
+                      file=sys.stderr)
+    finally:
+        if redis:
+            redis.stop()
+    return {"endpoint": ep.name, "runs": runs}
+
+
+def _median(runs: Sequence[dict[str, Any]], *path: str) -> float | None:
+    values = []
+    for r in runs:
+        v: Any = r
+        for k in path:
+            v = v[k]
+        if v is not None:
+            values.append(float(v))
+    return statistics.median(values) if values else None
+
+
+def _fmt(v: float | None, digits: int = 1) -> str:
+    return "—" if v is None else f"{v:,.{digits}f}"
+
+
+def markdown(results: Sequence[dict[str, Any]], args: argparse.Namespace, command: str) -> str:
+    lines = [
+        "## Overload: 5x capacity, fail fast",
+        "",
+        f"`{command}` ({time.strftime('%Y-%m-%d')}; medians of {args.runs} runs of "
+        f"{args.duration} s; {args.conns} connections, one request at a time each; "
+        f"`DETOUR_MAX_IN_FLIGHT={args.max_in_flight}`). Capacity is wrk's closed-loop "
+        "rate at 16 connections in the same run; *under* offers half of it, *over* "
+        f"{args.factor}x, as Poisson arrivals (`bench/overload_gen.js`). Latency is from when "
+        "a request was due (waiting for a busy connection included); *wire* is from when it "
+        "was sent.",
+        "",
+        "| endpoint | capacity /s | load | offered /s | answered 2xx /s | refused 503 /s "
+        "| 2xx p50 / p99 ms | 503 p50 / p99 ms | 2xx p99 wire ms | 503 p99 wire ms |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    verdicts = []
+    for res in results:
+        runs = res["runs"]
+        cap = _median(runs, "capacity_rps")
+        for load in ("under", "over"):
+            ok_rate = _median([{"v": r[load]["ok"]["count"] / r[load]["duration_s"]}
+                               for r in runs], "v")
+            busy_rate = _median([{"v": r[load]["busy"]["count"] / r[load]["duration_s"]}
+                                 for r in runs], "v")
+            lines.append(
+                f"| `{res['endpoint']}` | {_fmt(cap, 0)} | {load} "
+                f"| {_fmt(_median(runs, load, 'offered_rps'), 0)} | {_fmt(ok_rate, 0)} "
+                f"| {_fmt(busy_rate, 0)} "
+                f"| {_fmt(_median(runs, load, 'ok', 'p50_ms'))} / "
+                f"{_fmt(_median(runs, load, 'ok', 'p99_ms'))} "
+                f"| {_fmt(_median(runs, load, 'busy', 'p50_ms'))} / "
+                f"{_fmt(_median(runs, load, 'busy', 'p99_ms'))} "
+                f"| {_fmt(_median(runs, load, 'wire', 'ok', 'p99_ms'))} "
+                f"| {_fmt(_median(runs, load, 'wire', 'busy', 'p99_ms'))} |"
+            )
+        ok99 = _median(runs, "over", "ok", "p99_ms")
+        busy99 = _median(runs, "over", "busy", "p99_ms")
+        verdicts.append(
+            f"- `{res['endpoint']}` at {args.factor}x: answered p99 {_fmt(ok99)} ms "
+            f"({'meets' if ok99 is not None and ok99 < BAR_OK_P99_MS else 'misses'} "
+            f"< {BAR_OK_P99_MS:.0f} ms), refusals p99 {_fmt(busy99)} ms "
+            f"({'meets' if busy99 is not None and busy99 < BAR_BUSY_P99_MS else 'misses'} "
+            f"< {BAR_BUSY_P99_MS:.0f} ms)."
+        )
+    return "\n".join([*lines, "", *verdicts, ""])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.overload", description=__doc__)
+    p.add_argument("--endpoints", default="select,report")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--duration", type=int, default=5, help="seconds per phase")
+    p.add_argument("--factor", type=float, default=5.0)
+    p.add_argument("--conns", type=int, default=512)
+    p.add_argument("--max-in-flight", type=int, default=64)
+    p.add_argument("--markdown", type=Path, help="also write the section to this file")
+    args = p.parse_args(argv)
+    given = sys.argv[1:] if argv is None else list(argv)
+    command = " ".join(["python -m bench.overload", *given])
+    OUT.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        results = [run_endpoint(ENDPOINTS[e], args, Path(tmp))
+                   for e in args.endpoints.split(",")]
+    (OUT / "overload.json").write_text(json.dumps(results, indent=1))
+    section = markdown(results, args, command)
+    if args.markdown:
+        args.markdown.write_text(section)
+    print(section)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
