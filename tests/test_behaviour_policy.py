@@ -13,6 +13,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service import policy
+from service.app import create_app
+from service.auth import Role, TokenEntry, TokenTable, hash_token
+from service.settings import Settings
 from tests.procs import free_port, wait_until
 from tests.test_behaviour import DEFAULT_CONFIG, items, put_route, select
 
@@ -371,3 +374,38 @@ def test_detector_records_reachability_and_pick_one_at_least_prefers_it(
     assert metric(client, "detour_detector_checks_total", result="reachable") >= 1
     assert metric(client, "detour_detector_checks_total", result="unreachable") >= 1
     assert metric(client, "detour_detector_checks_total") > checks
+
+
+# -- quorum with tokens: the token is the voter ------------------------------------------------
+
+
+def test_with_tokens_the_quorum_counts_tokens_not_producer_ids(settings: Settings) -> None:
+    tokens = {"admin": ("tok-admin", Role.ADMIN), "p1": ("tok-p1", Role.PRODUCER),
+              "p2": ("tok-p2", Role.PRODUCER)}
+    table = TokenTable([TokenEntry(name=n, sha256=hash_token(t), role=r, namespace="default")
+                        for n, (t, r) in tokens.items()])
+
+    def h(name: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {tokens[name][0]}"}
+
+    def failure(name: str, producer: str) -> int:
+        r = client.post("/report-latency", headers=h(name), json={
+            "brokerName": "a", "latencyMs": 0, "isolation": True, "producer": producer})
+        assert r.status_code == 200, r.text
+        return int(r.json()["notAvailableDurationMs"])
+
+    with TestClient(create_app(settings, table)) as client:
+        assert client.put("/config", headers=h("admin"), json={"isolationQuorum": 2}).is_success
+        client.put("/routes/t", headers=h("admin"), json={"brokers": [
+            {"brokerName": "a", "writeQueueNums": 1}, {"brokerName": "b", "writeQueueNums": 1}]})
+        # One token cannot make a quorum by inventing producer ids...
+        assert [failure("p1", f"exec-{i}") for i in range(3)] == [0, 0, 0]
+        # ...and its own selects avoid the broker whatever producer id they give.
+        picks = {client.post("/select", headers=h("p1"), json={"topic": "t", "producer": p})
+                 .json()["brokerName"] for p in ("exec-0", "other", None) for _ in range(2)}
+        assert picks == {"b"}
+        others = {client.post("/select", headers=h("p2"), json={"topic": "t"}).json()["brokerName"]
+                  for _ in range(4)}
+        assert others == {"a", "b"}
+        # A second token makes it.
+        assert failure("p2", "exec-0") == 600000

@@ -98,7 +98,7 @@ def _run_reports(raw: redis.Redis, script: Any, rule: str,
     args: list[Any] = [config_version, rule, f"{PREFIX}:changes", 1000, 10_000,
                        _policy_arg(Config())]
     for broker, latency, duration, age in reports:
-        args += [broker, latency, duration, age, 0, "test", 0, 0, ""]
+        args += [broker, latency, duration, age, 0, "test", 0, 0, "", "test"]
     return script(keys=[f"{PREFIX}:faults", f"{PREFIX}:meta", f"{PREFIX}:latency-log",
                         f"{PREFIX}:events"],
                   args=args)
@@ -176,7 +176,8 @@ def test_report_lua_matches_the_policy(raw: redis.Redis) -> None:
             broker, latency, isolation, origin, producer, age, roll = report
             duration = strategy.report_duration(config, latency, isolation)
             args += [broker, latency, duration, age, int(isolation), producer,
-                     int(policy.counts_toward_quorum(config, isolation, origin)), roll, ""]
+                     int(policy.counts_toward_quorum(config, isolation, origin)), roll, "",
+                     producer]
             batch.append(report)
         reply = script(keys=[f"{PREFIX}:faults", f"{PREFIX}:meta", f"{PREFIX}:latency-log",
                              f"{PREFIX}:events"], args=args)

@@ -52,6 +52,13 @@ def reporter_of(request: Request, given: str | None) -> str:
     return f"{principal.name}/{given}" if given else principal.name
 
 
+def voter_of(request: Request, given: str | None) -> str:
+    """Who the isolation quorum counts a producer as: with tokens, the token's name alone
+    (a holder cannot vote as many producers by varying ``producer``); else the id given."""
+    principal: Principal | None = getattr(request.state, "principal", None)
+    return principal.name if principal is not None else given or ""
+
+
 def json_response(body: str) -> Response:
     return Response(body, media_type="application/json")
 

@@ -10,7 +10,14 @@ from pydantic import TypeAdapter
 
 from service import metrics
 from service.api.deps import ERRORS, UNAVAILABLE, StoreDep
-from service.api.fast import json_response, parse, reporter_of, request_body, store_of
+from service.api.fast import (
+    json_response,
+    parse,
+    reporter_of,
+    request_body,
+    store_of,
+    voter_of,
+)
 from service.api.render import report_out
 from service.errors import TableFull
 from service.schemas import (
@@ -71,6 +78,7 @@ async def report_latency(request: Request) -> Response:
         0,
         reporter_of(request, body.producer),
         body.origin,
+        voter_of(request, body.producer),
     )
     store = store_of(request)
     outcomes = await _apply(store, [report])
@@ -106,6 +114,7 @@ async def report_latency_batch(
             r.age_ms,
             reporter_of(request, r.producer),
             r.origin,
+            voter_of(request, r.producer),
         )
         for r in body.reports
     ]

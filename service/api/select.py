@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import TypeAdapter
 
 from service.api.deps import ERRORS, UNAVAILABLE, not_found
-from service.api.fast import json_response, parse, reporter_of, request_body, store_of
+from service.api.fast import json_response, parse, request_body, store_of, voter_of
 from service.model import Queue
 from service.schemas import SelectRequest, SelectResponse
 from service.selector import choose
@@ -56,8 +56,8 @@ async def select(request: Request) -> Response:
     body = await parse(request, _REQUEST)
     inline = [Queue(q.broker_name, q.queue_id) for q in body.queues] if body.queues else None
     store = store_of(request)
-    # The same identity the producer's reports vote with (the token's, once tokens are on).
-    producer = reporter_of(request, body.producer) or None
+    # The identity the producer's reports vote with (the token's when tokens are on).
+    producer = voter_of(request, body.producer) or None
     route, choice = choose(
         store.view, body.topic, inline, body.last_broker_name, producer, body.sharding_key
     )

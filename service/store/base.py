@@ -24,6 +24,13 @@ class ReportIn:
     producer: str = ""
     #: where a failure came from: "broker", "local" or None (unstated)
     origin: str | None = None
+    #: who the isolation quorum counts this report as: the token's identity when tokens
+    #: are on (so one token cannot vote as many producers); None = ``producer``
+    voter: str | None = None
+
+    @property
+    def voter_id(self) -> str:
+        return self.producer if self.voter is None else self.voter
 
 
 @dataclass(frozen=True, slots=True)

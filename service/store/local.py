@@ -43,7 +43,7 @@ def report_locally(
         report.latency_ms,
         report.isolation,
         report.origin,
-        report.producer,
+        report.voter_id,
         now_ms - report.age_ms,
         now_ms,
         config,

@@ -313,6 +313,7 @@ class RedisStore:
                     int(policy.counts_toward_quorum(config, r.isolation, r.origin)),
                     random.randrange(policy.JITTER_SCALE) if config.jitter_percent else 0,
                     "" if t is None else config.latency_max[t],
+                    r.voter_id,
                 ]
             keys = (self._faults, self._meta, self._log, self._events)
             reply = await self._eval("report", keys, args, script)

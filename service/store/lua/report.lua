@@ -24,10 +24,11 @@
 -- ARGV[6] policy: "quorum,quorumWindowMs,keepMs,repeat(0/1),maxIsolationMs,repeatDecayMs,
 --         jitterPercent,jitterScale,maxSuspects,maxIsolations,eventLogCap,probeOnExpiry(0/1)"
 --         (eventLogCap 0 = no log)
--- ARGV[7..] nine values per report, applied in order: broker, latency ms, the tier's window
+-- ARGV[7..] ten values per report, applied in order: broker, latency ms, the tier's window
 --         duration ms, age ms (the report happened at now - age), isolation (0/1), producer
 --         ("" = none), quorum (1: a failure that waits for the quorum), jitter roll
---         (0..jitterScale-1), the tier's latencyMax ms ("" below every tier)
+--         (0..jitterScale-1), the tier's latencyMax ms ("" below every tier), voter (who the
+--         quorum counts: the token's identity with tokens, else the producer)
 -- returns {status, now ms, {availableAt}, {version}, {change}, evicted, {quorum}, {duration},
 --   {value}, {probe}} with one entry per report; evicted: the number of items dropped to make
 --   room; probe: 0 none, 1 passed (a success re-opened a broker on probation), 2 failed
@@ -70,7 +71,7 @@ if rule ~= 'off' then
   local cap = tonumber(ARGV[5])
   local function count_new()
     local new, seen = 0, {}
-    for i = 7, #ARGV, 9 do
+    for i = 7, #ARGV, 10 do
       local broker = ARGV[i]
       if not seen[broker] then
         seen[broker] = true
@@ -116,10 +117,10 @@ if rule ~= 'off' then
   end
 end
 local ends, versions, changes, quorums, durations, values, probes = {}, {}, {}, {}, {}, {}, {}
-for i = 7, #ARGV, 9 do
+for i = 7, #ARGV, 10 do
   local broker, latency = ARGV[i], ARGV[i + 1]
   local at = now - tonumber(ARGV[i + 3])
-  local isolation, producer = ARGV[i + 4], ARGV[i + 5]
+  local isolation, producer, voter = ARGV[i + 4], ARGV[i + 5], ARGV[i + 9]
   local old = redis.call('HGET', KEYS[1], broker)
   local old_end, old_iso, suspects, old_probation, reach = nil, 0, {}, false, ''
   if old then
@@ -144,7 +145,7 @@ for i = 7, #ARGV, 9 do
       -- policy.quorum_step: one entry per producer (its latest failure), newest kept.
       local kept, mine = {}, at
       for _, s in ipairs(suspects) do
-        if s[1] == producer then
+        if s[1] == voter then
           if s[2] > mine then
             mine = s[2]
           end
@@ -152,7 +153,7 @@ for i = 7, #ARGV, 9 do
           kept[#kept + 1] = s
         end
       end
-      kept[#kept + 1] = {producer, mine}
+      kept[#kept + 1] = {voter, mine}
       table.sort(kept, by_time)
       while #kept > max_suspects do
         table.remove(kept, 1)
