@@ -23,6 +23,9 @@ from service.model import Config, FaultItem, Queue, Route
 MAX_SUSPECTS = 128
 #: Time constant (ms) of the peak-EWMA latency, Finagle's default decay window.
 EWMA_DECAY_MS = 10_000.0
+#: Time constant (ms) by which a score fades while its broker gets no reports: without
+#: it a broker that had one slow answer would never be chosen again, so never measured.
+IDLE_DECAY_MS = 1_000.0
 #: The jitter roll's range: report.lua receives integers 0..JITTER_SCALE-1 (small enough
 #: that Lua's double arithmetic floors the jitter exactly as Python's integers do).
 JITTER_SCALE = 10_000
@@ -200,6 +203,12 @@ def peak_ewma(old: float | None, old_at_ms: int, sample_ms: float, now_ms: int) 
         return float(sample_ms)
     w = math.exp(-max(0, now_ms - old_at_ms) / EWMA_DECAY_MS)
     return old * w + sample_ms * (1 - w)
+
+
+def idle_score(value: float, at_ms: int, now_ms: int) -> float:
+    """A peak-EWMA score as seen ``now``: it fades toward 0 while no report refreshes it,
+    so a broker that stopped being chosen is tried (and measured) again."""
+    return value * math.exp(-max(0, now_ms - at_ms) / IDLE_DECAY_MS)
 
 
 def p2c_pick(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from service.model import Config, FaultItem, Route
-from service.policy import peak_ewma, probe_free
+from service.policy import idle_score, peak_ewma, probe_free
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,9 +99,13 @@ class TableView:
     def observe_latency(self, broker: str, latency_ms: int, now_ms: int) -> None:
         """Fold one reported latency into the broker's peak EWMA (this replica's reports)."""
         old = self._ewma.get(broker)
-        value = peak_ewma(
-            None if old is None else old[0], 0 if old is None else old[1], latency_ms, now_ms
-        )
+        if old is None:
+            value = float(latency_ms)
+        else:
+            # From the score selects saw (faded while idle), so a broker tried again after
+            # a pause is judged by what it does now, not by its old peak.
+            seen = idle_score(old[0], old[1], now_ms)
+            value = peak_ewma(seen, old[1], latency_ms, now_ms)
         self._ewma[broker] = (value, now_ms)
 
     @property
@@ -111,8 +115,9 @@ class TableView:
         Each replica scores from the reports it handled itself: with reports spread
         over replicas that is a sample of every producer's, and costs no store traffic.
         """
+        now = self.now_ms()
         scores = {b: float(i.current_latency_ms) for b, i in self.faults.items()}
-        scores.update({b: v for b, (v, _) in self._ewma.items()})
+        scores.update({b: idle_score(v, at, now) for b, (v, at) in self._ewma.items()})
         return scores
 
     # -- probation probes --------------------------------------------------

@@ -590,3 +590,11 @@ def test_detector_targets_and_addresses() -> None:
         "a": "10.0.0.5:10911", "c": "[::1]:9"}
     assert detector.split_address("[::1]:9") == ("::1", 9)
     assert detector.split_address("broker.example:10911") == ("broker.example", 10911)
+
+
+@given(st.floats(0, 1e5), st.integers(0, 10**7))
+@HYP
+def test_idle_score_fades(value: float, idle: int) -> None:
+    got = policy.idle_score(value, NOW, NOW + idle)
+    assert 0 <= got <= value
+    assert policy.idle_score(value, NOW, NOW) == value
