@@ -19,7 +19,7 @@ from service import detector, metrics
 from service.api import admin, events, health, reports, routes, select, status, stream
 from service.api.fast import mount_fast
 from service.api.guard import Guard
-from service.auth import TokenTable, load_tokens
+from service.auth import Principal, Role, TokenTable, load_tokens, requires_token
 from service.errors import install_error_handlers
 from service.limits import AssumeJson, BodyLimit
 from service.metrics import RequestTimer
@@ -48,6 +48,28 @@ def _describe(settings: Settings) -> str:
     )
 
 
+def _document_security(doc: dict[str, Any]) -> None:
+    """Bearer tokens (service/auth.py): required when the deployment has tokens, so each
+    call lists the token and, for an open deployment, no security as alternatives; the
+    open paths list none. ``x-detour-role`` names the least role that may call."""
+    doc["components"]["securitySchemes"] = {
+        "bearerToken": {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A token from the deployment's tokens file (docs/security.md); "
+            "needed only when tokens are configured.",
+        }
+    }
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            if not requires_token(path):
+                op["security"] = []
+                continue
+            op["security"] = [{"bearerToken": []}, {}]
+            producer = Principal("", Role.PRODUCER, "")
+            op["x-detour-role"] = "producer" if producer.may(method.upper(), path) else "admin"
+
+
 def _document_extra_schemas(app: FastAPI, models: tuple[type[BaseModel], ...]) -> None:
     """Add models that routes reading raw bodies reference to the OpenAPI components."""
     generate = app.openapi
@@ -63,6 +85,7 @@ def _document_extra_schemas(app: FastAPI, models: tuple[type[BaseModel], ...]) -
                 schemas.update(schema.pop("$defs", {}))
                 schemas[model.__name__] = schema
             doc["components"]["schemas"] = dict(sorted(schemas.items()))
+            _document_security(doc)
             app.openapi_schema = doc
         return app.openapi_schema
 

@@ -39,15 +39,21 @@ from service.settings import Settings
 NAMESPACE_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 #: Paths anyone may call: probes, metrics, the status page's HTML, the API documents.
 OPEN_PATHS = frozenset({"/", "/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/redoc"})
-#: What a producer may do; anything else that is not open needs ``admin``.
+#: What a producer may do; anything else that is not open needs ``admin``. Besides
+#: selecting and reporting, a producer reads what it needs to decide on its own when
+#: Detour is unreachable (the SDK's fail-open table): the push stream, the config and
+#: the routes of its namespace.
 PRODUCER_CALLS = frozenset(
     {
         ("POST", "/select"),
         ("POST", "/report-latency"),
         ("POST", "/report-latency:batch"),
         ("GET", "/fault-items/stream"),
+        ("GET", "/config"),
+        ("GET", "/routes"),
     }
 )
+_ROUTE_PREFIX = "/routes/"
 _LOOPBACK = re.compile(r"^(127\.\d{1,3}\.\d{1,3}\.\d{1,3}|::1|localhost)$")
 
 
@@ -65,7 +71,9 @@ class Principal:
     namespace: str
 
     def may(self, method: str, path: str) -> bool:
-        return self.role is Role.ADMIN or (method, path) in PRODUCER_CALLS
+        if self.role is Role.ADMIN or (method, path) in PRODUCER_CALLS:
+            return True
+        return method == "GET" and path.startswith(_ROUTE_PREFIX) and "/" not in path[8:]
 
 
 class TokenEntry(BaseModel):

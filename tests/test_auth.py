@@ -128,7 +128,6 @@ def test_producer_role_may_select_and_report_only(app_client: TestClient) -> Non
     before = app_client.get("/fault-items", headers=auth("admin-a")).json()["items"]
     for method, path, body in (
         ("PUT", "/config", {}),
-        ("GET", "/config", None),
         ("PUT", "/routes/t", {"brokers": [{"brokerName": "z", "writeQueueNums": 1}]}),
         ("DELETE", "/routes/t", None),
         ("GET", "/fault-items", None),
@@ -138,6 +137,10 @@ def test_producer_role_may_select_and_report_only(app_client: TestClient) -> Non
         r = app_client.request(method, path, json=body, headers=p)
         assert r.status_code == 403, (method, path)
         assert r.json()["error"] == "FORBIDDEN"
+    # Reads a producer needs to decide alone when Detour is unreachable (SDK fail-open).
+    assert app_client.get("/config", headers=p).status_code == 200
+    assert [r["topic"] for r in app_client.get("/routes", headers=p).json()["routes"]] == ["t"]
+    assert app_client.get("/routes/t", headers=p).status_code == 200
     admin = auth("admin-a")
     assert app_client.get("/routes/t", headers=admin).json()["brokers"][0]["brokerName"] == "x"
     assert app_client.get("/fault-items", headers=admin).json()["items"] == before

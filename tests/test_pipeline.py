@@ -99,11 +99,16 @@ def test_broker_faults_are_process_faults() -> None:
             client.xadd(stream_key("t", 0), {"id": "r3"})
         assert 0.15 < time.monotonic() - started < 2.0
         b.cont()
-        b.pause(0.15)  # added latency: writes wait, under the 0.2 s timeout
-        started = time.monotonic()
-        client.xadd(stream_key("t", 0), {"id": "r4"})
-        assert time.monotonic() - started >= 0.1
         client.close()
+        # Added latency: writes wait, then succeed (a timeout far above the pause, so a
+        # loaded machine cannot turn the delay into a failure).
+        patient = redis.Redis(host="127.0.0.1", port=b.port, socket_timeout=5,
+                              socket_connect_timeout=5, retry=no_retry())
+        b.pause(0.15)
+        started = time.monotonic()
+        patient.xadd(stream_key("t", 0), {"id": "r4"})
+        assert time.monotonic() - started >= 0.1
+        patient.close()
 
 
 # -- generate / read ----------------------------------------------------------------------

@@ -74,7 +74,7 @@ def test_one_round_trip_per_report_and_none_per_select(redis_url: str, raw: redi
     assert delta["evalsha"] == 20
     # Redis counts the script's own commands too; nothing else came from the client.
     assert {k for k, v in delta.items() if v} <= {"evalsha", "hget", "hset", "time", "hexists",
-                                                  "hlen", "hincrby", "publish", "xadd"}
+                                                  "hlen", "hdel", "hincrby", "publish", "xadd"}
     assert sum(after.values()) == sum(middle.values())
 
 

@@ -268,10 +268,10 @@ def test_page_asks_for_a_token_when_the_service_needs_one(browser: WebDriver,
         browser.get(svc.url + "/")
         wait = WebDriverWait(browser, WAIT_S, poll_frequency=0.05)
         form = browser.find_element(By.ID, "auth")
-        wait.until(lambda _: form.is_displayed())
-        assert "401" in browser.find_element(By.ID, "error").text
+        banner = browser.find_element(By.ID, "error")
+        wait.until(lambda _: form.is_displayed() and "401" in banner.text)
         browser.find_element(By.ID, "token").send_keys("tok-ops")
         browser.find_element(By.CSS_SELECTOR, "#auth button").click()
         wait.until(_shows(browser, {"broker-a": "available"}))
-        wait.until(lambda _: not browser.find_element(By.ID, "error").is_displayed())
+        wait.until(lambda _: not banner.is_displayed())
         assert form.is_displayed() is False
