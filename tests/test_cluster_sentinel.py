@@ -311,8 +311,8 @@ def test_cluster_keeps_a_namespace_on_one_node_and_replicas_follow_each_other(
             if keys := sorted(c.keys("*")):
                 holders[node.port] = keys
     # (the faults hash went away with its last entry)
-    assert holders == {owner.port: ["detour:{default}:latency-log", "detour:{default}:meta",
-                                    "detour:{default}:routes"]}
+    assert holders == {owner.port: ["detour:{default}:events", "detour:{default}:latency-log",
+                                    "detour:{default}:meta", "detour:{default}:routes"]}
 
 
 def test_cluster_subscription_moves_to_another_node(cluster: Cluster) -> None:
