@@ -17,7 +17,7 @@ Scenarios (latency medians in ms; each draw is the median times a log-normal fac
 
 Usage::
 
-    .venv/bin/python -m bench.efficacy --sends 3000 --out bench-efficacy.json
+    .venv/bin/python -m bench.selection --sends 3000 --out bench-selection.json
 
 Prints a Markdown table; ``--out`` also writes the numbers as JSON.
 """
@@ -38,7 +38,7 @@ import httpx
 from bench.propagation import distribution
 from tests.procs import ServiceProcess
 
-TOPIC = "efficacy"
+TOPIC = "selection"
 BROKERS = ("broker-a", "broker-b", "broker-c", "broker-d")
 #: The log-normal spread of every draw (sigma of the underlying normal).
 SIGMA = 0.35
