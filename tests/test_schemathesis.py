@@ -109,4 +109,8 @@ def test_api_conforms_to_openapi(
     case: schemathesis.Case, service: ServiceProcess, session: requests.Session
 ) -> None:
     checks = STREAM_CHECKS if case.operation.path == STREAM_PATH else CHECKS
+    if case.operation.path == "/config" and isinstance(case.body, dict):
+        # The active detector would TCP-connect to the brokers' addresses (10.0.0.x in the
+        # contract's examples): tests send traffic to 127.0.0.1 only.
+        case.body["detectorEnable"] = False
     case.call_and_validate(base_url=service.url, session=session, checks=checks, timeout=10)
