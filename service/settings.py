@@ -50,8 +50,10 @@ class Settings(BaseSettings):
     shutdown_grace_s: int = Field(5, ge=0, le=300)
     #: Requests being handled at once before new ones get 503 SYSTEM_BUSY. One turn of
     #: the event loop holds at most this many requests' work, so it bounds how late an
-    #: answer or a refusal can be (about 70 µs of CPU per select here: 64 -> ~5 ms).
-    max_in_flight: int = Field(64, ge=1, le=100_000)
+    #: answer or a refusal can be (about 70 µs of CPU per select here). The default
+    #: never refuses a few hundred producers that each wait for their answer; 32-64 is
+    #: for replicas that must shed a large overload fast (docs/BENCHMARKS.md, overload).
+    max_in_flight: int = Field(256, ge=1, le=100_000)
     #: A request that waited longer than this (ms) before being served gets 503 SYSTEM_BUSY
     #: (RocketMQ's waitTimeMillsInSendQueue).
     max_queue_wait_ms: float = Field(200.0, ge=0, le=60_000)

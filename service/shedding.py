@@ -24,6 +24,7 @@ endless push stream does not count as in flight.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any, cast
@@ -60,8 +61,7 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
         shedder = TimedHttpToolsProtocol.shedder
         if (
             shedder is None
-            # ``tasks`` is every request task of this process, started or not yet.
-            or len(self.tasks) - shedder.streams < shedder.max_in_flight
+            or not shedder.over_bound(self.tasks)
             or self.url.partition(b"?")[0] in _EXEMPT_RAW
         ):
             super().on_headers_complete()
@@ -137,6 +137,15 @@ class Shedder:
 
     async def refuse_in_flight(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._refuse(send, "in_flight")
+
+    def over_bound(self, tasks: set[asyncio.Task[None]]) -> bool:
+        """Whether ``max_in_flight`` requests are being handled, from uvicorn's set of
+        request tasks (started or not yet). A task whose answer went out stays in the set
+        until its done-callback runs, a loop turn later: near the bound, count only the
+        unfinished ones (O(n) only then)."""
+        if len(tasks) - self.streams < self.max_in_flight:
+            return False
+        return sum(not t.done() for t in tasks) - self.streams >= self.max_in_flight
 
     def count_refusal(self, reason: str) -> None:
         metrics.SHED.labels(reason).inc()

@@ -153,3 +153,25 @@ def test_the_server_refuses_past_the_in_flight_bound_before_the_app_runs() -> No
         shed = [ln for ln in c.get("/metrics").text.splitlines()
                 if ln.startswith('detour_requests_shed_total{reason="in_flight"}')]
         assert len(shed) == 1 and float(shed[0].split()[-1]) >= 22
+
+
+def test_only_unfinished_tasks_count_toward_the_bound() -> None:
+    """A task whose answer went out stays in uvicorn's set until its done-callback runs;
+    it must not take a slot, or clients that wait for their answer get refused."""
+    async def scenario() -> None:
+        shed = Shedder(Gate(), max_in_flight=2, max_queue_wait_ms=200)
+        gate = asyncio.Event()
+        done = asyncio.create_task(asyncio.sleep(0))
+        await done
+        waiting = asyncio.create_task(gate.wait())
+        tasks = {done, waiting}
+        assert not shed.over_bound(tasks)  # two in the set, one unfinished
+        also = asyncio.create_task(gate.wait())
+        tasks.add(also)
+        assert shed.over_bound(tasks)  # two unfinished
+        shed.streams = 1  # an open push stream is not work in flight
+        assert not shed.over_bound(tasks)
+        gate.set()
+        await asyncio.gather(waiting, also)
+
+    asyncio.run(scenario())
