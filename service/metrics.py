@@ -232,12 +232,25 @@ def prepare_namespaces(namespaces: Iterable[str]) -> None:
             PROBES.labels(ns, outcome)
 
 
+#: (namespace, decision) -> its child series: ``labels()`` costs more than the increment,
+#: and this runs on every select.
+_select_series: dict[tuple[str, str], Counter] = {}
+
+
+def _selects(namespace: str, decision: str) -> Counter:
+    key = (namespace, decision)
+    series = _select_series.get(key)
+    if series is None:
+        series = _select_series[key] = SELECTS.labels(namespace, decision)
+    return series
+
+
 def observe_select(namespace: str, selection: Selection | None) -> None:
     """Count one select; None when the topic had no route."""
     if selection is None:
-        SELECTS.labels(namespace, "no_route").inc()
+        _selects(namespace, "no_route").inc()
         return
-    SELECTS.labels(namespace, selection.decision.value).inc()
+    _selects(namespace, selection.decision.value).inc()
     if selection.avoided_brokers or selection.decision is Decision.PICK_ONE_AT_LEAST:
         SELECTS_AVOIDING.labels(namespace).inc()
     for broker in selection.avoided_brokers:
@@ -392,6 +405,9 @@ def exposition(tables: Sequence[TableState]) -> bytes:
     return head + generate_latest(table)
 
 
+_http_series: dict[tuple[str, str, int], Histogram] = {}
+
+
 class RequestTimer:
     """Times every request into detour_http_request_duration_seconds, by route template."""
 
@@ -417,6 +433,11 @@ class RequestTimer:
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
             if template != "/fault-items/stream":  # endless by design
-                HTTP_DURATION.labels(template, scope["method"], str(status)).observe(
-                    time.perf_counter() - start
-                )
+                key = (template, scope["method"], status)
+                series = _http_series.get(key)
+                if series is None:
+                    # Bounded: route templates x methods x statuses.
+                    series = _http_series[key] = HTTP_DURATION.labels(
+                        template, scope["method"], str(status)
+                    )
+                series.observe(time.perf_counter() - start)

@@ -91,6 +91,9 @@ class Avoidance:
     dry_run: bool = False
 
 
+NOTHING_AVOIDED = Avoidance((), frozenset(), ())
+
+
 def producer_windows(
     faults: Mapping[str, FaultItem], producer: str | None, config: Config
 ) -> dict[str, int]:
@@ -137,7 +140,7 @@ def avoidance(
         or (item is not None and on_probation(item, now_ms, config))
     )
     if not detected:
-        return Avoidance((), frozenset(), ())
+        return NOTHING_AVOIDED
     if enforce_roll * 100 >= config.enforcement_percent:
         return Avoidance(detected, frozenset(), detected, dry_run=True)
     enforced = list(detected)
@@ -293,6 +296,15 @@ def choose(
         return Choice(sel, Avoidance((), frozenset(), ()))
     local = producer_windows(faults, producer, config)
     av = avoidance(route, faults, now_ms, config, draws.enforce, local)
+    if (
+        not av.detected
+        and not probes
+        and sharding_key is None
+        and config.selection != "p2c-ewma"
+        and not config.probe_on_expiry
+    ):
+        # Nothing is avoided: exactly RocketMQ's walk, without the policy's bookkeeping.
+        return Choice(strategy.select(route, counter, faults, now_ms, last_broker, True), av)
     order = [b for b in av.detected if b in av.enforced]
     if probes:
         probe = _probe(route, counter, av, probes, last_broker, sharding_key, order)

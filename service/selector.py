@@ -11,6 +11,8 @@ from service.model import Queue, Route
 from service.view import TableView
 
 _rng = random.Random()
+#: What a select gets when no rule of its config needs a random value.
+_NO_DRAWS = policy.Draws()
 
 
 def choose(
@@ -36,10 +38,14 @@ def choose(
         route = found
     config = view.config
     now = view.now_ms()
-    draws = policy.Draws(
-        _rng.random() if config.enforcement_percent < 100 else 0.0,
-        _rng.getrandbits(32),
-        _rng.getrandbits(32),
+    draws = (
+        policy.Draws(
+            _rng.random() if config.enforcement_percent < 100 else 0.0,
+            _rng.getrandbits(32),
+            _rng.getrandbits(32),
+        )
+        if config.enforcement_percent < 100 or config.selection == "p2c-ewma"
+        else _NO_DRAWS
     )
     choice = policy.choose(
         route,

@@ -39,14 +39,15 @@ async def parse(request: Request, adapter: TypeAdapter[M]) -> M:
 
 
 def store_of(request: Request) -> FaultStore:
-    store: FaultStore = request.state.store
+    # The scope's state dict, not ``request.state``: that builds a wrapper per access.
+    store: FaultStore = request.scope["state"]["store"]
     return store
 
 
 def reporter_of(request: Request, given: str | None) -> str:
     """Who made a report: with tokens, the token's name, then ``/`` and the producer id
     the request gave, so one token's holder cannot report as another's producers."""
-    principal: Principal | None = getattr(request.state, "principal", None)
+    principal: Principal | None = request.scope["state"].get("principal")
     if principal is None:
         return given or ""
     return f"{principal.name}/{given}" if given else principal.name
@@ -55,7 +56,7 @@ def reporter_of(request: Request, given: str | None) -> str:
 def voter_of(request: Request, given: str | None) -> str:
     """Who the isolation quorum counts a producer as: with tokens, the token's name alone
     (a holder cannot vote as many producers by varying ``producer``); else the id given."""
-    principal: Principal | None = getattr(request.state, "principal", None)
+    principal: Principal | None = request.scope["state"].get("principal")
     return principal.name if principal is not None else given or ""
 
 
