@@ -78,6 +78,7 @@ from typing import Any
 import httpx
 
 from pipeline.brokers import Fleet, free_port
+from tests.procs import end_process
 
 ARMS = ("no-avoidance", "per-producer", "detour-cached", "detour-http")
 #: A send at least this long is a bad attempt: RocketMQ's first tier that opens a window.
@@ -183,13 +184,7 @@ class DelayProxy:
         self.proc.send_signal(signal.SIGUSR1 if on else signal.SIGUSR2)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        end_process(self.proc)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
 

@@ -12,12 +12,24 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import httpx
 import redis
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def end_process(proc: subprocess.Popen[Any], timeout_s: float = 10) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within ``timeout_s``; always reaped."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout_s)
 
 
 def free_port() -> int:
@@ -77,13 +89,7 @@ class RedisServer:
         self.proc.wait(10)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        end_process(self.proc)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -32,7 +32,7 @@ from service.settings import Settings
 from service.store import ReportIn
 from service.store.connect import describe_redis_url, parse_redis_url
 from service.store.redis import RedisStore
-from tests.procs import RedisServer, ServiceProcess, free_port, wait_until
+from tests.procs import RedisServer, ServiceProcess, end_process, free_port, wait_until
 from tests.test_behaviour import *  # noqa: F403 - the behaviour suite, collected again below
 from tests.test_behaviour import put_route, report, select
 from tests.test_outage import Load
@@ -199,13 +199,7 @@ class SentinelSetup:
 
     def stop(self) -> None:
         for proc in self.sentinels:
-            proc.terminate()
-        for proc in self.sentinels:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+            end_process(proc)
         if self.replica is not None:
             self.replica.stop()
         self.master.stop()

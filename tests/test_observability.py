@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 from service.model import DEFAULT_LATENCY_MAX
 from service.settings import Settings
-from tests.procs import ROOT, ServiceProcess, free_port, wait_until
+from tests.procs import ROOT, ServiceProcess, end_process, free_port, wait_until
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "detour.json"
 DASHBOARD_PROVIDER = ROOT / "deploy" / "grafana" / "provisioning" / "dashboards" / "detour.yaml"
@@ -336,13 +336,7 @@ class PrometheusServer:
                 for r in self.query(expr)}
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        end_process(self.proc)
         self.http.close()
         self._log.close()
 
