@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -18,6 +19,17 @@ import httpx
 import redis
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_tokens(path: Path, tokens: dict[str, tuple[str, str, str]]) -> Path:
+    """A tokens file for ``DETOUR_TOKENS_FILE``: {name: (token, role, namespace)}, hashed."""
+    from service.auth import hash_token
+
+    path.write_text(json.dumps({"tokens": [
+        {"name": name, "sha256": hash_token(token), "role": role, "namespace": ns}
+        for name, (token, role, ns) in tokens.items()
+    ]}))
+    return path
 
 
 def end_process(proc: subprocess.Popen[Any], timeout_s: float = 10) -> None:

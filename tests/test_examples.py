@@ -9,7 +9,6 @@ route with exit 2 and the status Detour answered.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets
@@ -21,8 +20,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from service.auth import hash_token
-from tests.procs import ROOT, ServiceProcess, free_port
+from tests.procs import ROOT, ServiceProcess, free_port, write_tokens
 
 pytestmark = pytest.mark.e2e
 
@@ -85,12 +83,8 @@ class Secured:
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     """Detour with a tokens file: an admin and a producer token of namespace ``examples``."""
     admin, producer = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
-    tokens = tmp_path_factory.mktemp("auth") / "tokens.json"
-    tokens.write_text(json.dumps({"tokens": [
-        {"name": "ops", "sha256": hash_token(admin), "role": "admin", "namespace": "examples"},
-        {"name": "app", "sha256": hash_token(producer), "role": "producer",
-         "namespace": "examples"},
-    ]}))
+    tokens = write_tokens(tmp_path_factory.mktemp("auth") / "tokens.json", {
+        "ops": (admin, "admin", "examples"), "app": (producer, "producer", "examples")})
     with ServiceProcess(env={"DETOUR_TOKENS_FILE": str(tokens)}) as svc:
         yield Secured(svc.url, admin, producer)
 

@@ -36,8 +36,7 @@ from pipeline.generate import generate, record_id
 from pipeline.produce import ProduceOptions, options, produce, read_input
 from pipeline.produce import _parser as produce_parser
 from pipeline.verify import BrokerRef, brokers_from_detour, verify
-from service.auth import hash_token
-from tests.procs import ROOT, RedisServer, ServiceProcess
+from tests.procs import ROOT, RedisServer, ServiceProcess, write_tokens
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -389,12 +388,8 @@ class Secured:
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     """Detour (memory store) with a tokens file: admin ``ops``, producer ``spark``."""
     admin, producer = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
-    tokens = tmp_path_factory.mktemp("auth") / "tokens.json"
-    tokens.write_text(json.dumps({"tokens": [
-        {"name": "ops", "sha256": hash_token(admin), "role": "admin", "namespace": "pipe"},
-        {"name": "spark", "sha256": hash_token(producer), "role": "producer",
-         "namespace": "pipe"},
-    ]}))
+    tokens = write_tokens(tmp_path_factory.mktemp("auth") / "tokens.json", {
+        "ops": (admin, "admin", "pipe"), "spark": (producer, "producer", "pipe")})
     with ServiceProcess(env={"DETOUR_TOKENS_FILE": str(tokens)}) as svc:
         yield Secured(svc.url, admin, producer)
 

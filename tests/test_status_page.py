@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -20,9 +19,8 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 from service.app import create_app
-from service.auth import hash_token
 from service.settings import Settings
-from tests.procs import ROOT, ServiceProcess
+from tests.procs import ROOT, ServiceProcess, write_tokens
 
 PAGE = ROOT / "service" / "static" / "status.html"
 SCREENSHOT = ROOT / "docs" / "status.png"
@@ -257,9 +255,7 @@ def test_error_banner_when_a_poll_fails(browser: WebDriver, detour: ServiceProce
 @pytest.mark.slow
 def test_page_asks_for_a_token_when_the_service_needs_one(browser: WebDriver,
                                                           tmp_path: Path) -> None:
-    tokens = tmp_path / "tokens.json"
-    tokens.write_text(json.dumps([{"name": "ops", "sha256": hash_token("tok-ops"),
-                                   "role": "admin", "namespace": "prod"}]))
+    tokens = write_tokens(tmp_path / "tokens.json", {"ops": ("tok-ops", "admin", "prod")})
     with ServiceProcess(env={"DETOUR_TOKENS_FILE": str(tokens)}) as svc:
         httpx.put(f"{svc.url}/routes/orders", timeout=5,
                   headers={"Authorization": "Bearer tok-ops"},

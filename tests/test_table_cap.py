@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,9 +11,8 @@ import redis
 from fastapi.testclient import TestClient
 
 from service.app import create_app
-from service.auth import hash_token
 from service.settings import Settings
-from tests.procs import ServiceProcess
+from tests.procs import ServiceProcess, write_tokens
 
 CAP = 20
 
@@ -86,12 +84,9 @@ def test_ended_windows_make_room_and_open_ones_are_kept(capped: TestClient) -> N
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_flooding_one_namespace_leaves_the_other_alone(redis_url: str, tmp_path: Path) -> None:
-    tokens = {"flood": ("tok-flood", "a"), "calm": ("tok-calm", "b"),
-              "calm-admin": ("tok-calm-admin", "b")}
-    f = tmp_path / "tokens.json"
-    f.write_text(json.dumps([{"name": n, "sha256": hash_token(t),
-                              "role": "admin" if n.endswith("admin") else "producer",
-                              "namespace": ns} for n, (t, ns) in tokens.items()]))
+    tokens = {"flood": ("tok-flood", "producer", "a"), "calm": ("tok-calm", "producer", "b"),
+              "calm-admin": ("tok-calm-admin", "admin", "b")}
+    f = write_tokens(tmp_path / "tokens.json", tokens)
     raw = redis.Redis.from_url(redis_url, decode_responses=True)
     env = {"DETOUR_TOKENS_FILE": str(f), "DETOUR_MAX_BROKERS": "1000",
            "DETOUR_REDIS_PREFIX": "flood", "DETOUR_LATENCY_LOG_MAX": "2000"}
