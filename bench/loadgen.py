@@ -201,7 +201,8 @@ def process_tree(pid: int) -> list[int]:
             continue
         ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
         parents.setdefault(ppid, []).append(int(entry.name))
-    tree, todo = [], [pid]
+    tree: list[int] = []
+    todo = [pid]
     while todo and len(tree) < 1000:
         p = todo.pop()
         tree.append(p)

@@ -91,27 +91,45 @@ def capacity(url: str, ep: Endpoint, duration_s: int, work: Path) -> float:
 
 def run_endpoint(ep: Endpoint, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     redis = RedisServer() if ep.redis else None
-    env = {"DETOUR_MAX_IN_FLIGHT": str(args.max_in_flight)}
+    env = {}
+    if args.max_in_flight is not None:
+        env["DETOUR_MAX_IN_FLIGHT"] = str(args.max_in_flight)
+    if args.turn_budget_ms is not None:
+        env["DETOUR_TURN_BUDGET_MS"] = str(args.turn_budget_ms)
     try:
-        with ServiceProcess(redis_url=redis.url if redis else None, env=env) as svc:
-            httpx.put(f"{svc.url}/routes/orders", json=ROUTE, timeout=5).raise_for_status()
-            runs = []
-            for i in range(args.runs):
+        runs = []
+        for i in range(args.runs):
+            # A fresh process per run: an overload leaves the service shedding until
+            # load falls, which would cut the next run's capacity measurement short.
+            with ServiceProcess(redis_url=redis.url if redis else None, env=env) as svc:
+                httpx.put(f"{svc.url}/routes/orders", json=ROUTE, timeout=5).raise_for_status()
                 quiet = wait_for_quiet(30)
                 cap = capacity(svc.url, ep, args.duration, work)
                 under = offer(svc.port, ep, cap / 2, args.conns, args.duration, seed=2 * i + 1)
                 wait_for_quiet(30)
                 over = offer(svc.port, ep, cap * args.factor, args.conns, args.duration,
                              seed=2 * i + 2)
-                runs.append({"capacity_rps": cap, "under": under, "over": over,
-                             "busy_cores_before": quiet[1]})
-                print(f"{ep.name} run {i + 1}: capacity {cap:.0f}/s; over: "
-                      f"ok p99 {over['ok']['p99_ms']} ms, busy p99 {over['busy']['p99_ms']} ms",
-                      file=sys.stderr)
+                shed = shed_counts(svc.url)
+            runs.append({"capacity_rps": cap, "under": under, "over": over,
+                         "busy_cores_before": quiet[1], "shed_total": shed})
+            print(f"{ep.name} run {i + 1}: capacity {cap:.0f}/s; over: "
+                  f"ok p99 {over['ok']['p99_ms']} ms, busy p99 {over['busy']['p99_ms']} ms; "
+                  f"refusals by reason {shed}", file=sys.stderr)
     finally:
         if redis:
             redis.stop()
     return {"endpoint": ep.name, "runs": runs}
+
+
+def shed_counts(url: str) -> dict[str, float]:
+    """Refusals by reason over the whole run, from the service's own counter."""
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("detour_requests_shed_total{"):
+            reason = line.split('reason="', 1)[1].split('"', 1)[0]
+            out[reason] = float(line.rsplit(" ", 1)[1])
+    return out
 
 
 def _median(runs: Sequence[dict[str, Any]], *path: str) -> float | None:
@@ -129,13 +147,20 @@ def _fmt(v: float | None, digits: int = 1) -> str:
     return "—" if v is None else f"{v:,.{digits}f}"
 
 
+def _settings_text(args: argparse.Namespace) -> str:
+    given = [f"`DETOUR_MAX_IN_FLIGHT={args.max_in_flight}`" if args.max_in_flight else "",
+             f"`DETOUR_TURN_BUDGET_MS={args.turn_budget_ms}`"
+             if args.turn_budget_ms is not None else ""]
+    return ", ".join(g for g in given if g) or "the service's default settings"
+
+
 def markdown(results: Sequence[dict[str, Any]], args: argparse.Namespace, command: str) -> str:
     lines = [
         "## Overload: 5x capacity, fail fast",
         "",
         f"`{command}` ({time.strftime('%Y-%m-%d')}; medians of {args.runs} runs of "
         f"{args.duration} s; {args.conns} connections, one request at a time each; "
-        f"`DETOUR_MAX_IN_FLIGHT={args.max_in_flight}`). Capacity is wrk's closed-loop "
+        f"{_settings_text(args)}). Capacity is wrk's closed-loop "
         "rate at 16 connections in the same run; *under* offers half of it, *over* "
         f"{args.factor}x, as Poisson arrivals (`bench/overload_gen.js`). Latency is from when "
         "a request was due (waiting for a busy connection included); *wire* is from when it "
@@ -184,7 +209,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--duration", type=int, default=5, help="seconds per phase")
     p.add_argument("--factor", type=float, default=5.0)
     p.add_argument("--conns", type=int, default=512)
-    p.add_argument("--max-in-flight", type=int, default=64)
+    p.add_argument("--max-in-flight", type=int, default=None,
+                   help="DETOUR_MAX_IN_FLIGHT (default: the service's, 256)")
+    p.add_argument("--turn-budget-ms", type=float, default=None,
+                   help="DETOUR_TURN_BUDGET_MS (default: the service's, 0.5)")
     p.add_argument("--markdown", type=Path, help="also write the section to this file")
     args = p.parse_args(argv)
     given = sys.argv[1:] if argv is None else list(argv)

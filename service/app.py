@@ -202,5 +202,6 @@ def create_app(settings: Settings | None = None, tokens: TokenTable | None = Non
         Shedder,
         max_in_flight=settings.max_in_flight,
         max_queue_wait_ms=settings.max_queue_wait_ms,
+        turn_budget_ms=settings.turn_budget_ms,
     )
     return app

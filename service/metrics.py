@@ -195,7 +195,7 @@ for _op in ("report", "set_entry", "snapshot", "fault_items", "sync"):
     STORE_ERRORS.labels(_op)
 for _reason in ("full", "expired", "table_full"):
     JOURNAL_DROPPED.labels(_reason)
-for _reason in ("in_flight", "queue_wait"):
+for _reason in ("in_flight", "turn_budget", "queue_wait"):
     SHED.labels(_reason)
 
 _seen_brokers: set[str] = set()

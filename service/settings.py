@@ -48,15 +48,18 @@ class Settings(BaseSettings):
     events_max: int = Field(10_000, ge=0, le=1_000_000)
     #: Seconds SIGTERM waits for requests in flight (an open push stream is cut after it).
     shutdown_grace_s: int = Field(5, ge=0, le=300)
-    #: Requests being handled at once before new ones get 503 SYSTEM_BUSY. One turn of
-    #: the event loop holds at most this many requests' work, so it bounds how late an
-    #: answer or a refusal can be (about 70 µs of CPU per select here). The default
-    #: never refuses a few hundred producers that each wait for their answer; 32-64 is
-    #: for replicas that must shed a large overload fast (docs/BENCHMARKS.md, overload).
+    #: Requests being handled at once before new ones get 503 SYSTEM_BUSY; the first
+    #: such refusal also starts shedding (``turn_budget_ms``). The default never refuses
+    #: a few hundred producers that each wait for their answer.
     max_in_flight: int = Field(256, ge=1, le=100_000)
     #: A request that waited longer than this (ms) before being served gets 503 SYSTEM_BUSY
     #: (RocketMQ's waitTimeMillsInSendQueue).
     max_queue_wait_ms: float = Field(200.0, ge=0, le=60_000)
+    #: While shedding (from the first refusal until 1 s after the last), each turn of the
+    #: event loop starts only as many requests as keep its CPU time near this (ms), and
+    #: refuses the rest at once: refusals then wait at most about one such turn. 0 = off
+    #: (the in-flight bound alone). docs/reliability.md, "Overload".
+    turn_budget_ms: float = Field(0.5, ge=0, le=1_000)
     log_level: str = Field("info", pattern=r"^(critical|error|warning|info|debug|trace)$")
     #: A YAML or JSON file of tokens (docs/security.md); ``tokens`` holds the same text
     #: inline (for a Secret mounted as an environment variable). Neither: the service

@@ -1,25 +1,27 @@
 """Fast failure under overload (RocketMQ's BrokerFastFailure): refuse at once, don't queue.
 
 A producer waiting on a select that will come too late is worse off than one told
-"busy" at once: the SDK then decides locally (fail-open). Two rules, both answered
+"busy" at once: the SDK then decides locally (fail-open). Three rules, all answered
 with 503 ``{"error": "SYSTEM_BUSY"}`` and ``Retry-After`` and counted in
 ``detour_requests_shed_total{reason}``:
 
 * ``in_flight``: ``max_in_flight`` requests are already being handled (a slow
   Redis makes reports pile up; a burst fills the event loop). The server protocol
-  checks this as soon as a request's headers are read and hands the request to a
-  tiny refusing app instead of Detour's, so a refusal costs a few µs and leaves in
-  the same loop turn, and one turn of the loop never holds more than
-  ``max_in_flight`` requests' worth of work: that bounds both how late an answer
-  can be and how late a refusal is (docs/BENCHMARKS.md, overload);
+  checks this as soon as a request's headers are read and writes the refusal itself,
+  without a task or Detour's app: a few µs, in the loop turn that read the request.
+* ``turn_budget``: while the service is shedding (from any refusal until a second
+  after the last), one turn of the event loop starts only as many requests as keep
+  its CPU time near ``turn_budget_ms`` (``TurnBudget``). A refusal waits for at most
+  the turn before it, so short turns are what make refusals come back at once under
+  a large overload; outside shedding, bursts pass untouched.
 * ``queue_wait``: the request waited longer than ``max_queue_wait_ms`` between
   being read off the socket and being served — the event loop is behind, like a
   send request that sat in RocketMQ's queue past ``waitTimeMillsInSendQueue``.
   The arrival time comes from ``TimedHttpToolsProtocol`` (uvicorn's protocol,
   stamping the scope when a request begins); without it only the first rule acts.
 
-Probes and scrapes (``/healthz``, ``/readyz``, ``/metrics``) are never shed, and the
-endless push stream does not count as in flight.
+Probes and scrapes (``/healthz``, ``/readyz``, ``/metrics``) and the endless push
+stream are never shed and not counted as in flight. docs/reliability.md, "Overload".
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -37,11 +40,9 @@ from service.errors import error_body
 
 #: The scope key the protocol stamps (monotonic ns when the request began).
 ARRIVED = "detour.arrived_ns"
-_EXEMPT = frozenset({"/healthz", "/readyz", "/metrics"})
-_UNCOUNTED = frozenset({"/fault-items/stream"})
-
-
-_EXEMPT_RAW = frozenset(p.encode() for p in _EXEMPT | _UNCOUNTED)
+#: Probes, scrapes and the push stream: never shed, never counted.
+_EXEMPT = frozenset({"/healthz", "/readyz", "/metrics", "/fault-items/stream"})
+_EXEMPT_RAW = frozenset(p.encode() for p in _EXEMPT)
 
 
 class TimedHttpToolsProtocol(HttpToolsProtocol):
@@ -59,18 +60,18 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         shedder = TimedHttpToolsProtocol.shedder
-        if (
-            shedder is None
-            or not shedder.over_bound(self.tasks)
-            or self.url.partition(b"?")[0] in _EXEMPT_RAW
-        ):
+        if shedder is None or self.url.partition(b"?")[0] in _EXEMPT_RAW:
+            super().on_headers_complete()
+            return
+        reason = shedder.refusal()
+        if reason is None:
             super().on_headers_complete()
             return
         if self.cycle is None or self.cycle.response_complete:
             # Nothing of this connection is being answered: write the refusal now,
             # in this loop turn, without a task; the body, if any, is read and dropped.
             self._refused = True
-            shedder.count_refusal("in_flight")
+            shedder.count_refusal(reason)
             self.transport.write(shedder.busy_response)
             if self.parser.should_keep_alive():
                 self.on_response_complete()
@@ -79,7 +80,7 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
             return
         # A pipelined request behind one being answered: refuse in order, through
         # uvicorn's own queue, with a refusing app in place of Detour's.
-        app, self.app = self.app, shedder.refuse_in_flight
+        app, self.app = self.app, shedder.refusing_app(reason)
         try:
             super().on_headers_complete()
         finally:
@@ -94,14 +95,74 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
             super().on_message_complete()
 
 
+class TurnBudget:
+    """How many new requests one turn of the event loop may start while shedding.
+
+    Why a turn: the protocol writes a refusal in the turn that reads the request, so a
+    refusal waits at most for the turn before it, and a turn lasts as long as the reads
+    plus the work of the requests it started. The in-flight bound caps that work only
+    at ``max_in_flight`` requests, tens of milliseconds of reports, and a smaller bound
+    refuses ordinary bursts. So while the service is shedding, the number of requests a
+    turn may start follows the CPU the previous turn used (additive increase,
+    multiplicative decrease): over ``budget_ms`` halves it, under adds one. Throughput
+    does not suffer: under overload the CPU left after the reads is spent on admitted
+    requests whatever their number per turn; only the turns get short.
+
+    CPU time, not wall time, so that an idle loop waiting for the next request does not
+    look like a long turn. Pure bookkeeping, clocks injected: the caller marks where a
+    turn begins (``begin``) and asks per request (``may_start``).
+    """
+
+    def __init__(
+        self, budget_ms: float, ceiling: int, cpu_ns: Callable[[], int] = time.thread_time_ns
+    ) -> None:
+        self.budget_ns = int(budget_ms * 1_000_000)
+        self.ceiling = max(1, ceiling)
+        self.limit = self.ceiling
+        self.started = 0
+        self._cpu_ns = cpu_ns
+        self._turn_began = cpu_ns()
+
+    def begin(self) -> None:
+        """A new turn read its first request: judge the turn before it."""
+        now = self._cpu_ns()
+        used, self._turn_began = now - self._turn_began, now
+        self.started = 0
+        if self.budget_ns <= 0:
+            return  # no budget: the limit stays at the ceiling
+        if used > self.budget_ns:
+            self.limit = max(1, self.limit // 2)
+        elif self.limit < self.ceiling:
+            self.limit += 1
+
+    def may_start(self) -> bool:
+        return self.started < self.limit
+
+
 class Shedder:
-    def __init__(self, app: ASGIApp, max_in_flight: int, max_queue_wait_ms: float) -> None:
+    """The outermost middleware, and the state the protocol consults: in flight,
+    the turn being read, and whether the service is shedding."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_in_flight: int,
+        max_queue_wait_ms: float,
+        turn_budget_ms: float = 0.0,
+        shedding_hold_s: float = 1.0,
+    ) -> None:
         self.app = app
         self.max_in_flight = max_in_flight
         self.max_wait_ns = int(max_queue_wait_ms * 1_000_000)
+        #: Requests inside Detour's app (started, not finished).
         self.in_flight = 0
-        #: Open push streams: endless requests that do not count as work in flight.
-        self.streams = 0
+        #: The turn being read: how many requests it started, and the per-turn limit
+        #: (a 0 ms budget: no limit, the in-flight bound alone).
+        self.turns = TurnBudget(turn_budget_ms, max_in_flight)
+        self._turn_open = False
+        #: Shedding lasts until this long after the last refusal (monotonic ns).
+        self.hold_ns = int(shedding_hold_s * 1_000_000_000)
+        self.shedding_until = 0
         TimedHttpToolsProtocol.shedder = self
         body = json.dumps(error_body("SYSTEM_BUSY", "overloaded: retry shortly or decide locally"))
         self._body = body.encode()
@@ -110,22 +171,22 @@ class Shedder:
             b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
             b"retry-after: 1\r\ncontent-length: %d\r\n\r\n%s" % (len(self._body), self._body)
         )
+        self._refusing_apps: dict[str, ASGIApp] = {}
+        self._shed_series = {
+            r: metrics.SHED.labels(r) for r in ("in_flight", "turn_budget", "queue_wait")
+        }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in _EXEMPT:
             await self.app(scope, receive, send)
             return
-        if scope["path"] in _UNCOUNTED:
-            self.streams += 1
-            try:
-                await self.app(scope, receive, send)
-            finally:
-                self.streams -= 1
-            return
         arrived = scope.get(ARRIVED)
-        if arrived is not None and time.monotonic_ns() - arrived > self.max_wait_ns:
-            await self._refuse(send, "queue_wait")
-            return
+        if arrived is not None:
+            now = time.monotonic_ns()
+            if now - arrived > self.max_wait_ns:
+                self.shedding_until = now + self.hold_ns
+                await self._refuse(send, "queue_wait")
+                return
         if self.in_flight >= self.max_in_flight:
             await self._refuse(send, "in_flight")
             return
@@ -135,20 +196,47 @@ class Shedder:
         finally:
             self.in_flight -= 1
 
-    async def refuse_in_flight(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._refuse(send, "in_flight")
+    def refusal(self) -> str | None:
+        """Called by the protocol when a request's headers are read: why to refuse it
+        at once, or None to start it. Any refusal starts (or prolongs) shedding.
 
-    def over_bound(self, tasks: set[asyncio.Task[None]]) -> bool:
-        """Whether ``max_in_flight`` requests are being handled, from uvicorn's set of
-        request tasks (started or not yet). A task whose answer went out stays in the set
-        until its done-callback runs, a loop turn later: near the bound, count only the
-        unfinished ones (O(n) only then)."""
-        if len(tasks) - self.streams < self.max_in_flight:
-            return False
-        return sum(not t.done() for t in tasks) - self.streams >= self.max_in_flight
+        In flight = requests inside the app plus those this turn started: their tasks
+        run only after the turn has read everything, and a task that has answered but
+        not yet been reaped by uvicorn is no longer counted."""
+        turns = self.turns
+        if not self._turn_open:
+            # The first request of this turn; the turn ends when the loop runs the
+            # callbacks it queued, after everything it read.
+            self._turn_open = True
+            asyncio.get_running_loop().call_soon(self._close_turn)
+            turns.begin()
+        if self.in_flight + turns.started >= self.max_in_flight:
+            self.shedding_until = time.monotonic_ns() + self.hold_ns
+            return "in_flight"
+        if not turns.may_start():
+            now = time.monotonic_ns()
+            if now < self.shedding_until:
+                self.shedding_until = now + self.hold_ns
+                return "turn_budget"
+        turns.started += 1
+        return None
+
+    def _close_turn(self) -> None:
+        self._turn_open = False
+
+    def refusing_app(self, reason: str) -> ASGIApp:
+        """An app answering 503 for ``reason`` (pipelined requests, in order)."""
+        app = self._refusing_apps.get(reason)
+        if app is None:
+
+            async def refuse(scope: Scope, receive: Receive, send: Send) -> None:
+                await self._refuse(send, reason)
+
+            app = self._refusing_apps[reason] = refuse
+        return app
 
     def count_refusal(self, reason: str) -> None:
-        metrics.SHED.labels(reason).inc()
+        self._shed_series[reason].inc()
 
     async def _refuse(self, send: Send, reason: str) -> None:
         self.count_refusal(reason)

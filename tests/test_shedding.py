@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.shedding import ARRIVED, Shedder
+from service.shedding import ARRIVED, Shedder, TurnBudget
 from tests.procs import ServiceProcess, wait_until
 
 pytestmark = pytest.mark.integration
@@ -155,23 +155,151 @@ def test_the_server_refuses_past_the_in_flight_bound_before_the_app_runs() -> No
         assert len(shed) == 1 and float(shed[0].split()[-1]) >= 22
 
 
-def test_only_unfinished_tasks_count_toward_the_bound() -> None:
-    """A task whose answer went out stays in uvicorn's set until its done-callback runs;
-    it must not take a slot, or clients that wait for their answer get refused."""
+def test_a_request_counts_from_the_turn_that_starts_it_until_its_app_call_returns() -> None:
+    """In flight = inside the app plus started by this turn (their tasks run only after
+    the turn has read everything). A request that has answered frees its slot at once,
+    even while uvicorn has not yet reaped its task."""
     async def scenario() -> None:
-        shed = Shedder(Gate(), max_in_flight=2, max_queue_wait_ms=200)
-        gate = asyncio.Event()
-        done = asyncio.create_task(asyncio.sleep(0))
-        await done
-        waiting = asyncio.create_task(gate.wait())
-        tasks = {done, waiting}
-        assert not shed.over_bound(tasks)  # two in the set, one unfinished
-        also = asyncio.create_task(gate.wait())
-        tasks.add(also)
-        assert shed.over_bound(tasks)  # two unfinished
-        shed.streams = 1  # an open push stream is not work in flight
-        assert not shed.over_bound(tasks)
-        gate.set()
-        await asyncio.gather(waiting, also)
+        gate = Gate()
+        shed = Shedder(gate, max_in_flight=2, max_queue_wait_ms=200)
+        assert [shed.refusal(), shed.refusal(), shed.refusal()] == [None, None, "in_flight"]
+        await asyncio.sleep(0)  # the turn ends; nothing was started for real
+        held = asyncio.create_task(call(shed, scope("/select")))
+        for _ in range(100):  # bounded: it gets inside the app within a few loop turns
+            if gate.entered == 1:
+                break
+            await asyncio.sleep(0)
+        assert shed.in_flight == 1
+        assert [shed.refusal(), shed.refusal()] == [None, "in_flight"]
+        gate.release.set()
+        assert (await held)[0] == 200
+        await asyncio.sleep(0)
+        assert shed.in_flight == 0
+        assert [shed.refusal(), shed.refusal()] == [None, None]
 
     asyncio.run(scenario())
+
+
+class CpuClock:
+    """A thread CPU clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.ns = 0
+
+    def __call__(self) -> int:
+        return self.ns
+
+
+def test_turn_budget_halves_the_limit_after_a_long_turn_and_adds_one_after_a_short() -> None:
+    cpu = CpuClock()
+    turns = TurnBudget(budget_ms=1.0, ceiling=64, cpu_ns=cpu)
+    assert turns.limit == 64
+    limits = []
+    for used_ms in (5, 5, 5, 5, 5, 5, 5, 0.2, 0.2, 3, 0.9):
+        cpu.ns += int(used_ms * 1_000_000)
+        turns.begin()
+        limits.append(turns.limit)
+    assert limits == [32, 16, 8, 4, 2, 1, 1, 2, 3, 1, 2]
+    # A turn may start as many requests as its limit, counted from its beginning.
+    assert turns.may_start()
+    turns.started = 2
+    assert not turns.may_start()
+    cpu.ns += 100_000
+    turns.begin()
+    assert turns.started == 0 and turns.limit == 3
+    for _ in range(100):  # never past the ceiling
+        turns.begin()
+    assert turns.limit == 64
+
+
+def test_a_zero_turn_budget_never_limits() -> None:
+    cpu = CpuClock()
+    turns = TurnBudget(budget_ms=0, ceiling=8, cpu_ns=cpu)
+    for _ in range(5):
+        cpu.ns += 10**9
+        turns.begin()
+    assert turns.limit == 8
+
+
+def test_the_turn_limit_applies_only_while_shedding() -> None:
+    """Bursts pass while the service keeps up; from the first refusal until the hold
+    runs out, each turn starts only its limit and refuses the rest at once."""
+    async def scenario() -> None:
+        shed = Shedder(Gate(), max_in_flight=3, max_queue_wait_ms=200,
+                       turn_budget_ms=1.0, shedding_hold_s=60)
+        cpu = CpuClock()
+        shed.turns = TurnBudget(1.0, 3, cpu_ns=cpu)
+        cpu.ns = 10**9  # the turn before was long: the limit halves to 1
+        first = [shed.refusal() for _ in range(4)]
+        assert shed.turns.limit == 1
+        assert first == [None, None, None, "in_flight"]  # not shedding: a burst of 3 passes
+        assert shed.shedding_until > time.monotonic_ns()
+        await asyncio.sleep(0)
+        cpu.ns += 10**9
+        assert [shed.refusal() for _ in range(3)] == [None, "turn_budget", "turn_budget"]
+        # The hold runs out: the limit no longer applies.
+        shed.shedding_until = time.monotonic_ns()
+        await asyncio.sleep(0)
+        cpu.ns += 10**9
+        assert [shed.refusal() for _ in range(3)] == [None, None, None]
+
+    asyncio.run(scenario())
+
+
+def read_responses(sock: socket.socket, n: int) -> list[bytes]:
+    """The status lines of the next ``n`` HTTP/1.1 responses on ``sock`` (bounded by the
+    socket's timeout)."""
+    buf, out = b"", []
+    while len(out) < n:
+        end = buf.find(b"\r\n\r\n")
+        if end >= 0:
+            head = buf[:end].decode("latin-1")
+            length = int(next(ln.split(":", 1)[1] for ln in head.split("\r\n")
+                              if ln.lower().startswith("content-length")))
+            if len(buf) >= end + 4 + length:
+                out.append(head.split("\r\n", 1)[0].encode())
+                buf = buf[end + 4 + length:]
+                continue
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed early"
+        buf += chunk
+    return out
+
+
+@pytest.mark.e2e
+def test_the_server_refuses_past_the_turn_limit_while_shedding() -> None:
+    """The real server: two reports whose bodies are still arriving hold two of four
+    slots; three pipelined selects in one write overflow the bound (shedding begins);
+    with a budget every turn exceeds, the limit is one start per turn, so of the next
+    two pipelined selects the second is refused for the turn, in order, at once."""
+    select = (b"POST /select HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+              b"content-length: 13\r\n\r\n{\"topic\":\"t\"}")
+    report = json.dumps({"brokerName": "a", "latencyMs": 1}).encode()
+    env = {"DETOUR_MAX_IN_FLIGHT": "4", "DETOUR_TURN_BUDGET_MS": "0.000001",
+           "DETOUR_MAX_QUEUE_WAIT_MS": "60000"}
+    with ServiceProcess(env=env) as svc, httpx.Client(base_url=svc.url, timeout=5) as c:
+        c.put("/routes/t", json={"brokers": [{"brokerName": "a", "writeQueueNums": 1}]})
+        holders = []
+        for _ in range(2):
+            h = socket.create_connection(("127.0.0.1", svc.port), timeout=5)
+            h.sendall(b"POST /report-latency HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                      b"application/json\r\ncontent-length: %d\r\n\r\n" % len(report)
+                      + report[:5])
+            holders.append(h)
+        with socket.create_connection(("127.0.0.1", svc.port), timeout=5) as pipe:
+            def third_refused() -> bool:
+                # Once both holders are inside the app, a burst of three is one too many.
+                pipe.sendall(select * 3)
+                return read_responses(pipe, 3)[2].startswith(b"HTTP/1.1 503")
+
+            wait_until(third_refused, 10, "the holders in flight")
+            pipe.sendall(select * 2)
+            assert [r[:12] for r in read_responses(pipe, 2)] == [b"HTTP/1.1 200", b"HTTP/1.1 503"]
+        for h in holders:
+            h.sendall(report[5:])
+            assert read_responses(h, 1)[0].startswith(b"HTTP/1.1 200")
+            h.close()
+        shed = {ln.split('reason="')[1].split('"')[0]: float(ln.split()[-1])
+                for ln in c.get("/metrics").text.splitlines()
+                if ln.startswith("detour_requests_shed_total{")}
+        assert shed["turn_budget"] == 1 and shed["in_flight"] >= 1
