@@ -106,7 +106,10 @@ def test_two_workers_add_up(redis_url: str) -> None:
         n = 60
         for _ in range(n):  # fresh connections spread over both workers
             with httpx.Client(base_url=svc.url, timeout=5) as fresh:
-                assert fresh.post("/select", json={"topic": "t"}).status_code == 200
+                # The route reaches the other worker by a push a few ms after the PUT's
+                # answer; until then its select is a 404, counted as "no_route".
+                wait_until(lambda c=fresh: c.post("/select", json={"topic": "t"})
+                           .raise_for_status().status_code == 200, 5, "the route on this worker")
                 fresh.post("/report-latency", json={"brokerName": "x", "latencyMs": 1})
         for _ in range(6):  # whichever worker answers the scrape sees every worker's counts
             with httpx.Client(base_url=svc.url, timeout=5) as fresh:
