@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import select
 import socket
 import time
 from typing import Any
@@ -115,6 +116,27 @@ def test_the_server_stamps_arrival_so_queue_wait_sheds_end_to_end() -> None:
         svc.stop()
 
 
+def hold_a_slot(port: int, body: bytes, probe: Any) -> socket.socket:
+    """A report whose body is still arriving, inside the app: a connection holding one
+    in-flight slot. The request before it may still be finishing (a handler returns a
+    moment after its answer went out), and then this report is the one refused: send it
+    again on a new connection. Held once ``probe()`` (another request) is refused."""
+    head = (b"POST /report-latency HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+            b"\r\ncontent-length: %d\r\n\r\n" % len(body))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        slow = socket.create_connection(("127.0.0.1", port), timeout=5)
+        slow.sendall(head + body[:5])
+        while time.monotonic() < deadline:
+            if probe().status_code == 503:
+                return slow
+            readable, _, _ = select.select([slow], [], [], 0)
+            if readable:  # refused itself: the slot was still taken
+                slow.close()
+                break
+    raise TimeoutError("no slot held within 10 s")
+
+
 @pytest.mark.e2e
 def test_the_server_refuses_past_the_in_flight_bound_before_the_app_runs() -> None:
     """A report whose body is still arriving holds the one slot of a bound of 1: the
@@ -124,32 +146,27 @@ def test_the_server_refuses_past_the_in_flight_bound_before_the_app_runs() -> No
     body = json.dumps({"brokerName": "a", "latencyMs": 1}).encode()
     # A queue-wait budget no loaded machine reaches: every refusal here is the bound's.
     env = {"DETOUR_MAX_IN_FLIGHT": "1", "DETOUR_MAX_QUEUE_WAIT_MS": "60000"}
-    with ServiceProcess(env=env) as svc, \
-            httpx.Client(base_url=svc.url, timeout=5) as c, \
-            socket.create_connection(("127.0.0.1", svc.port), timeout=5) as slow:
+    with ServiceProcess(env=env) as svc, httpx.Client(base_url=svc.url, timeout=5) as c:
         c.put("/routes/t", json={"brokers": [{"brokerName": "a", "writeQueueNums": 1}]})
-        slow.sendall(b"POST /report-latency HTTP/1.1\r\nhost: x\r\ncontent-type: "
-                     b"application/json\r\ncontent-length: %d\r\n\r\n" % len(body)
-                     + body[:5])
-        wait_until(lambda: c.post("/select", json={"topic": "t"}).status_code == 503,
-                   10, "the slow report in flight")
-        for _ in range(20):
-            start = time.perf_counter()
-            r = c.post("/select", json={"topic": "t"})
-            assert time.perf_counter() - start < 0.05
-            assert r.status_code == 503 and r.json()["error"] == "SYSTEM_BUSY"
-            assert r.headers["retry-after"] == "1"
-        # A body the app never reads does not break the connection.
-        big = c.post("/report-latency:batch", content=b'{"reports": [' + b" " * 50_000 + b"]}",
-                     headers={"content-type": "application/json"})
-        assert big.status_code == 503
-        assert c.get("/healthz").status_code == 200  # same connection; probes never shed
-        slow.sendall(body[5:])
-        answer = slow.recv(4096)
-        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
-        # The slot frees when the held request's task ends, just after its answer.
-        wait_until(lambda: c.post("/select", json={"topic": "t"}).status_code == 200,
-                   10, "the slot freed")
+        with hold_a_slot(svc.port, body,
+                         lambda: c.post("/select", json={"topic": "t"})) as slow:
+            for _ in range(20):
+                start = time.perf_counter()
+                r = c.post("/select", json={"topic": "t"})
+                assert time.perf_counter() - start < 0.05
+                assert r.status_code == 503 and r.json()["error"] == "SYSTEM_BUSY"
+                assert r.headers["retry-after"] == "1"
+            # A body the app never reads does not break the connection.
+            big = c.post("/report-latency:batch", content=b'{"reports": [' + b" " * 50_000 + b"]}",
+                         headers={"content-type": "application/json"})
+            assert big.status_code == 503
+            assert c.get("/healthz").status_code == 200  # same connection; probes never shed
+            slow.sendall(body[5:])
+            answer = slow.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+            # The slot frees when the held request's task ends, just after its answer.
+            wait_until(lambda: c.post("/select", json={"topic": "t"}).status_code == 200,
+                       10, "the slot freed")
         shed = [ln for ln in c.get("/metrics").text.splitlines()
                 if ln.startswith('detour_requests_shed_total{reason="in_flight"}')]
         assert len(shed) == 1 and float(shed[0].split()[-1]) >= 22
@@ -157,7 +174,7 @@ def test_the_server_refuses_past_the_in_flight_bound_before_the_app_runs() -> No
 
 def test_a_request_counts_from_the_turn_that_starts_it_until_its_app_call_returns() -> None:
     """In flight = inside the app plus started by this turn (their tasks run only after
-    the turn has read everything). A request that has answered frees its slot at once,
+    the turn has read everything). A request frees its slot when its app call returns,
     even while uvicorn has not yet reaped its task."""
     async def scenario() -> None:
         gate = Gate()
