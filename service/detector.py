@@ -13,6 +13,7 @@ import logging
 from collections.abc import Mapping
 
 from service import metrics, policy
+from service.cancelling import honour_cancel
 from service.errors import StoreUnavailable
 from service.model import Config, FaultItem, Route
 from service.store import FaultStore
@@ -87,4 +88,5 @@ async def run(store: FaultStore) -> None:
             await detect_once(store)
         except StoreUnavailable as exc:
             log.warning("detector round skipped: %s", exc.message)
+        honour_cancel()  # a stop that landed inside a Redis call (service/cancelling.py)
         await asyncio.sleep(store.view.config.detect_interval_ms / 1000)

@@ -48,6 +48,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import RedisClusterException, RedisError
 
 from service import metrics, policy, strategy
+from service.cancelling import honour_cancel
 from service.errors import StoreUnavailable, TableFull
 from service.model import Config, FaultItem, Route
 from service.settings import Settings
@@ -103,20 +104,6 @@ def _load_lua(name: str) -> str:
 
 def _mono_ms() -> float:
     return time.monotonic_ns() / 1_000_000
-
-
-def _honour_cancel() -> None:
-    """Raise a cancellation that was requested but swallowed.
-
-    redis-py sends every command through ``asyncio.wait_for``, which on Python
-    3.11 returns the result and drops a cancel that lands as the send
-    completes; the task still counts the request. Without this, ``close()``
-    could wait for the sync loop's next ``get_message`` timeout (up to
-    ``sync_interval_s``).
-    """
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
 
 
 @contextlib.asynccontextmanager
@@ -537,7 +524,7 @@ class RedisStore:
     async def _wait_subscribed(self, pubsub: PubSub) -> None:
         deadline = _mono_ms() + 1000 * self._settings.redis_timeout_s
         while _mono_ms() < deadline:
-            _honour_cancel()
+            honour_cancel()
             msg = await pubsub.get_message(timeout=self._settings.redis_timeout_s)
             if msg is not None and msg.get("type") == "subscribe":
                 return
@@ -646,7 +633,7 @@ class RedisStore:
                 await self._resync()
                 next_poll = _mono_ms() + interval * 1000
                 while True:
-                    _honour_cancel()
+                    honour_cancel()
                     timeout = max(0.0, (next_poll - _mono_ms()) / 1000)
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=timeout)
                     if msg is not None:
@@ -672,7 +659,7 @@ class RedisStore:
     async def _sync_forever(self) -> None:
         backoff = 0.05
         while True:
-            _honour_cancel()
+            honour_cancel()
             started = _mono_ms()
             try:
                 await self._follow()
