@@ -104,9 +104,10 @@ class TurnBudget:
     at ``max_in_flight`` requests, tens of milliseconds of reports, and a smaller bound
     refuses ordinary bursts. So while the service is shedding, the number of requests a
     turn may start follows the CPU the previous turn used (additive increase,
-    multiplicative decrease): over ``budget_ms`` halves it, under adds one. Throughput
-    does not suffer: under overload the CPU left after the reads is spent on admitted
-    requests whatever their number per turn; only the turns get short.
+    multiplicative decrease): over ``budget_ms`` halves it, under adds one. The CPU the
+    reads leave still goes to started requests, but short turns cost loop overhead:
+    at 5x, reports are answered at about a third of capacity, against about half with
+    an in-flight bound of 32 and no budget (docs/BENCHMARKS.md, overload).
 
     CPU time, not wall time, so that an idle loop waiting for the next request does not
     look like a long turn. Pure bookkeeping, clocks injected: the caller marks where a
