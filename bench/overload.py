@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.loadgen import run_wrk, wait_for_quiet, write_script
 from tests.procs import RedisServer, ServiceProcess
@@ -124,12 +125,10 @@ def run_endpoint(ep: Endpoint, args: argparse.Namespace, work: Path) -> dict[str
 def shed_counts(url: str) -> dict[str, float]:
     """Refusals by reason over the whole run, from the service's own counter."""
     text = httpx.get(f"{url}/metrics", timeout=5).text
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("detour_requests_shed_total{"):
-            reason = line.split('reason="', 1)[1].split('"', 1)[0]
-            out[reason] = float(line.rsplit(" ", 1)[1])
-    return out
+    return {s.labels["reason"]: s.value
+            for family in text_string_to_metric_families(text)
+            if family.name == "detour_requests_shed"
+            for s in family.samples if s.name == "detour_requests_shed_total"}
 
 
 def _median(runs: Sequence[dict[str, Any]], *path: str) -> float | None:

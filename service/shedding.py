@@ -189,6 +189,8 @@ class Shedder:
                 await self._refuse(send, "queue_wait")
                 return
         if self.in_flight >= self.max_in_flight:
+            # Only without the protocol's check (another server): shed the same way.
+            self.shedding_until = time.monotonic_ns() + self.hold_ns
             await self._refuse(send, "in_flight")
             return
         self.in_flight += 1

@@ -64,6 +64,7 @@ def test_in_flight_limit_refuses_at_once_and_frees_its_slots() -> None:
         assert time.perf_counter() - start < 0.005
         assert (status, headers[b"retry-after"]) == (503, b"1")
         assert b'"error": "SYSTEM_BUSY"' in body
+        assert shed.shedding_until > time.monotonic_ns()  # a refusal starts shedding
         # Once the held requests finish, their slots are free again.
         gate.release.set()
         assert [r[0] for r in await asyncio.gather(*held)] == [200, 200]
