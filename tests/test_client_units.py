@@ -27,10 +27,11 @@ from service.client import (
     SendError,
     TopicNotFound,
 )
-from service.client.backoff import Backoff, Jitter, Ticket
 from service.client.cached import ServiceClock, StreamApplier
+from service.client.circuit import CircuitBreaker, Ticket
 from service.client.local import LocalTable
 from service.client.pending import PendingReports, mono_ms
+from service.client.reconnect import Jitter
 from service.client.send import send_async, send_sync
 from service.client.sse import Event, SSEParser
 from service.client.wire import MAX_LATENCY_MS, batch_item, check_report
@@ -59,9 +60,9 @@ class FakeClock:
 # ---------------------------------------------------------------- circuit
 
 
-def test_backoff_pauses_then_lets_one_probe_and_doubles_to_the_cap() -> None:
+def test_the_circuit_opens_then_lets_one_probe_and_doubles_to_the_cap() -> None:
     clock = FakeClock()
-    b = Backoff(0.5, 5.0, clock)
+    b = CircuitBreaker(0.5, 5.0, clock)
     assert b.begin() is Ticket.CALL
     b.end(Ticket.CALL, answered=False)
     assert b.is_open and b.remaining_s() == pytest.approx(0.5)
@@ -84,7 +85,7 @@ def test_backoff_pauses_then_lets_one_probe_and_doubles_to_the_cap() -> None:
 
 def test_concurrent_failures_count_once() -> None:
     clock = FakeClock()
-    b = Backoff(0.5, 5.0, clock)
+    b = CircuitBreaker(0.5, 5.0, clock)
     tickets = [b.begin() for _ in range(4)]  # four calls in flight when Detour dies
     for t in tickets:
         b.end(t, answered=False)
@@ -394,7 +395,7 @@ def test_4xx_is_raised_not_failed_open(status: int, error: type[Exception]) -> N
     with DetourClient("http://detour.test", transport=httpx.MockTransport(handler)) as c:
         with pytest.raises(error) as info:
             c.select("t")
-        assert not c._core.backoff.is_open
+        assert not c._core.circuit.is_open
     assert isinstance(info.value, DetourRequestError) and info.value.status == status
 
 
@@ -440,7 +441,7 @@ def test_async_client_fails_open_the_same_way() -> None:
             await c.report("a", 1, isolation=True)
             assert c.stats().pending_reports == 1
             down["on"] = False
-            c._core.backoff._until = 0  # the pause is over
+            c._core.circuit._until = 0  # the pause is over
             assert await c.flush(1.0)
             assert c.stats().sent_reports == 1
 

@@ -10,7 +10,7 @@ where producers go wrong. This package implements them once:
   load, selects are decided locally with the same algorithm
   (``service.strategy`` over a ``service.view.TableView``), reports are queued
   (bounded) and replayed with their age once Detour answers, and Detour is left
-  alone for a backoff (0.5 s doubling to 5 s) so a dead sidecar costs one
+  alone (its circuit breaker: 0.5 s doubling to 5 s) so a dead sidecar costs one
   timeout, not one per send. 4xx answers are raised: they are bugs.
 * Cached mode: a replica of the table kept current by the event stream, so a
   select costs microseconds and no network; reports leave in batches.

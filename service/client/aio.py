@@ -19,8 +19,8 @@ from urllib.parse import quote
 import httpx
 
 from service.client import wire
-from service.client.backoff import Ticket
 from service.client.cached import FLUSH_AT
+from service.client.circuit import Ticket
 from service.client.core import ClientCore
 from service.client.errors import DetourRequestError, DetourUnavailable, TopicNotFound
 from service.client.http import AsyncHTTP, headers
@@ -140,12 +140,12 @@ class AsyncDetourClient:
         while self._core.pending.queued():
             if await flush_once(self._core, self._call):
                 continue
-            # Refused or failed: wait out the backoff (it is what refused) and try
+            # Refused or failed: wait out the open circuit (it is what refused) and try
             # again until the deadline, instead of dropping what is pending.
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            await asyncio.sleep(min(left, max(0.01, self._core.backoff.remaining_s())))
+            await asyncio.sleep(min(left, max(0.01, self._core.circuit.remaining_s())))
         return len(self._core.pending) == 0
 
     def stats(self) -> ClientStats:
@@ -156,10 +156,10 @@ class AsyncDetourClient:
         """One call through the circuit. Raises DetourUnavailable (also while backing off)
         or DetourRequestError."""
         core = self._core
-        ticket = core.backoff.begin()
+        ticket = core.circuit.begin()
         if ticket is Ticket.DENIED:
             raise DetourUnavailable(
-                f"not calling Detour for {core.backoff.remaining_s():.2f} s after a failure"
+                f"not calling Detour for {core.circuit.remaining_s():.2f} s after a failure"
             )
         answered = False
         try:
@@ -173,7 +173,7 @@ class AsyncDetourClient:
             core.failures += 1
             raise
         finally:
-            core.backoff.end(ticket, answered)
+            core.circuit.end(ticket, answered)
             if answered and core.pending.queued():
                 self._wake_flusher()
 

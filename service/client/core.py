@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from service.client import wire
-from service.client.backoff import Backoff
 from service.client.cached import FLUSH_AT, FLUSH_INTERVAL_S, ServiceClock, StreamApplier
+from service.client.circuit import CircuitBreaker
 from service.client.errors import DetourUnavailable, TopicNotFound
 from service.client.local import LocalTable
 from service.client.pending import Pending, PendingReports, mono_ms
@@ -59,7 +59,7 @@ class ClientCore:
         self.service_clock = ServiceClock()
         self.table = LocalTable(self.service_clock.now_ms if self.cached else wall_ms)
         self.pending = PendingReports(max_pending)
-        self.backoff = Backoff(backoff_initial, backoff_max)
+        self.circuit = CircuitBreaker(backoff_initial, backoff_max)
         self.applier = StreamApplier(self.table, self.service_clock, self.pending)
         self.remote_selects = 0
         self.local_selects = 0
@@ -138,7 +138,7 @@ class ClientCore:
     def must_queue(self) -> bool:
         """Reports go to the queue, not straight to Detour: cached mode always; remote mode
         while Detour is down or older reports wait (so they reach Detour in order)."""
-        return self.cached or self.backoff.is_open or len(self.pending) > 0
+        return self.cached or self.circuit.is_open or len(self.pending) > 0
 
     def batch_body(self, batch: Iterable[Pending]) -> dict[str, Any]:
         now = mono_ms()
@@ -156,7 +156,7 @@ class ClientCore:
         pending = self.pending
         if pending.queued() == 0:
             return None
-        wait = self.backoff.remaining_s()
+        wait = self.circuit.remaining_s()
         if self.cached and not pending.urgent and pending.queued() < FLUSH_AT:
             oldest = pending.oldest_at_ms()
             if oldest is not None:

@@ -16,11 +16,11 @@ from typing import Any
 
 import httpx
 
-from service.client.backoff import Jitter
 from service.client.cached import STREAM_IDLE_S
 from service.client.core import ClientCore
 from service.client.errors import DetourRequestError, DetourUnavailable
 from service.client.pending import mono_ms
+from service.client.reconnect import Jitter
 from service.client.sse import SSEParser
 from service.client.wire import MAX_BATCH
 
@@ -76,7 +76,7 @@ class FlushTask:
                     await asyncio.wait_for(self._wake.wait(), due)
                 self._wake.clear()
                 continue
-            if not await flush_once(core, self._call) and core.backoff.remaining_s() == 0:
+            if not await flush_once(core, self._call) and core.circuit.remaining_s() == 0:
                 await asyncio.sleep(core.timeout)
 
     async def stop(self) -> None:

@@ -1,10 +1,14 @@
-"""The circuit in front of Detour: after a failure, stop calling it for a while.
+"""The circuit breaker in front of Detour: after a failure, stop calling it for a while.
 
-A dead sidecar must not add a timeout to every send. After a call fails the
-circuit opens for ``initial_s`` (0.5 s), doubling on each further failure up to
-``max_s`` (5 s); meanwhile every call goes local at once. When the pause is
-over, exactly one caller probes Detour (the others keep going local until it
-answers), and any answer, even a 4xx, closes the circuit again.
+It is one in the usual sense (closed, open, half-open): a dead sidecar must not
+add a timeout to every send. Closed, every call goes through. A call that fails
+opens the circuit for ``initial_s`` (0.5 s), doubling on each further failure up
+to ``max_s`` (5 s); while open, every call goes local at once. When the pause is
+over the circuit is half-open: exactly one caller probes Detour (the others keep
+going local until it answers), and any answer, even a 4xx, closes it again.
+
+The threshold is one failure: a sidecar that timed out once is likely to time
+out again, and a local decision costs nothing but the shared table's freshness.
 """
 
 from __future__ import annotations
@@ -16,14 +20,16 @@ from enum import Enum
 
 
 class Ticket(Enum):
-    """What ``Backoff.begin`` allows: no call, a normal call, or the one probe."""
+    """What ``CircuitBreaker.begin`` allows: no call, a normal call, or the one probe."""
 
     DENIED = 0
     CALL = 1
     PROBE = 2
 
 
-class Backoff:
+class CircuitBreaker:
+    """Thread-safe; ``clock`` is monotonic seconds (a parameter so tests need not sleep)."""
+
     def __init__(
         self,
         initial_s: float = 0.5,
@@ -31,7 +37,7 @@ class Backoff:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not 0 < initial_s <= max_s:
-            raise ValueError("backoff needs 0 < initial_s <= max_s")
+            raise ValueError("the circuit needs 0 < initial_s <= max_s")
         self.initial_s = initial_s
         self.max_s = max_s
         self._clock = clock
@@ -81,19 +87,3 @@ class Backoff:
         if self._failures == 0:
             return 0.0
         return max(0.0, self._until - self._clock())
-
-
-class Jitter:
-    """Reconnect delays with full jitter, so many clients do not reconnect in step."""
-
-    def __init__(self, initial_s: float, max_s: float, rand: Callable[[], float]) -> None:
-        self.initial_s, self.max_s, self._rand = initial_s, max_s, rand
-        self._ceiling = initial_s
-
-    def next_s(self) -> float:
-        delay = self._rand() * self._ceiling
-        self._ceiling = min(self._ceiling * 2, self.max_s)
-        return delay
-
-    def reset(self) -> None:
-        self._ceiling = self.initial_s
