@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Callable
 
@@ -28,12 +29,14 @@ from service.client import (
     TopicNotFound,
 )
 from service.client.cached import ServiceClock, StreamApplier
+from service.client.calls import Calls, Loud
 from service.client.circuit import CircuitBreaker, Ticket
+from service.client.errors import DetourBadAnswer, DetourRejected
 from service.client.local import LocalTable
 from service.client.pending import PendingReports, mono_ms
 from service.client.reconnect import Jitter
 from service.client.send import send_async, send_sync
-from service.client.sse import Event, SSEParser
+from service.client.sse import Event, EventTooLarge, SSEParser
 from service.client.wire import MAX_LATENCY_MS, batch_item, check_report
 from service.model import MAX_REPORT_AGE_MS, BrokerRoute, Route
 
@@ -147,6 +150,85 @@ def test_sse_parser_dispatches_on_blank_lines() -> None:
     with pytest.raises(ValueError):
         for line in ("event: clock", "data: [1]", ""):
             p.feed(line)
+
+
+def test_sse_bytes_split_on_every_line_end_across_chunks() -> None:
+    stream = (b'event: fault\r\ndata: {"a": 1}\r\n\r\n'
+              b'data: {"b": 2}\r\rdata: {"c": 3}\n\n: bye\n')
+    for size in (1, 2, 3, 7, len(stream)):  # every way of cutting it, CRLF halves included
+        p = SSEParser()
+        events = [e for i in range(0, len(stream), size) for e in p.feed_bytes(stream[i:i + size])]
+        assert events == [Event("fault", {"a": 1}), Event("message", {"b": 2}),
+                          Event("message", {"c": 3})], size
+
+
+def test_sse_lines_and_events_are_bounded() -> None:
+    p = SSEParser(max_bytes=100)
+    assert p.feed_bytes(b"data: " + b"x" * 90) == []  # 96 bytes, no end yet: kept
+    with pytest.raises(EventTooLarge):
+        p.feed_bytes(b"x" * 10)  # past 100 without a line end
+    with pytest.raises(EventTooLarge):
+        SSEParser(max_bytes=100).feed_bytes(b"data: " + b"y" * 200 + b"\n")  # whole, but long
+    p = SSEParser(max_bytes=100)
+    with pytest.raises(EventTooLarge):
+        for _ in range(5):  # short lines, but one event's data grows past the bound
+            p.feed_bytes(b"data: " + b"z" * 30 + b"\n")
+    p = SSEParser(max_bytes=100)
+    assert p.feed_bytes(b'data: {"ok": "' + b"w" * 70 + b'"}\n\n') == [
+        Event("message", {"ok": "w" * 70})]
+
+
+# ---------------------------------------------------------------- calls
+
+
+def test_a_call_gets_the_timeout_or_what_is_left_of_the_send() -> None:
+    circuit = CircuitBreaker(0.5, 5.0)
+    calls = Calls(timeout=0.2, min_budget=0.02, circuit=circuit)
+    ticket, budget = calls.begin()
+    assert ticket is Ticket.CALL and budget == 0.2
+    calls.end(ticket, None)
+    _, budget = calls.begin(ends=time.monotonic() + 0.1)
+    assert 0.05 < budget <= 0.1
+    with pytest.raises(DetourUnavailable, match="left in the send"):
+        calls.begin(ends=time.monotonic() + 0.01)
+    assert calls.failures == 0 and not circuit.is_open  # a call not made blames nobody
+
+
+def test_a_skipped_call_does_not_take_the_half_open_probe() -> None:
+    clock = FakeClock()
+    circuit = CircuitBreaker(0.5, 5.0, clock)
+    calls = Calls(timeout=0.2, min_budget=0.02, circuit=circuit)
+    ticket, _ = calls.begin()
+    calls.end(ticket, DetourUnavailable("down"))
+    clock.t += 1.0  # the pause is over: one probe may go
+    with pytest.raises(DetourUnavailable):
+        calls.begin(ends=time.monotonic())  # no time left in this send
+    ticket, _ = calls.begin()
+    assert ticket is Ticket.PROBE
+
+
+def test_rejections_are_counted_and_logged_at_most_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    loud = Loud(logging.ERROR, every_s=60.0, clock=clock)
+    with caplog.at_level(logging.ERROR, logger="detour.client"):
+        for _ in range(5):
+            loud("POST /select: HTTP 401")
+        clock.t += 60.0
+        loud("POST /select: HTTP 401")
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2
+    assert messages[1].endswith("(4 more like it in the last 60 s)")
+    calls = Calls(timeout=0.2, min_budget=0.02, circuit=CircuitBreaker())
+    for status in (401, 302):
+        ticket, _ = calls.begin()
+        assert not calls.end(ticket, DetourRejected(status, f"HTTP {status}"))
+        calls.circuit.end(Ticket.PROBE, answered=True)  # close it again for the next call
+    assert (calls.failures, calls.rejected, calls.last_rejected_status) == (2, 2, 302)
+    ticket, _ = calls.begin()
+    assert not calls.end(ticket, DetourBadAnswer("a list"))
+    assert (calls.failures, calls.bad_answers) == (3, 1)
 
 
 # ---------------------------------------------------------------- tables

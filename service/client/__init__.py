@@ -6,12 +6,14 @@ where producers go wrong. This package implements them once:
 * RocketMQ's send loop (``send``): up to ``1 + retries`` attempts within a
   deadline, each selecting with the previous attempt's broker, each reported
   with its monotonic latency, a failure as an isolation.
-* Fail open: when Detour times out, refuses the connection, answers 5xx or sheds
-  load, selects are decided locally with the same algorithm
-  (``service.strategy`` over a ``service.view.TableView``), reports are queued
-  (bounded) and replayed with their age once Detour answers, and Detour is left
-  alone (its circuit breaker: 0.5 s doubling to 5 s) so a dead sidecar costs one
-  timeout, not one per send. 4xx answers are raised: they are bugs.
+* Fail open: when Detour times out (a whole call, however slowly it trickles),
+  refuses the connection, answers 5xx, sheds load, rejects the token (401/403),
+  redirects, or answers something that is not Detour's answer, selects are
+  decided locally with the same algorithm (``service.strategy`` over a
+  ``service.view.TableView``), reports are queued (bounded) and replayed with
+  their age once Detour answers, and a circuit breaker leaves Detour alone
+  (0.5 s doubling to 5 s) so a dead sidecar costs one timeout, not one per send.
+  Detour's own 4xx answers are raised: they are bugs.
 * Cached mode: a replica of the table kept current by the event stream, so a
   select costs microseconds and no network; reports leave in batches.
 

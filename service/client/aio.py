@@ -20,12 +20,12 @@ import httpx
 
 from service.client import wire
 from service.client.cached import FLUSH_AT
-from service.client.circuit import Ticket
 from service.client.core import ClientCore
 from service.client.errors import DetourRequestError, DetourUnavailable, TopicNotFound
-from service.client.http import AsyncHTTP, headers
+from service.client.http import AsyncHTTP, Parse, headers, json_object
 from service.client.pending import Pending
 from service.client.send import ExcTypes, send_async
+from service.client.sse import MAX_EVENT_BYTES
 from service.client.tasks import FlushTask, StreamTask, flush_once
 from service.client.values import ClientStats, Mode, Report, SelectedQueue, SendResult
 
@@ -39,8 +39,9 @@ class AsyncDetourClient:
     """An asyncio Detour client; ``async with`` it or ``await aclose()``.
 
     Settings as ``DetourClient`` (seconds for ``timeout``, ``deadline`` and the
-    backoff); ``timeout`` bounds each call as a whole. Background tasks (cached
-    mode's stream reader, the report flusher) start on first use inside the loop.
+    circuit breaker); ``timeout`` bounds each call as a whole. Background tasks
+    (cached mode's stream reader, the report flusher) start on first use inside
+    the loop.
 
     Raises ValueError for an invalid setting.
     """
@@ -58,6 +59,7 @@ class AsyncDetourClient:
         backoff_initial: float = 0.5,
         backoff_max: float = 5.0,
         producer: str | None = None,
+        max_event_bytes: int = MAX_EVENT_BYTES,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._core = ClientCore(
@@ -69,6 +71,7 @@ class AsyncDetourClient:
             backoff_initial=backoff_initial,
             backoff_max=backoff_max,
             producer=producer,
+            max_event_bytes=max_event_bytes,
         )
         self.url = url.rstrip("/")
         self._headers = headers(token)
@@ -119,7 +122,8 @@ class AsyncDetourClient:
         self._start()
         if self._stream is not None:
             try:
-                await asyncio.wait_for(self._stream.synced.wait(), timeout)
+                async with asyncio.timeout(timeout):  # not wait_for: see tasks.FlushTask
+                    await self._stream.synced.wait()
                 return True
             except TimeoutError:
                 return False
@@ -134,47 +138,51 @@ class AsyncDetourClient:
                 await asyncio.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
 
     async def flush(self, timeout: float) -> bool:
-        """Send every pending report now, for at most ``timeout`` seconds (at least one
-        try); True when none is left."""
+        """Send every pending report now, for at most ``timeout`` seconds, calls to Detour
+        included; True when none is left."""
         deadline = time.monotonic() + timeout
-        while self._core.pending.queued():
-            if await flush_once(self._core, self._call):
+
+        async def call(method: str, path: str, body: object) -> Any:
+            return await self._call(method, path, body, ends=deadline)
+
+        pending = self._core.pending
+        while len(pending):
+            if pending.queued() and await flush_once(self._core, call):
                 continue
             # Refused or failed: wait out the open circuit (it is what refused) and try
-            # again until the deadline, instead of dropping what is pending.
+            # again until the deadline, instead of dropping what is pending. Or the
+            # background flusher has the last batch in flight: see how it ends.
             left = deadline - time.monotonic()
             if left <= 0:
                 break
             await asyncio.sleep(min(left, max(0.01, self._core.circuit.remaining_s())))
-        return len(self._core.pending) == 0
+        return len(pending) == 0
 
     def stats(self) -> ClientStats:
         return self._core.stats(self._stream is not None and self._stream.connected)
 
     # -- the calls ---------------------------------------------------------------
-    async def _call(self, method: str, path: str, body: object = None) -> Any:
-        """One call through the circuit. Raises DetourUnavailable (also while backing off)
-        or DetourRequestError."""
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: object = None,
+        parse: Parse[Any] = json_object,
+        ends: float | None = None,
+    ) -> Any:
+        """One call through the circuit, within the timeout and, when ``ends`` (monotonic s)
+        is given, the send's deadline. Raises DetourUnavailable (also while the circuit is
+        open) or DetourRequestError."""
         core = self._core
-        ticket = core.circuit.begin()
-        if ticket is Ticket.DENIED:
-            raise DetourUnavailable(
-                f"not calling Detour for {core.circuit.remaining_s():.2f} s after a failure"
-            )
-        answered = False
+        ticket, budget = core.calls.begin(ends)
+        error: BaseException | None = None
         try:
-            result = await self._http.call(method, path, body)
-            answered = True
-            return result
-        except DetourRequestError:
-            answered = True
-            raise
-        except DetourUnavailable:
-            core.failures += 1
+            return await self._http.call(method, path, body, parse, budget)
+        except BaseException as exc:
+            error = exc
             raise
         finally:
-            core.circuit.end(ticket, answered)
-            if answered and core.pending.queued():
+            if core.calls.end(ticket, error) and core.pending.queued():
                 self._wake_flusher()
 
     def _wake_flusher(self) -> None:
@@ -185,6 +193,11 @@ class AsyncDetourClient:
 
     async def select(self, topic: str, last_broker: str | None = None) -> SelectedQueue:
         """The queue for one send attempt; as ``DetourClient.select``, same errors."""
+        return await self._select(topic, last_broker, None)
+
+    async def _select(
+        self, topic: str, last_broker: str | None, ends: float | None
+    ) -> SelectedQueue:
         core = self._core
         if core.cached:
             self._start()
@@ -192,12 +205,19 @@ class AsyncDetourClient:
             assert stream is not None
             if not stream.synced.is_set():
                 try:
-                    await asyncio.wait_for(stream.synced.wait(), core.timeout)
+                    async with asyncio.timeout(core.timeout):
+                        await stream.synced.wait()
                 except TimeoutError:
                     pass
             return core.local_select(topic, last_broker, stream_connected=stream.connected)
         try:
-            body = await self._call("POST", "/select", wire.select_body(topic, last_broker))
+            selected = await self._call(
+                "POST",
+                "/select",
+                wire.select_body(topic, last_broker),
+                lambda body: wire.selected(body, topic),
+                ends,
+            )
         except DetourUnavailable as exc:
             return core.local_select(topic, last_broker, cause=exc)
         except DetourRequestError as exc:
@@ -205,38 +225,47 @@ class AsyncDetourClient:
                 raise TopicNotFound(topic, exc.message) from None
             raise
         core.remote_selects += 1
-        await self._refresh(topic)
-        return wire.selected(body)
+        await self._refresh(topic, ends)
+        return selected  # type: ignore[no-any-return]
 
-    async def _refresh(self, topic: str) -> None:
+    async def _refresh(self, topic: str, ends: float | None) -> None:
         """Best effort: the route and config a local select needs if Detour goes away."""
         core = self._core
         route_due, config_due = core.refresh_due(topic)
         if config_due:
             answered = False
             try:
-                core.table.set_config(wire.config(await self._call("GET", "/config")))
+                core.table.set_config(
+                    await self._call("GET", "/config", parse=wire.config, ends=ends)
+                )
                 answered = True
-            except (DetourUnavailable, DetourRequestError, KeyError, TypeError, ValueError):
+            except (DetourUnavailable, DetourRequestError):
                 pass
             core.config_checked(answered)
         if route_due:
             answered = False
             try:
-                body = await self._call("GET", f"/routes/{quote(topic, safe='')}")
-                core.table.set_route(topic, wire.route(body))
+                path = f"/routes/{quote(topic, safe='')}"
+                core.table.set_route(
+                    topic, await self._call("GET", path, parse=wire.route, ends=ends)
+                )
                 answered = True
             except DetourRequestError as exc:
                 answered = True
                 if exc.status == 404:
                     core.table.set_route(topic, None)
-            except (DetourUnavailable, KeyError, TypeError, ValueError):
+            except DetourUnavailable:
                 pass
             core.route_checked(topic, answered)
 
     async def report(self, broker_name: str, latency_ms: float, isolation: bool = False) -> None:
         """Report one send (latency in ms, ``isolation`` when it failed); as
         ``DetourClient.report``, same errors."""
+        await self._report(broker_name, latency_ms, isolation, None)
+
+    async def _report(
+        self, broker_name: str, latency_ms: float, isolation: bool, ends: float | None
+    ) -> None:
         core = self._core
         p = core.record(broker_name, latency_ms, isolation)
         if core.must_queue():
@@ -249,6 +278,7 @@ class AsyncDetourClient:
                 "POST",
                 "/report-latency",
                 wire.report_body(broker_name, latency_ms, bool(isolation), core.producer),
+                ends=ends,
             )
         except DetourUnavailable:
             self._queue([p])
@@ -298,12 +328,13 @@ class AsyncDetourClient:
         Returns and raises as ``DetourClient.send``.
         """
         core = self._core
+        ends = time.monotonic() + core.deadline
         return await send_async(
             topic,
             payload,
             deliver,
-            select=self.select,
-            report=self.report,
+            select=lambda t, last: self._select(t, last, ends),
+            report=lambda b, ms, iso: self._report(b, ms, iso, ends),
             retries=core.retries,
             deadline=core.deadline,
             no_retry=no_retry,

@@ -33,6 +33,8 @@ FLUSH_INTERVAL_S = 0.05
 FLUSH_AT = 256
 #: The stream sends a clock event every second: this much silence means it is dead (s).
 STREAM_IDLE_S = 5.0
+#: Where the stream is.
+STREAM_PATH = "/fault-items/stream"
 
 
 #: A sample this far below the current estimate is a step of the service's clock, not a

@@ -14,10 +14,12 @@ from typing import Any
 
 from service.client import wire
 from service.client.cached import FLUSH_AT, FLUSH_INTERVAL_S, ServiceClock, StreamApplier
+from service.client.calls import MIN_BUDGET_SHARE, Calls
 from service.client.circuit import CircuitBreaker
 from service.client.errors import DetourUnavailable, TopicNotFound
 from service.client.local import LocalTable
 from service.client.pending import Pending, PendingReports, mono_ms
+from service.client.sse import MAX_EVENT_BYTES
 from service.client.values import ClientStats, Mode, Report, SelectedQueue
 
 #: A known route (and the config) is fetched again at most this often in remote mode (s).
@@ -41,6 +43,7 @@ class ClientCore:
         backoff_initial: float,
         backoff_max: float,
         producer: str | None = None,
+        max_event_bytes: int = MAX_EVENT_BYTES,
     ) -> None:
         if mode not in ("remote", "cached"):
             raise ValueError(f"mode must be 'remote' or 'cached', got {mode!r}")
@@ -48,6 +51,8 @@ class ClientCore:
             raise ValueError("timeout and deadline must be > 0 (seconds)")
         if retries < 0:
             raise ValueError("retries must be >= 0")
+        if max_event_bytes < 1:
+            raise ValueError("max_event_bytes must be >= 1")
         wire.check_producer(producer)
         #: sent with every report, for Detour's latency log
         self.producer = producer
@@ -56,14 +61,16 @@ class ClientCore:
         self.timeout = timeout
         self.retries = retries
         self.deadline = deadline
+        #: cached mode: the longest event-stream line or event the reader takes (bytes).
+        self.max_event_bytes = max_event_bytes
         self.service_clock = ServiceClock()
         self.table = LocalTable(self.service_clock.now_ms if self.cached else wall_ms)
         self.pending = PendingReports(max_pending)
         self.circuit = CircuitBreaker(backoff_initial, backoff_max)
+        self.calls = Calls(timeout, MIN_BUDGET_SHARE * min(timeout, deadline), self.circuit)
         self.applier = StreamApplier(self.table, self.service_clock, self.pending)
         self.remote_selects = 0
         self.local_selects = 0
-        self.failures = 0
         self._route_checked: dict[str, float] = {}
         self._config_checked: float | None = None
 
@@ -168,10 +175,14 @@ class ClientCore:
             mode=self.mode,
             remote_selects=self.remote_selects,
             local_selects=self.local_selects,
-            detour_failures=self.failures,
+            detour_failures=self.calls.failures,
             pending_reports=len(self.pending),
             dropped_reports=self.pending.dropped,
             sent_reports=self.pending.sent,
             stream_connected=stream_connected,
-            clock_offset_ms=self.service_clock.offset_ms,
+            clock_offset_ms=self.service_clock.offset_ms if self.cached else None,
+            rejected_calls=self.calls.rejected,
+            last_rejected_status=self.calls.last_rejected_status,
+            bad_answers=self.calls.bad_answers,
+            stream_too_large=self.calls.stream_too_large,
         )

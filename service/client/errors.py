@@ -7,9 +7,15 @@ message that could not be delivered in its attempts.
 
     DetourClientError           base of everything the SDK raises
     ├── DetourUnavailable       Detour did not answer and no local decision was possible
+    │   ├── DetourRejected      401/403 or a 3xx: a token or URL to fix (fails open, loudly)
+    │   └── DetourBadAnswer     an answer that is not Detour's (wrong shape, too large)
     ├── DetourRequestError      Detour answered 4xx: the request is wrong (status, code, field)
     │   └── TopicNotFound       404: the topic has no route
     └── SendError               every attempt of a send failed or the deadline passed
+
+``DetourRejected`` and ``DetourBadAnswer`` are how the HTTP layer tells the
+client why a call failed open (they are counted apart in ``stats()``); a
+producer sees them only as the cause of a ``DetourUnavailable``.
 """
 
 from __future__ import annotations
@@ -28,6 +34,28 @@ class DetourClientError(Exception):
 class DetourUnavailable(DetourClientError):
     """Detour did not answer (timeout, connection refused, 5xx, 503) and the client could not
     decide locally, e.g. a select for a topic whose route it has never seen."""
+
+
+class DetourRejected(DetourUnavailable):
+    """Detour, or a proxy in front of it, refused the call: 401 or 403 (a rotated or wrong
+    token) or a 3xx (a redirect, which the client does not follow).
+
+    Not a reason to stop producing, so the client fails open as for an outage, but
+    unlike an outage it will not heal by itself: the client logs it at ERROR.
+    ``status`` is the HTTP status.
+    """
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class DetourBadAnswer(DetourUnavailable):
+    """A 2xx that is not the JSON Detour sends (a list, empty, an unknown decision, a bad
+    queueId, HTML, too large), or a 4xx without Detour's error body (a proxy's page).
+
+    Whatever answered is not a Detour the client can follow, so it fails open.
+    """
 
 
 class DetourRequestError(DetourClientError):

@@ -20,12 +20,12 @@ import httpx
 
 from service.client import wire
 from service.client.cached import FLUSH_AT
-from service.client.circuit import Ticket
 from service.client.core import ClientCore
 from service.client.errors import DetourRequestError, DetourUnavailable, TopicNotFound
-from service.client.http import SyncHTTP, headers
+from service.client.http import Parse, SyncHTTP, headers, json_object
 from service.client.pending import Pending
 from service.client.send import ExcTypes, send_sync
+from service.client.sse import MAX_EVENT_BYTES
 from service.client.threads import FlushThread, StreamThread, flush_once
 from service.client.values import ClientStats, Mode, Report, SelectedQueue, SendResult
 
@@ -38,16 +38,19 @@ R = TypeVar("R")
 class DetourClient:
     """A blocking Detour client. Thread-safe; use it as a context manager or ``close()`` it.
 
-    ``url``: Detour's base URL. ``timeout``: seconds per call to Detour (default
-    0.2). ``token``: sent as ``Authorization: Bearer <token>``. ``mode``:
-    ``"remote"`` (default) or ``"cached"``. ``retries``: extra attempts per send
-    (default 2, RocketMQ's ``retryTimesWhenSendFailed``). ``deadline``: seconds
-    for all attempts of one send (default 3, RocketMQ's send timeout).
-    ``max_pending``: reports kept while Detour is unreachable (oldest dropped).
-    ``backoff_initial``/``backoff_max``: seconds without calling Detour after a
-    failure, doubling per failure. ``producer``: this producer's id (host, pod,
-    executor), sent with every report for Detour's latency log. ``transport``: an
-    httpx transport (tests).
+    ``url``: Detour's base URL. ``timeout``: seconds per call to Detour, in total:
+    connecting, headers and body (default 0.2). ``token``: sent as
+    ``Authorization: Bearer <token>``. ``mode``: ``"remote"`` (default) or
+    ``"cached"``. ``retries``: extra attempts per send (default 2, RocketMQ's
+    ``retryTimesWhenSendFailed``). ``deadline``: seconds for all attempts of one
+    send (default 3, RocketMQ's send timeout); the send's calls to Detour end by
+    it too. ``max_pending``: reports kept while Detour is unreachable (oldest
+    dropped). ``backoff_initial``/``backoff_max``: seconds the circuit breaker
+    stays open (no call to Detour) after a failure, doubling per failure.
+    ``producer``: this producer's id (host, pod, executor), sent with every report
+    for Detour's latency log. ``max_event_bytes``: cached mode's bound on one
+    event-stream line or event. ``transport``: an httpx transport replacing the
+    one that enforces the total timeout (tests).
 
     Raises ValueError for an invalid setting.
     """
@@ -65,6 +68,7 @@ class DetourClient:
         backoff_initial: float = 0.5,
         backoff_max: float = 5.0,
         producer: str | None = None,
+        max_event_bytes: int = MAX_EVENT_BYTES,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self._core = ClientCore(
@@ -76,6 +80,7 @@ class DetourClient:
             backoff_initial=backoff_initial,
             backoff_max=backoff_max,
             producer=producer,
+            max_event_bytes=max_event_bytes,
         )
         self.url = url.rstrip("/")
         self._http = SyncHTTP(self.url, timeout, token, transport)
@@ -137,47 +142,51 @@ class DetourClient:
                 time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
 
     def flush(self, timeout: float) -> bool:
-        """Send every pending report now, for at most ``timeout`` seconds (at least one
-        try); True when none is left."""
+        """Send every pending report now, for at most ``timeout`` seconds, calls to Detour
+        included; True when none is left."""
         deadline = time.monotonic() + timeout
-        while self._core.pending.queued():
-            if flush_once(self._core, self._call):
+
+        def call(method: str, path: str, body: object) -> Any:
+            return self._call(method, path, body, ends=deadline)
+
+        pending = self._core.pending
+        while len(pending):
+            if pending.queued() and flush_once(self._core, call):
                 continue
             # Refused or failed: wait out the open circuit (it is what refused) and try
-            # again until the deadline, instead of dropping what is pending.
+            # again until the deadline, instead of dropping what is pending. Or the
+            # background flusher has the last batch in flight: see how it ends.
             left = deadline - time.monotonic()
             if left <= 0:
                 break
             time.sleep(min(left, max(0.01, self._core.circuit.remaining_s())))
-        return len(self._core.pending) == 0
+        return len(pending) == 0
 
     def stats(self) -> ClientStats:
         return self._core.stats(self._stream is not None and self._stream.connected.is_set())
 
     # -- the calls ---------------------------------------------------------------
-    def _call(self, method: str, path: str, body: object = None) -> Any:
-        """One call through the circuit. Raises DetourUnavailable (also while backing off)
-        or DetourRequestError."""
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: object = None,
+        parse: Parse[Any] = json_object,
+        ends: float | None = None,
+    ) -> Any:
+        """One call through the circuit, within the timeout and, when ``ends`` (monotonic s)
+        is given, the send's deadline. Raises DetourUnavailable (also while the circuit is
+        open) or DetourRequestError."""
         core = self._core
-        ticket = core.circuit.begin()
-        if ticket is Ticket.DENIED:
-            raise DetourUnavailable(
-                f"not calling Detour for {core.circuit.remaining_s():.2f} s after a failure"
-            )
-        answered = False
+        ticket, budget = core.calls.begin(ends)
+        error: BaseException | None = None
         try:
-            result = self._http.call(method, path, body)
-            answered = True
-            return result
-        except DetourRequestError:
-            answered = True
-            raise
-        except DetourUnavailable:
-            core.failures += 1
+            return self._http.call(method, path, body, parse, budget)
+        except BaseException as exc:
+            error = exc
             raise
         finally:
-            core.circuit.end(ticket, answered)
-            if answered and core.pending.queued():
+            if core.calls.end(ticket, error) and core.pending.queued():
                 self._wake_flusher()
 
     def _wake_flusher(self) -> None:
@@ -195,10 +204,14 @@ class DetourClient:
         previous attempt (None for the first).
 
         Remote mode asks Detour and falls back to the local table when it does not
-        answer; cached mode decides in-process. Raises TopicNotFound for an unknown
-        topic, DetourRequestError for another 4xx, DetourUnavailable when Detour is
-        unavailable and the topic's route has never been seen.
+        answer, rejects the call or answers something else; cached mode decides
+        in-process. Raises TopicNotFound for an unknown topic, DetourRequestError for
+        another 4xx from Detour, DetourUnavailable when Detour cannot be followed and
+        the topic's route has never been seen.
         """
+        return self._select(topic, last_broker, None)
+
+    def _select(self, topic: str, last_broker: str | None, ends: float | None) -> SelectedQueue:
         core = self._core
         if self._stream is not None:
             if not self._stream.synced.is_set():
@@ -207,7 +220,13 @@ class DetourClient:
                 topic, last_broker, stream_connected=self._stream.connected.is_set()
             )
         try:
-            body = self._call("POST", "/select", wire.select_body(topic, last_broker))
+            selected = self._call(
+                "POST",
+                "/select",
+                wire.select_body(topic, last_broker),
+                lambda body: wire.selected(body, topic),
+                ends,
+            )
         except DetourUnavailable as exc:
             return core.local_select(topic, last_broker, cause=exc)
         except DetourRequestError as exc:
@@ -215,32 +234,32 @@ class DetourClient:
                 raise TopicNotFound(topic, exc.message) from None
             raise
         core.remote_selects += 1
-        self._refresh(topic)
-        return wire.selected(body)
+        self._refresh(topic, ends)
+        return selected  # type: ignore[no-any-return]
 
-    def _refresh(self, topic: str) -> None:
+    def _refresh(self, topic: str, ends: float | None) -> None:
         """Best effort: the route and config a local select needs if Detour goes away."""
         core = self._core
         route_due, config_due = core.refresh_due(topic)
         if config_due:
             answered = False
             try:
-                core.table.set_config(wire.config(self._call("GET", "/config")))
+                core.table.set_config(self._call("GET", "/config", parse=wire.config, ends=ends))
                 answered = True
-            except (DetourUnavailable, DetourRequestError, KeyError, TypeError, ValueError):
+            except (DetourUnavailable, DetourRequestError):
                 pass
             core.config_checked(answered)
         if route_due:
             answered = False
             try:
-                body = self._call("GET", f"/routes/{quote(topic, safe='')}")
-                core.table.set_route(topic, wire.route(body))
+                path = f"/routes/{quote(topic, safe='')}"
+                core.table.set_route(topic, self._call("GET", path, parse=wire.route, ends=ends))
                 answered = True
             except DetourRequestError as exc:
                 answered = True
                 if exc.status == 404:
                     core.table.set_route(topic, None)
-            except (DetourUnavailable, KeyError, TypeError, ValueError):
+            except DetourUnavailable:
                 pass
             core.route_checked(topic, answered)
 
@@ -253,6 +272,11 @@ class DetourClient:
         (an isolation leaves at once). Raises ValueError for a report Detour would
         refuse (name, 0..3,600,000 ms), DetourRequestError when Detour refuses it.
         """
+        self._report(broker_name, latency_ms, isolation, None)
+
+    def _report(
+        self, broker_name: str, latency_ms: float, isolation: bool, ends: float | None
+    ) -> None:
         core = self._core
         p = core.record(broker_name, latency_ms, isolation)
         if core.must_queue():
@@ -265,6 +289,7 @@ class DetourClient:
                 "POST",
                 "/report-latency",
                 wire.report_body(broker_name, latency_ms, bool(isolation), core.producer),
+                ends=ends,
             )
         except DetourUnavailable:
             self._queue([p])
@@ -314,18 +339,20 @@ class DetourClient:
         """Send ``payload`` with RocketMQ's retry loop: ``deliver(queue, payload)`` is your
         send to the broker; up to ``1 + retries`` attempts within ``deadline`` seconds.
 
-        Every attempt is reported (isolation when ``deliver`` raised). Returns the
-        successful queue, every attempt and what ``deliver`` returned. Raises
-        SendError (every attempt's cause in ``attempts``), or the select's error
-        when not even one attempt could start.
+        Every attempt is reported (isolation when ``deliver`` raised). Calls to
+        Detour end by the deadline too: past it, selects are decided locally and
+        reports queued. Returns the successful queue, every attempt and what
+        ``deliver`` returned. Raises SendError (every attempt's cause in
+        ``attempts``), or the select's error when not even one attempt could start.
         """
         core = self._core
+        ends = time.monotonic() + core.deadline
         return send_sync(
             topic,
             payload,
             deliver,
-            select=self.select,
-            report=self.report,
+            select=lambda t, last: self._select(t, last, ends),
+            report=lambda b, ms, iso: self._report(b, ms, iso, ends),
             retries=core.retries,
             deadline=core.deadline,
             no_retry=no_retry,

@@ -16,12 +16,13 @@ from typing import Any
 
 import httpx
 
-from service.client.cached import STREAM_IDLE_S
+from service.client.cached import STREAM_IDLE_S, STREAM_PATH
 from service.client.core import ClientCore
 from service.client.errors import DetourRequestError, DetourUnavailable
+from service.client.http import LIMITS, check_stream
 from service.client.pending import mono_ms
 from service.client.reconnect import Jitter
-from service.client.sse import SSEParser
+from service.client.sse import EventTooLarge, SSEParser
 from service.client.wire import MAX_BATCH
 
 log = logging.getLogger("detour.client")
@@ -72,8 +73,11 @@ class FlushTask:
         while True:
             due = core.flush_due_in()
             if due is None or due > 0:
+                # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that
+                # lands as the wake-up does, and stop() would then wait forever.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), due)
+                    async with asyncio.timeout(due):
+                        await self._wake.wait()
                 self._wake.clear()
                 continue
             if not await flush_once(core, self._call) and core.circuit.remaining_s() == 0:
@@ -87,7 +91,7 @@ class FlushTask:
 
 class StreamTask:
     """Follows ``GET /fault-items/stream``; ``synced`` after the first snapshot,
-    ``connected`` while a stream is delivering."""
+    ``connected`` while a stream is delivering. Bounded as ``StreamThread``."""
 
     def __init__(self, core: ClientCore, base_url: str, headers: dict[str, str]) -> None:
         self._core = core
@@ -97,15 +101,29 @@ class StreamTask:
             base_url=base_url,
             headers={**headers, "Accept": "text/event-stream"},
             timeout=httpx.Timeout(core.timeout, read=STREAM_IDLE_S),
+            transport=httpx.AsyncHTTPTransport(limits=LIMITS),
         )
         self._task = asyncio.get_running_loop().create_task(self._run(), name="detour-stream")
 
     async def _run(self) -> None:
         jitter = Jitter(0.1, 5.0, random.random)
+        calls = self._core.calls
         while True:
             try:
                 await self._follow(jitter)
-            except (httpx.HTTPError, DetourUnavailable, KeyError, TypeError, ValueError) as exc:
+            except EventTooLarge as exc:
+                calls.stream_dropped_too_large(str(exc))
+            except DetourUnavailable as exc:
+                calls.note(exc)  # a rejection or a bad answer is logged loudly there
+                log.info("detour event stream unavailable: %s", exc)
+            except (
+                httpx.HTTPError,
+                TimeoutError,
+                KeyError,
+                TypeError,
+                ValueError,
+                AttributeError,
+            ) as exc:
                 log.info("detour event stream lost: %r", exc)
             except Exception:  # noqa: BLE001 - never let the reader die
                 log.exception("detour event stream failed")
@@ -114,21 +132,24 @@ class StreamTask:
             await asyncio.sleep(jitter.next_s())
 
     async def _follow(self, jitter: Jitter) -> None:
-        async with self._http.stream("GET", "/fault-items/stream") as r:
-            if r.status_code != 200:
-                raise DetourUnavailable(f"event stream answered HTTP {r.status_code}")
-            parser = SSEParser()
-            applier = self._core.applier
-            self._core.service_clock.reconnected()
-            async for line in r.aiter_lines():
-                event = parser.feed(line)
-                if event is None:
-                    continue
-                applier.handle(event, mono_ms())
-                if event.kind == "snapshot":
-                    self.connected = True
-                    self.synced.set()
-                    jitter.reset()
+        core = self._core
+        request = self._http.build_request("GET", STREAM_PATH)
+        async with asyncio.timeout(core.timeout):  # connecting and the headers
+            r = await self._http.send(request, stream=True)
+        try:
+            check_stream(r, f"GET {STREAM_PATH}")
+            parser = SSEParser(core.max_event_bytes)
+            applier = core.applier
+            core.service_clock.reconnected()
+            async for chunk in r.aiter_bytes():
+                for event in parser.feed_bytes(chunk):
+                    applier.handle(event, mono_ms())
+                    if event.kind == "snapshot":
+                        self.connected = True
+                        self.synced.set()
+                        jitter.reset()
+        finally:
+            await r.aclose()
 
     async def stop(self) -> None:
         self._task.cancel()

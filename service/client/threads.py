@@ -17,12 +17,14 @@ from typing import Any
 
 import httpx
 
-from service.client.cached import STREAM_IDLE_S
+from service.client.cached import STREAM_IDLE_S, STREAM_PATH
 from service.client.core import ClientCore
+from service.client.deadline import DeadlineTransport, call_deadline
 from service.client.errors import DetourRequestError, DetourUnavailable
+from service.client.http import check_stream
 from service.client.pending import mono_ms
 from service.client.reconnect import Jitter
-from service.client.sse import SSEParser
+from service.client.sse import EventTooLarge, SSEParser
 from service.client.wire import MAX_BATCH
 
 log = logging.getLogger("detour.client")
@@ -93,7 +95,9 @@ class StreamThread:
 
     Reconnects with jittered backoff (0.1 s doubling to 5 s, reset by a
     snapshot). ``synced`` is set by the first snapshot; ``connected`` while a
-    stream is delivering.
+    stream is delivering. Connecting and the answer's headers take at most the
+    call timeout; then the stream may be silent ``STREAM_IDLE_S`` at most, and no
+    line or event may be longer than ``core.max_event_bytes``.
     """
 
     def __init__(self, core: ClientCore, base_url: str, headers: dict[str, str]) -> None:
@@ -107,17 +111,25 @@ class StreamThread:
             base_url=base_url,
             headers={**headers, "Accept": "text/event-stream"},
             timeout=httpx.Timeout(core.timeout, read=STREAM_IDLE_S),
+            transport=DeadlineTransport(httpx.Limits(max_connections=1)),
         )
         self._thread = threading.Thread(target=self._run, name="detour-stream", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         jitter = Jitter(0.1, 5.0, random.random)
+        calls = self._core.calls
         try:
             while not self._stop.is_set():
                 try:
                     self._follow(jitter)
-                except (httpx.HTTPError, DetourUnavailable, KeyError, TypeError, ValueError) as exc:
+                except EventTooLarge as exc:
+                    calls.stream_dropped_too_large(str(exc))
+                except DetourUnavailable as exc:
+                    calls.note(exc)  # a rejection or a bad answer is logged loudly there
+                    if not self._stop.is_set():
+                        log.info("detour event stream unavailable: %s", exc)
+                except (httpx.HTTPError, KeyError, TypeError, ValueError, AttributeError) as exc:
                     if not self._stop.is_set():
                         log.info("detour event stream lost: %r", exc)
                 except Exception:  # noqa: BLE001 - never let the reader die
@@ -131,27 +143,30 @@ class StreamThread:
             self._http.close()
 
     def _follow(self, jitter: Jitter) -> None:
-        with self._http.stream("GET", "/fault-items/stream") as r:
-            if r.status_code != 200:
-                raise DetourUnavailable(f"event stream answered HTTP {r.status_code}")
+        core = self._core
+        request = self._http.build_request("GET", STREAM_PATH)
+        with call_deadline(core.timeout):  # connecting and the headers; the body has no end
+            r = self._http.send(request, stream=True)
+        try:
+            check_stream(r, f"GET {STREAM_PATH}")
             with self._lock:
                 self._sock = _socket_of(r)
                 if self._stop.is_set():
                     return
-            parser = SSEParser()
-            applier = self._core.applier
-            self._core.service_clock.reconnected()
-            for line in r.iter_lines():
-                event = parser.feed(line)
-                if event is None:
-                    continue
-                applier.handle(event, mono_ms())
-                if event.kind == "snapshot":
-                    self.connected.set()
-                    self.synced.set()
-                    jitter.reset()
+            parser = SSEParser(core.max_event_bytes)
+            applier = core.applier
+            core.service_clock.reconnected()
+            for chunk in r.iter_bytes():
+                for event in parser.feed_bytes(chunk):
+                    applier.handle(event, mono_ms())
+                    if event.kind == "snapshot":
+                        self.connected.set()
+                        self.synced.set()
+                        jitter.reset()
                 if self._stop.is_set():
                     return
+        finally:
+            r.close()
 
     def stop(self, timeout: float) -> None:
         self._stop.set()

@@ -79,7 +79,8 @@ class ClientStats:
     #: selects Detour answered / decided in-process.
     remote_selects: int
     local_selects: int
-    #: calls to Detour that timed out, failed to connect or got a 5xx.
+    #: calls to Detour that failed open: timed out (whole call, headers and body), failed
+    #: to connect, 5xx or 429, and the rejected and bad answers counted below.
     detour_failures: int
     #: reports waiting to be sent (including a batch in flight).
     pending_reports: int
@@ -89,5 +90,17 @@ class ClientStats:
     sent_reports: int
     #: cached mode: the event stream is connected and has delivered a snapshot.
     stream_connected: bool
-    #: cached mode: estimated service clock minus local monotonic clock, ms.
-    clock_offset_ms: float
+    #: cached mode: estimated service clock minus local monotonic clock, ms. None in remote
+    #: mode, which has no such estimate: its local table runs on the process wall clock.
+    clock_offset_ms: float | None
+    #: calls (and stream connections) answered 401, 403 or a 3xx: a token or URL to fix; the
+    #: client decided locally meanwhile and logged it at ERROR (at most once a minute).
+    rejected_calls: int = 0
+    #: the status of the last of those, None if there was none.
+    last_rejected_status: int | None = None
+    #: answers that were not Detour's (a 2xx of the wrong shape, not JSON or over 4 MiB; a
+    #: 4xx without Detour's error body): decided locally as well.
+    bad_answers: int = 0
+    #: cached mode: stream connections dropped (and reconnected) because a line or an event
+    #: was longer than ``max_event_bytes``.
+    stream_too_large: int = 0

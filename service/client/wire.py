@@ -122,16 +122,32 @@ def fault(body: Mapping[str, Any]) -> FaultItem | None:
     )
 
 
-def selected(body: Mapping[str, Any]) -> SelectedQueue:
-    """``POST /select``'s answer (decided by Detour, so ``local`` is False)."""
+def selected(body: Mapping[str, Any], topic: str | None = None) -> SelectedQueue:
+    """``POST /select``'s answer (decided by Detour, so ``local`` is False).
+
+    Strict, because a producer sends to whatever this returns: raises KeyError,
+    TypeError or ValueError for anything but the answer Detour sends (for
+    ``topic``, when given), and the client then treats Detour as unavailable.
+    """
+    answered_topic, broker, queue_id = body["topic"], body["brokerName"], body["queueId"]
+    if topic is not None and answered_topic != topic:
+        raise ValueError(f"answer for topic {answered_topic!r}, asked for {topic!r}")
+    check_name("brokerName", broker)
+    if isinstance(queue_id, bool) or not isinstance(queue_id, int) or queue_id < 0:
+        raise ValueError(f"queueId must be an int >= 0, got {queue_id!r}")
     address = body.get("address")
+    if address is not None and not isinstance(address, str):
+        raise TypeError(f"address must be a string or null, got {address!r}")
+    avoided = body.get("avoidedBrokers", [])
+    if not isinstance(avoided, list) or not all(isinstance(b, str) for b in avoided):
+        raise TypeError(f"avoidedBrokers must be a list of names, got {avoided!r}")
     return SelectedQueue(
-        topic=str(body["topic"]),
-        broker_name=str(body["brokerName"]),
-        queue_id=int(body["queueId"]),
-        address=address if isinstance(address, str) else None,
+        topic=str(answered_topic),
+        broker_name=broker,
+        queue_id=queue_id,
+        address=address,
         decision=Decision(body["decision"]),
-        avoided_brokers=tuple(str(b) for b in body.get("avoidedBrokers", ())),
+        avoided_brokers=tuple(avoided),
         local=False,
     )
 

@@ -1,0 +1,386 @@
+"""The SDK keeps producing whatever Detour, or something in front of it, does.
+
+A real Detour process sits behind ``tests.faulty.FaultyFront``, a real socket server:
+the client first learns routes and config from Detour through it, then the front
+starts to misbehave (trickle bytes, answer the wrong shape, 401/403, redirect, send
+an event-stream line without end). Every send must still succeed on a local
+decision, within its deadline, and the misbehaviour must show in ``stats()``; when
+the front behaves again, what was queued reaches Detour.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from service.client import (
+    AsyncDetourClient,
+    ClientStats,
+    DetourClient,
+    SelectedQueue,
+    SendResult,
+)
+from tests.faulty import (
+    STREAM_PATH,
+    FaultyFront,
+    Reply,
+    Request,
+    answer,
+    endless_line,
+    response,
+    trickle,
+)
+from tests.procs import ServiceProcess, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+_topics = itertools.count(1)
+
+
+@pytest.fixture(scope="module")
+def detour() -> Iterator[ServiceProcess]:
+    svc = ServiceProcess()
+    try:
+        yield svc
+    finally:
+        svc.stop()
+
+
+@pytest.fixture
+def front(detour: ServiceProcess) -> Iterator[FaultyFront]:
+    with FaultyFront(detour.url) as f:
+        yield f
+
+
+@pytest.fixture
+def topic(detour: ServiceProcess) -> str:
+    """A fresh topic with two brokers, ``<topic>-a`` and ``<topic>-b``, one queue each."""
+    name = f"mb{next(_topics)}"
+    body = {"brokers": [{"brokerName": f"{name}-{b}", "writeQueueNums": 1} for b in "ab"]}
+    httpx.put(f"{detour.url}/routes/{name}", json=body, timeout=5).raise_for_status()
+    return name
+
+
+def fault_items(url: str) -> dict[str, dict[str, Any]]:
+    body = httpx.get(f"{url}/fault-items", timeout=5).json()
+    return {i["brokerName"]: i for i in body["items"]}
+
+
+def on(method: str, path: str, reply: Reply) -> Callable[[Request], Reply | None]:
+    """A behaviour: ``reply`` to ``method path``, everything else goes to Detour."""
+    return lambda r: reply if (r.method, r.path) == (method, path) else None
+
+
+def always(reply: Reply) -> Callable[[Request], Reply | None]:
+    return lambda r: reply
+
+
+class Producer:
+    """The sync or the async client behind one blocking face, so each scenario runs on
+    both. The async client's loop runs while a call runs (its flusher included)."""
+
+    def __init__(self, kind: str, url: str, **settings: Any) -> None:
+        self.kind = kind
+        self.delay_s = 0.0
+        if kind == "sync":
+            self.sync: DetourClient | None = DetourClient(url, **settings)
+        else:
+            self.sync = None
+            self.loop = asyncio.new_event_loop()
+            self.aio = AsyncDetourClient(url, **settings)
+
+    def _deliver(self, q: SelectedQueue, payload: int) -> str:
+        time.sleep(self.delay_s)  # the broker's latency in this scenario
+        return q.broker_name
+
+    async def _adeliver(self, q: SelectedQueue, payload: int) -> str:
+        await asyncio.sleep(self.delay_s)
+        return q.broker_name
+
+    def send(self, topic: str) -> SendResult[str]:
+        if self.sync is not None:
+            return self.sync.send(topic, 0, self._deliver)
+        return self.loop.run_until_complete(self.aio.send(topic, 0, self._adeliver))
+
+    def timed_send(self, topic: str) -> tuple[SendResult[str], float]:
+        start = time.monotonic()
+        result = self.send(topic)
+        return result, time.monotonic() - start
+
+    def flush(self, timeout: float) -> bool:
+        if self.sync is not None:
+            return self.sync.flush(timeout)
+        return self.loop.run_until_complete(self.aio.flush(timeout))
+
+    def stats(self) -> ClientStats:
+        return self.sync.stats() if self.sync is not None else self.aio.stats()
+
+    def close(self) -> None:
+        if self.sync is not None:
+            self.sync.close()
+        else:
+            self.loop.run_until_complete(self.aio.aclose())
+            self.loop.close()
+
+
+@pytest.fixture(params=["sync", "async"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def producer(kind: str, front: FaultyFront, topic: str, **settings: Any) -> Producer:
+    """A producer that has sent once through a behaving front: it knows the route."""
+    p = Producer(kind, front.url, **settings)
+    assert not p.send(topic).queue.local
+    return p
+
+
+def a_select_answer(topic: str, /, **fields: object) -> bytes:
+    body = {"topic": topic, "brokerName": f"{topic}-a", "queueId": 0, "address": None,
+            "decision": "available", "avoidedBrokers": [], "degraded": False, **fields}
+    return json.dumps(body).encode()
+
+
+# ------------------------------------------------------------------------- a trickle
+@pytest.mark.parametrize("where", ["headers", "body"])
+def test_a_trickling_detour_holds_no_send_past_its_deadline(
+    kind: str, where: str, front: FaultyFront, topic: str
+) -> None:
+    # A valid answer, one byte every 20 ms: 6 s to read whole, and a byte arrives well
+    # within every 200 ms read timeout, so httpx's own timeouts never fire.
+    data = response(200, a_select_answer(topic).ljust(300), {"content-type": "application/json"})
+    at_once = data.index(b"\r\n\r\n") + 4 if where == "body" else 0
+    p = producer(kind, front, topic, timeout=0.2, deadline=1.0)
+    try:
+        front.misbehave(on("POST", "/select", trickle(data, 0.02, at_once)))
+        for _ in range(3):
+            result, took = p.timed_send(topic)
+            assert result.queue.local and result.value in (f"{topic}-a", f"{topic}-b")
+            assert took < 1.0, f"a send took {took:.2f} s, past its 1 s deadline"
+        wait_until(lambda: front.written, 5, "the trickle to notice the hang-up")
+        (cut,) = front.written  # one call reached it; the open circuit kept the others local
+        assert cut.hung_up and cut.sent < len(data) and cut.seconds < 1.0
+        stats = p.stats()
+        assert (stats.detour_failures, stats.local_selects, stats.pending_reports) == (1, 3, 3)
+
+        front.misbehave(None)
+        assert p.flush(5)  # what was queued reaches Detour once it answers again
+        assert p.stats().sent_reports == 1 + 3
+    finally:
+        p.close()
+
+
+def test_the_send_deadline_cuts_a_call_that_the_timeout_would_allow(
+    kind: str, front: FaultyFront, topic: str, detour: ServiceProcess
+) -> None:
+    # Reports trickle; the select is answered by Detour. The delivery takes 0.5 s of the
+    # 1 s deadline, so the report may have the 0.5 s left, not its 2 s timeout.
+    slow = response(200, b'{"brokerName": "x"}'.ljust(400), {"content-type": "application/json"})
+    p = producer(kind, front, topic, timeout=2.0, deadline=1.0)
+    try:
+        front.misbehave(on("POST", "/report-latency", trickle(slow, 0.02)))
+        p.delay_s = 0.5
+        result, took = p.timed_send(topic)
+        assert not result.queue.local  # Detour chose the queue
+        assert took < 1.0 + 0.5, f"the send took {took:.2f} s (0.5 s + a 2 s call uncut)"
+        stats = p.stats()
+        assert stats.pending_reports == 1 and stats.detour_failures == 1
+
+        front.misbehave(None)
+        assert p.flush(5)
+        broker = result.queue.broker_name
+        assert fault_items(detour.url)[broker]["currentLatencyMs"] >= 500
+    finally:
+        p.close()
+
+
+# ---------------------------------------------------------------- the wrong answer
+def _deep() -> bytes:
+    return b"[" * 100_000 + b"]" * 100_000
+
+
+WRONG_SELECT_ANSWERS: dict[str, Callable[[str], bytes]] = {
+    "a list": lambda t: b"[]",
+    "empty": lambda t: b"",
+    "null": lambda t: b"null",
+    "a string": lambda t: b'"broker-a"',
+    "not JSON": lambda t: b"<html><body>Welcome to nginx</body></html>",
+    "nested past the parser": lambda t: _deep(),
+    "an unknown decision": lambda t: a_select_answer(t, decision="whatever"),
+    "a queueId string": lambda t: a_select_answer(t, queueId="0"),
+    "a negative queueId": lambda t: a_select_answer(t, queueId=-1),
+    "a fractional queueId": lambda t: a_select_answer(t, queueId=1.5),
+    "a boolean queueId": lambda t: a_select_answer(t, queueId=True),
+    "no queueId": lambda t: a_select_answer(t, queueId=None).replace(b'"queueId": null, ', b""),
+    "a broker number": lambda t: a_select_answer(t, brokerName=7),
+    "another topic": lambda t: a_select_answer(t, topic="not-this-one"),
+    "avoided as a string": lambda t: a_select_answer(t, avoidedBrokers="a"),
+    "an address object": lambda t: a_select_answer(t, address={"host": "x"}),
+}
+
+
+@pytest.mark.parametrize("shape", list(WRONG_SELECT_ANSWERS))
+def test_a_2xx_of_the_wrong_shape_means_decide_locally(
+    kind: str, shape: str, front: FaultyFront, topic: str
+) -> None:
+    body = WRONG_SELECT_ANSWERS[shape](topic)
+    p = producer(kind, front, topic)
+    try:
+        front.misbehave(on("POST", "/select", answer(200, body)))
+        result = p.send(topic)
+        assert result.queue.local
+        stats = p.stats()
+        assert (stats.bad_answers, stats.detour_failures, stats.rejected_calls) == (1, 1, 0)
+    finally:
+        p.close()
+
+
+@pytest.mark.parametrize(("status", "body", "ctype"), [
+    (404, b"<html>404 Not Found</html>", "text/html"),  # a proxy that does not know /select
+    (405, b"Method Not Allowed", "text/plain"),
+    (400, b'{"detail": "bad"}', "application/json"),  # JSON, but not Detour's error body
+])
+def test_a_4xx_that_is_not_detours_means_decide_locally(
+    kind: str, status: int, body: bytes, ctype: str, front: FaultyFront, topic: str
+) -> None:
+    p = producer(kind, front, topic)
+    try:
+        front.misbehave(on("POST", "/select", answer(status, body, {"content-type": ctype})))
+        assert p.send(topic).queue.local
+        assert p.stats().bad_answers == 1
+    finally:
+        p.close()
+
+
+def test_an_answer_too_large_is_not_read_whole(kind: str, front: FaultyFront, topic: str) -> None:
+    huge = b'{"pad": "' + b"x" * (8 * 1024 * 1024) + b'"}'
+    p = producer(kind, front, topic, timeout=2.0)
+    try:
+        front.misbehave(on("POST", "/select", answer(200, huge)))
+        assert p.send(topic).queue.local
+        assert p.stats().bad_answers == 1
+    finally:
+        p.close()
+
+
+# ------------------------------------------------------- rejections: 401, 403, 3xx
+REJECTIONS = {
+    "401": (401, b'{"error": "UNAUTHORIZED", "message": "unknown token", "field": null}', {}),
+    "403": (403, b'{"error": "FORBIDDEN", "message": "not your namespace", "field": null}', {}),
+    "302": (302, b"", {"location": "/login?next=/select"}),
+    "307": (307, b"", {"location": "https://detour.elsewhere.example/select"}),
+}
+
+
+@pytest.mark.parametrize("case", list(REJECTIONS))
+def test_a_rejection_fails_open_counted_and_logged_once(
+    kind: str, case: str, front: FaultyFront, topic: str, detour: ServiceProcess,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    status, body, extra = REJECTIONS[case]
+    headers = {"content-type": "application/json", **extra}
+    # A short circuit pause, so the queued reports' flusher meets the rejection again
+    # and again within the test.
+    p = producer(kind, front, topic, backoff_initial=0.02, backoff_max=0.02)
+    try:
+        front.misbehave(always(answer(status, body, headers)))
+        with caplog.at_level(logging.WARNING, logger="detour.client"):
+            results = [p.send(topic) for _ in range(3)]
+            assert all(r.queue.local for r in results)
+
+            def rejected_thrice() -> bool:
+                p.flush(0.05)  # drives the async client's loop; the sync one's flusher runs alone
+                return p.stats().rejected_calls >= 3
+
+            wait_until(rejected_thrice, 10, "three rejections")
+        stats = p.stats()
+        assert stats.last_rejected_status == status and stats.bad_answers == 0
+        assert stats.pending_reports == 3 and stats.dropped_reports == 0
+        loud = [r for r in caplog.records if r.name == "detour.client" and f"HTTP {status}" in
+                r.getMessage()]
+        assert len(loud) == 1 and loud[0].levelno == logging.ERROR  # once, not once per call
+        assert "/login" not in front.paths()  # the redirect was not followed
+
+        front.misbehave(None)
+        assert p.flush(5)
+        assert p.stats().sent_reports == 1 + 3
+    finally:
+        p.close()
+
+
+def test_a_cached_client_counts_a_rejected_stream(front: FaultyFront, topic: str) -> None:
+    with DetourClient(front.url, mode="cached") as client:
+        assert client.wait_ready(5)
+        front.misbehave(always(answer(401, b'{"error": "UNAUTHORIZED", "message": "", '
+                                           b'"field": null}')))
+        wait_until(lambda: client.stats().rejected_calls >= 1, 10, "the stream's 401")
+        assert client.send(topic, 0, lambda q, p: q.broker_name).queue.local
+        assert client.stats().last_rejected_status == 401
+        front.misbehave(None)
+        wait_until(lambda: client.stats().stream_connected, 15, "the stream back")
+
+
+# ------------------------------------------------------------ an endless stream line
+def test_an_endless_stream_line_is_dropped_and_the_stream_reconnected(
+    front: FaultyFront, topic: str
+) -> None:
+    total = 300 * 1024 * 1024  # the line that once took a producer to 350 MB
+    with DetourClient(front.url, mode="cached") as client:
+        assert client.wait_ready(5)
+        front.misbehave(on("GET", STREAM_PATH, endless_line(total)))
+        wait_until(lambda: client.stats().stream_too_large >= 2, 20, "two drops")
+        assert client.send(topic, 0, lambda q, p: q.broker_name).queue.local
+    streams = [w for w in front.written if w.attempted == total]
+    assert len(streams) >= 2  # dropped, reconnected, dropped
+    for w in streams:
+        # The default bound is 16 MiB; the rest is what the sockets' buffers held.
+        assert w.hung_up and w.sent < 100 * 1024 * 1024
+
+
+def test_the_async_reader_bounds_lines_and_events_too(front: FaultyFront, topic: str) -> None:
+    total = 8 * 1024 * 1024
+    many_lines = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n" + (
+        b"data: " + b"y" * 1000 + b"\n") * 200  # 200 KB of one event's data, never dispatched
+
+    async def main() -> ClientStats:
+        async with AsyncDetourClient(front.url, mode="cached",
+                                     max_event_bytes=64 * 1024) as client:
+            assert await client.wait_ready(5)
+            front.misbehave(on("GET", STREAM_PATH, endless_line(total)))
+            deadline = time.monotonic() + 20
+            while client.stats().stream_too_large < 1:
+                assert time.monotonic() < deadline, "the endless line was never dropped"
+                await asyncio.sleep(0.01)
+            front.misbehave(on("GET", STREAM_PATH, trickle(many_lines, 0, len(many_lines))))
+            while client.stats().stream_too_large < 2:
+                assert time.monotonic() < deadline, "the endless event was never dropped"
+                await asyncio.sleep(0.01)
+            result = await client.send(topic, 0, _echo)
+            assert result.queue.local
+            return client.stats()
+
+    stats = asyncio.run(main())
+    assert stats.stream_too_large >= 2
+    line = next(w for w in front.written if w.attempted == total)
+    assert line.hung_up and line.sent < total
+
+
+async def _echo(q: SelectedQueue, payload: int) -> str:
+    return q.broker_name
+
+
+# ------------------------------------------------------------------------ remote stats
+def test_remote_mode_has_no_clock_offset(front: FaultyFront, topic: str) -> None:
+    with DetourClient(front.url) as remote, DetourClient(front.url, mode="cached") as cached:
+        remote.send(topic, 0, lambda q, p: None)
+        assert cached.wait_ready(5)
+        assert remote.stats().clock_offset_ms is None
+        assert isinstance(cached.stats().clock_offset_ms, float)
