@@ -4,10 +4,10 @@
 #   docker build -t detour:0.1.0 --build-arg REVISION=$(git rev-parse HEAD) .
 #   docker run --rm -p 8080:8080 -e DETOUR_REDIS_URL=redis://redis:6379/0 detour:0.1.0
 #
-# Only the runtime dependencies go in: the names in pyproject.toml's [project].dependencies,
-# each held to its exact version in requirements.lock by pip's constraint mode (the lock also
-# pins the dev, test and Spark packages; `-c` pins without installing them). Binary wheels
-# only, so no compiler is needed in either stage. See docs/deploy.md.
+# Only the runtime dependencies go in: requirements.lock, the exact pins of pyproject.toml's
+# [project].dependencies and theirs (the dev, test and Spark packages are in
+# requirements-dev.lock, which never reaches the build). Binary wheels only, so no compiler
+# is needed in either stage. See docs/deploy.md.
 
 ARG PYTHON_VERSION=3.11
 
@@ -18,12 +18,11 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 
-# The dependency layer first: it changes only with the lock or the dependency list, so a
-# code change rebuilds nothing but the last layers.
-COPY requirements.lock pyproject.toml /src/
+# The dependency layer first: it changes only with the lock, so a code change rebuilds
+# nothing but the last layers.
+COPY requirements.lock /src/
 RUN python -m venv /opt/venv \
- && python -c "import tomllib; print('\n'.join(tomllib.load(open('/src/pyproject.toml', 'rb'))['project']['dependencies']))" > /src/runtime.in \
- && /opt/venv/bin/pip install --only-binary=:all: -r /src/runtime.in -c /src/requirements.lock \
+ && /opt/venv/bin/pip install --only-binary=:all: -r /src/requirements.lock \
  && /opt/venv/bin/pip check \
  && /opt/venv/bin/pip uninstall -y pip setuptools
 

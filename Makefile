@@ -1,16 +1,20 @@
 # Detour: `make run` starts the service on the embedded memory store; `make test` runs every test.
-# Both set up what they need first (virtualenv, pinned packages, redis-server).
+# Both set up what they need first: `make run` only what the service needs at run time
+# (requirements.lock), `make test` everything (requirements-dev.lock) and redis-server.
 
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# The stamp changes whenever the pins or the project metadata do, so `make` reinstalls then.
-STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml 2>/dev/null | sha1sum | cut -c1-12)
+# The stamps change whenever their pins or the project metadata do, so `make` reinstalls then.
+RUN_STAMP := $(VENV)/.run-$(shell cat requirements.lock 2>/dev/null | sha1sum | cut -c1-12)
+DEV_STAMP := $(VENV)/.dev-$(shell cat requirements.lock requirements-dev.lock pyproject.toml \
+	2>/dev/null | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 ARGS ?=
 
-.PHONY: help setup run test pytest lint fmt typecheck system-deps bench bench-overload openapi clean
+.PHONY: help setup setup-run run test pytest lint fmt typecheck system-deps bench bench-overload \
+	openapi clean
 
 help:
 	@echo "make run     start Detour on 127.0.0.1:8080 with the memory store (ARGS='--redis-url ...')"
@@ -19,15 +23,28 @@ help:
 	@echo "make bench-overload  5x capacity: do answers stay fast and refusals come at once?"
 	@echo "make openapi regenerate openapi.yaml from the app"
 
-$(STAMP): requirements.lock pyproject.toml
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# The service's run-time dependencies and nothing else: `python -m service` runs from the
+# repository root, so it needs no install of the project itself.
+$(RUN_STAMP): requirements.lock | $(BIN)/python
 	$(BIN)/python -m pip install -q -r requirements.lock
-	$(BIN)/python -m pip install -q --no-deps -e .
-	@rm -f $(VENV)/.installed-*
+	@rm -f $(VENV)/.run-*
 	@touch $@
 
-setup: $(STAMP)
+# Everything `make test` needs on top: the dev, test, lint and Spark packages, and the
+# project itself (editable, as before: importable from any directory).
+$(DEV_STAMP): $(RUN_STAMP) requirements-dev.lock pyproject.toml
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements-dev.lock
+	$(BIN)/python -m pip install -q --no-deps -e .
+	@rm -f $(VENV)/.dev-*
+	@touch $@
+
+setup-run: $(RUN_STAMP)
+
+setup: $(DEV_STAMP)
 
 # Debian packages the tests run for real, installed only when missing (needs root, as in CI):
 # redis-server (the store and the stand-in brokers), prometheus (promtool and a real server),
@@ -48,7 +65,7 @@ system-deps:
 	    apt-get install -y -q --no-install-recommends $$(echo $$missing | tr ' ' '\n' | sort -u); \
 	fi
 
-run: setup
+run: setup-run
 	$(BIN)/python -m service $(ARGS)
 
 lint: setup

@@ -1,7 +1,8 @@
 """The image recipe and the Kubernetes manifests, checked without Docker or a cluster.
 
-The Dockerfile is parsed (dockerfile-parse) and its properties asserted; the image's
-dependency set is derived from pyproject.toml and requirements.lock the way its build does.
+The Dockerfile is parsed (dockerfile-parse) and its properties asserted; the two locks are
+checked against the dependency closures they pin (requirements.lock: the image's and
+`make run`'s; requirements-dev.lock: the rest of `make test`'s).
 Every kustomization is rendered with `kubectl kustomize`; every built-in object is validated
 against the Kubernetes 1.30 schemas (kubernetes-validate, strict: unknown fields fail) and the
 prometheus-operator objects, which it has no schema for, are checked field by field here.
@@ -39,6 +40,7 @@ K8S_VERSION = "1.30.0"
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 LOCK = ROOT / "requirements.lock"
+DEV_LOCK = ROOT / "requirements-dev.lock"
 PYPROJECT = ROOT / "pyproject.toml"
 README = ROOT / "README.md"
 DOC = ROOT / "docs" / "deploy.md"
@@ -67,22 +69,25 @@ def _version() -> str:
     return str(_pyproject()["project"]["version"])
 
 
-def _lock() -> dict[str, str]:
-    """Canonical name -> pinned version; fails on any line that is not `name==version`."""
+def _lock(path: Path = LOCK) -> dict[str, str]:
+    """Canonical name -> pinned version; fails on any line that is not `name==version` (or,
+    in the dev lock, its `-r requirements.lock`)."""
     pins = {}
-    for line in LOCK.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8").splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
+        if path == DEV_LOCK and line == "-r requirements.lock":
+            continue
         m = re.fullmatch(r"([A-Za-z0-9._-]+)==([A-Za-z0-9.+!-]+)", line)
-        assert m, f"requirements.lock: not an exact pin: {line!r}"
+        assert m, f"{path.name}: not an exact pin: {line!r}"
         pins[canonicalize_name(m.group(1))] = m.group(2)
     return pins
 
 
-def _runtime_closure() -> dict[str, set[str]]:
-    """Every distribution `pip install <[project].dependencies>` installs on Linux, Python
-    3.11 (the image), with the extras asked of it; read from the installed metadata."""
+def _closure(requirements: list[str]) -> dict[str, set[str]]:
+    """Every distribution `pip install <requirements>` installs on Linux, Python 3.11 (the
+    image), with the extras asked of it; read from the installed metadata."""
     env = {
         "sys_platform": "linux",
         "platform_system": "Linux",
@@ -92,7 +97,7 @@ def _runtime_closure() -> dict[str, set[str]]:
         "implementation_name": "cpython",
         "platform_python_implementation": "CPython",
     }
-    todo = [Requirement(r) for r in _pyproject()["project"]["dependencies"]]
+    todo = [Requirement(r) for r in requirements]
     seen: dict[str, set[str]] = {}
     while todo:
         req = todo.pop()
@@ -109,6 +114,11 @@ def _runtime_closure() -> dict[str, set[str]]:
                 continue
             todo.append(sub)
     return seen
+
+
+def _runtime_closure() -> dict[str, set[str]]:
+    """What the service needs at run time: the closure of [project].dependencies."""
+    return _closure(_pyproject()["project"]["dependencies"])
 
 
 def _stages(parser: DockerfileParser) -> list[list[dict[str, Any]]]:
@@ -291,20 +301,26 @@ def test_dockerfile_is_multi_stage_slim_and_runs_as_non_root() -> None:
     )
 
 
-def test_dockerfile_installs_the_runtime_dependencies_pinned_by_the_lock() -> None:
+def test_dockerfile_installs_the_runtime_lock_only() -> None:
     build_runs = " ".join(
         i["value"] for i in _stages(_dockerfile())[0] if i["instruction"] == "RUN"
     )
-    # The dependency list comes from pyproject.toml, the versions from the lock (-c).
-    assert "['project']['dependencies']" in build_runs
-    assert re.search(r"pip install [^&]*-r \S+ [^&]*-c \S*requirements\.lock", build_runs)
+    assert re.search(r"pip install [^&]*-r \S*/requirements\.lock(\s|$)", build_runs)
+    instructions = " ".join(i["value"] for i in _dockerfile().structure
+                            if i["instruction"] != "COMMENT")
+    assert "requirements-dev" not in instructions
     assert "--only-binary=:all:" in build_runs, "wheels only: no compiler in the build"
     assert "pip check" in build_runs
 
+
+def test_the_runtime_lock_pins_exactly_what_the_service_needs_at_run_time() -> None:
     pins = _lock()
     closure = _runtime_closure()
+    assert set(pins) == set(closure), (
+        f"pinned, not needed: {sorted(set(pins) - set(closure))}; "
+        f"needed, not pinned: {sorted(set(closure) - set(pins))}"
+    )
     for name in closure:
-        assert name in pins, f"{name} is installed in the image but not pinned in requirements.lock"
         installed = metadata.version(name)
         assert installed == pins[name], f"{name}: lock {pins[name]}, environment {installed}"
     for raw in _pyproject()["project"]["dependencies"]:
@@ -312,11 +328,28 @@ def test_dockerfile_installs_the_runtime_dependencies_pinned_by_the_lock() -> No
         assert SpecifierSet(str(req.specifier)).contains(pins[canonicalize_name(req.name)]), (
             f"the lock's {req.name}=={pins[canonicalize_name(req.name)]} is outside {raw}"
         )
-    # The lock's dev, test and Spark packages stay out of the image.
-    for dev in ("pytest", "pyspark", "selenium", "ruff", "mypy", "schemathesis", "matplotlib"):
-        assert dev in pins and dev not in closure, dev
     # Sanity of the walk itself: extras were followed.
     assert {"uvloop", "httptools", "hiredis", "starlette", "pydantic-core"} <= set(closure)
+
+
+def test_the_dev_lock_pins_the_rest_of_make_test_on_top_of_the_runtime_lock() -> None:
+    lines = [ln for ln in DEV_LOCK.read_text(encoding="utf-8").splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    assert lines[0] == "-r requirements.lock", "pip install -r requirements-dev.lock: everything"
+    runtime, dev = _lock(), _lock(DEV_LOCK)
+    assert not set(runtime) & set(dev), "a package pinned in both locks"
+    extras = _pyproject()["project"]["optional-dependencies"]
+    closure = _closure([r for group in extras.values() for r in group])
+    needed = set(closure) - set(runtime)
+    assert set(dev) == needed, (
+        f"pinned, not needed: {sorted(set(dev) - needed)}; "
+        f"needed, not pinned: {sorted(needed - set(dev))}"
+    )
+    for name, version in dev.items():
+        assert metadata.version(name) == version, f"{name}: lock {version}"
+    # The dev, test and Spark packages stay out of the image and `make run`.
+    for name in ("pytest", "pyspark", "selenium", "ruff", "mypy", "schemathesis", "matplotlib"):
+        assert name in dev and name not in runtime, name
 
 
 def test_dockerfile_entrypoint_is_the_documented_command() -> None:
@@ -377,6 +410,7 @@ def test_dockerignore_sends_only_what_the_build_copies() -> None:
         "service/__pycache__/app.cpython-311.pyc",
         ".env",
         "pipeline/produce.py",
+        "requirements-dev.lock",
     ):
         assert _ignored(kept_out, patterns), f"{kept_out} would reach the build context"
     assert not _ignored("service/store/lua/report.lua", patterns)
