@@ -9,16 +9,19 @@ BIN := $(VENV)/bin
 # The stamps change whenever their pins or the project metadata do, so `make` reinstalls then.
 RUN_STAMP := $(VENV)/.run-$(shell cat requirements.lock 2>/dev/null | sha1sum | cut -c1-12)
 DEV_STAMP := $(VENV)/.dev-$(shell cat requirements.lock requirements-dev.lock pyproject.toml \
-	2>/dev/null | sha1sum | cut -c1-12)
+	sdk/pyproject.toml 2>/dev/null | sha1sum | cut -c1-12)
+# Wheels of the producer SDK's dependencies: its offline install test installs from them.
+SDK_WHEELS := $(VENV)/wheels/detour-client
 PYTEST_ARGS ?=
 ARGS ?=
 
 .PHONY: help setup setup-run run test pytest lint fmt typecheck system-deps bench bench-overload \
-	openapi clean
+	openapi sdk clean
 
 help:
 	@echo "make run     start Detour on 127.0.0.1:8080 with the memory store (ARGS='--redis-url ...')"
 	@echo "make test    lint, type-check and run every test (installs redis-server when missing)"
+	@echo "make sdk     build the detour-client wheel (the producer SDK alone) into dist/"
 	@echo "make bench   throughput/latency and propagation benchmarks -> docs/BENCHMARKS.md"
 	@echo "make bench-overload  5x capacity: do answers stay fast and refusals come at once?"
 	@echo "make openapi regenerate openapi.yaml from the app"
@@ -33,12 +36,14 @@ $(RUN_STAMP): requirements.lock | $(BIN)/python
 	@rm -f $(VENV)/.run-*
 	@touch $@
 
-# Everything `make test` needs on top: the dev, test, lint and Spark packages, and the
-# project itself (editable, as before: importable from any directory).
-$(DEV_STAMP): $(RUN_STAMP) requirements-dev.lock pyproject.toml
+# Everything `make test` needs on top: the dev, test, lint and Spark packages, the project
+# itself (editable, as before: importable from any directory), the SDK's dependency wheels.
+$(DEV_STAMP): $(RUN_STAMP) requirements-dev.lock pyproject.toml sdk/pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements-dev.lock
-	$(BIN)/python -m pip install -q --no-deps -e .
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
+	rm -rf $(SDK_WHEELS) && mkdir -p $(SDK_WHEELS)
+	$(BIN)/python -m sdk.build --fetch-dependencies $(SDK_WHEELS)
 	@rm -f $(VENV)/.dev-*
 	@touch $@
 
@@ -69,7 +74,7 @@ run: setup-run
 	$(BIN)/python -m service $(ARGS)
 
 lint: setup
-	$(BIN)/ruff check service tests bench pipeline
+	$(BIN)/ruff check service tests bench pipeline sdk
 	$(BIN)/ruff format --check service
 	$(BIN)/mypy
 
@@ -79,7 +84,7 @@ pytest: setup system-deps
 test: lint pytest
 
 fmt: setup
-	$(BIN)/ruff check --fix service tests bench pipeline
+	$(BIN)/ruff check --fix service tests bench pipeline sdk
 	$(BIN)/ruff format service
 
 bench: setup system-deps
@@ -92,5 +97,9 @@ bench-overload: setup system-deps
 openapi: setup
 	$(BIN)/python -m service.openapi > openapi.yaml
 
+# Offline: the setuptools of the full setup builds it (see sdk/build.py).
+sdk: setup
+	$(BIN)/python -m sdk.build --out dist
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis bench/out
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis bench/out dist

@@ -411,6 +411,7 @@ def test_dockerignore_sends_only_what_the_build_copies() -> None:
         ".env",
         "pipeline/produce.py",
         "requirements-dev.lock",
+        "sdk/build.py",
     ):
         assert _ignored(kept_out, patterns), f"{kept_out} would reach the build context"
     assert not _ignored("service/store/lua/report.lua", patterns)

@@ -17,10 +17,11 @@ where producers go wrong. This package implements them once:
 * Cached mode: a replica of the table kept current by the event stream, so a
   select costs microseconds and no network; reports leave in batches.
 
-Only httpx, the standard library and the pure modules ``service.strategy``,
-``service.model`` and ``service.view`` are imported: a producer does not need
-the service's web stack (a test imports this with FastAPI, uvicorn, starlette,
-redis and pydantic refused).
+Only httpx (with httpcore, its transport), the standard library and the pure
+modules ``sdk/pyproject.toml`` lists (``service.model``, ``service.strategy``,
+``service.policy``, ``service.view``) are imported: a producer does not need the
+service's web stack, and installs the SDK alone as the ``detour-client``
+distribution (tests/test_sdk_dist.py checks the list against an import trace).
 """
 
 from service.client.aio import AsyncDetourClient
