@@ -267,3 +267,12 @@ def endless_line(total: int, prefix: bytes = b"data: ") -> Reply:
         return written
 
     return reply
+
+
+def hang_up() -> Reply:
+    """No answer at all: the connection is closed under the request."""
+
+    def reply(conn: socket.socket) -> Written:
+        return Written(0, hung_up=True, ends_connection=True)
+
+    return reply

@@ -1,32 +1,24 @@
-"""The producer SDK's pure parts, and its HTTP rules against a mock transport (no process).
+"""The producer SDK's pure parts (no process, no socket).
 
 The processes-and-sockets behaviour is in test_client*.py; these pin the rules
-those rely on: the circuit's timing, the bounded report queue, the SSE parser,
-the stream applier's re-application of unacknowledged reports, the send loop's
-deadline, and which answers fail open.
+those rely on: the circuit's timing, the calls' budgets and tallies, the bounded
+report queue, the SSE parser and its bounds, the stream applier's re-application
+of unacknowledged reports, and the send loop's deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from collections.abc import Callable
 
-import httpx
 import pytest
 
 from service.client import (
-    AsyncDetourClient,
     Decision,
-    DetourClient,
-    DetourRequestError,
     DetourUnavailable,
-    Report,
     SelectedQueue,
     SendError,
-    TopicNotFound,
 )
 from service.client.cached import ServiceClock, StreamApplier
 from service.client.calls import Calls, Loud
@@ -398,137 +390,7 @@ def test_async_send_loop_cuts_deliver_at_the_deadline() -> None:
     assert isinstance(err.attempts[0].error, TimeoutError) and rec.reports == [("a", True)]
 
 
-# ---------------------------------------------------------------- HTTP rules (mock transport)
-
-
-Handler = Callable[[httpx.Request], httpx.Response]
-
-
-def service_stub(status_for_select: int = 200) -> tuple[Handler, list[httpx.Request]]:
-    """A fake Detour: routes/config answer; /select answers ``status_for_select``."""
-    seen: list[httpx.Request] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        path = request.url.path
-        if path == "/select":
-            if status_for_select != 200:
-                return httpx.Response(status_for_select, json={
-                    "error": "X", "message": "nope", "field": "topic"})
-            return httpx.Response(200, json={
-                "topic": "t", "brokerName": "b", "queueId": 0, "address": None,
-                "decision": "available", "avoidedBrokers": ["a"]})
-        if path == "/routes/t":
-            return httpx.Response(200, json=ROUTE_JSON)
-        if path == "/config":
-            return httpx.Response(200, json={"isolationLatencyMs": 30000})
-        if path in ("/report-latency", "/report-latency:batch"):
-            n = len(json.loads(request.content).get("reports", [1]))
-            return httpx.Response(200, json={"results": [{}] * n})
-        return httpx.Response(404, json={"error": "NOT_FOUND", "message": path, "field": None})
-
-    return handler, seen
-
-
-def test_remote_select_sends_the_token_and_fetches_the_route_once() -> None:
-    handler, seen = service_stub()
-    with DetourClient("http://detour.test", token="s3cret",
-                      transport=httpx.MockTransport(handler)) as c:
-        sel = c.select("t", "a")
-        c.select("t")
-    assert sel == SelectedQueue("t", "b", 0, None, Decision.AVAILABLE, ("a",), False)
-    assert [r.url.path for r in seen] == ["/select", "/config", "/routes/t", "/select"]
-    assert all(r.headers["authorization"] == "Bearer s3cret" for r in seen)
-    assert json.loads(seen[0].content) == {"topic": "t", "lastBrokerName": "a"}
-
-
-@pytest.mark.parametrize("status", [500, 502, 503, 429])
-def test_5xx_and_load_shedding_fail_open_then_back_off(status: int) -> None:
-    handler, seen = service_stub()
-    state = {"status": 200}
-
-    def flaky(request: httpx.Request) -> httpx.Response:
-        if state["status"] != 200:
-            seen.append(request)
-            return httpx.Response(state["status"], json={"error": "STORE_UNAVAILABLE",
-                                                         "message": "", "field": None})
-        return handler(request)
-
-    with DetourClient("http://detour.test", transport=httpx.MockTransport(flaky)) as c:
-        c.select("t")  # learns the route
-        state["status"] = status
-        before = len(seen)
-        first = c.select("t")
-        assert first.local and len(seen) == before + 1
-        for _ in range(20):  # within the backoff: no call at all
-            assert c.select("t", "b").local
-        c.report("a", 12, isolation=True)
-        assert len(seen) == before + 1
-        stats = c.stats()
-        assert (stats.local_selects, stats.detour_failures, stats.pending_reports) == (21, 1, 1)
-        # the local table saw the report at once: a is avoided
-        assert c.select("t").broker_name == "b"
-        c.close(flush_timeout=0)  # Detour still down: the report is counted, not kept
-
-
-@pytest.mark.parametrize(("status", "error"), [(404, TopicNotFound), (422, DetourRequestError)])
-def test_4xx_is_raised_not_failed_open(status: int, error: type[Exception]) -> None:
-    handler, _ = service_stub(status_for_select=status)
-    with DetourClient("http://detour.test", transport=httpx.MockTransport(handler)) as c:
-        with pytest.raises(error) as info:
-            c.select("t")
-        assert not c._core.circuit.is_open
-    assert isinstance(info.value, DetourRequestError) and info.value.status == status
-
-
-def test_report_batch_is_split_by_a_thousand() -> None:
-    handler, seen = service_stub()
-    with DetourClient("http://detour.test", transport=httpx.MockTransport(handler)) as c:
-        c.report_batch(Report(f"b{i % 7}", i % 100, age_ms=i) for i in range(2500))
-        with pytest.raises(ValueError):
-            c.report_batch([Report("ok", 1), Report("not ok", 1)])
-        assert c.stats().sent_reports == 2500
-    sizes = [len(json.loads(r.content)["reports"]) for r in seen]
-    assert sizes == [1000, 1000, 500]
-    fourth = json.loads(seen[0].content)["reports"][3]
-    assert fourth | {"ageMs": 0} == {"brokerName": "b3", "latencyMs": 3, "isolation": False,
-                                     "ageMs": 0}
-    assert 3 <= fourth["ageMs"] < 3 + 1000  # its age, plus the time until it left
-
-
-def test_no_route_and_no_detour_is_a_clear_error() -> None:
-    def refuse(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("refused", request=request)
-
-    with DetourClient("http://detour.test", transport=httpx.MockTransport(refuse)) as c:
-        with pytest.raises(DetourUnavailable, match="no route is known for topic 't'"):
-            c.select("t")
-
-
-def test_async_client_fails_open_the_same_way() -> None:
-    handler, seen = service_stub()
-    down = {"on": False}
-
-    async def flaky(request: httpx.Request) -> httpx.Response:
-        if down["on"]:
-            raise httpx.ReadTimeout("no answer", request=request)
-        return handler(request)
-
-    async def main() -> None:
-        async with AsyncDetourClient("http://detour.test",
-                                     transport=httpx.MockTransport(flaky)) as c:
-            assert not (await c.select("t")).local
-            down["on"] = True
-            assert (await c.select("t")).local
-            await c.report("a", 1, isolation=True)
-            assert c.stats().pending_reports == 1
-            down["on"] = False
-            c._core.circuit._until = 0  # the pause is over
-            assert await c.flush(1.0)
-            assert c.stats().sent_reports == 1
-
-    asyncio.run(main())
-    assert json.loads(seen[-1].content)["reports"][0]["isolation"] is True
+# ---------------------------------------------------------------- ages and clocks
 
 
 def test_reports_past_detours_age_limit_are_dropped_not_sent() -> None:
@@ -555,20 +417,6 @@ def test_service_clock_keeps_its_best_bound_against_late_events() -> None:
     assert clock.offset_ms == 978_500
 
 
-def test_reports_carry_the_producer_id() -> None:
-    sent: list[dict[str, object]] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        sent.append(json.loads(request.content))
-        return httpx.Response(200, json={"brokerName": "a", "latencyMs": 3,
-                                         "notAvailableDurationMs": 0, "availableAt": 1,
-                                         "degraded": False})
-
-    with DetourClient("http://detour.test", transport=httpx.MockTransport(handler),
-                      producer="host-1/exec-2/p3") as client:
-        client.report("a", 3)
-    assert sent == [{"brokerName": "a", "latencyMs": 3, "isolation": False,
-                     "producer": "host-1/exec-2/p3"}]
+def test_a_batch_item_carries_the_producer_id() -> None:
     assert batch_item("a", 1, True, 0, "p")["producer"] == "p"
-    with pytest.raises(ValueError, match="producer"):
-        DetourClient("http://detour.test", producer="no spaces")
+    assert "producer" not in batch_item("a", 1, True, 0)
