@@ -17,10 +17,10 @@ from pydantic import BaseModel
 
 from service import detector, metrics
 from service.api import admin, events, health, reports, routes, select, status, stream
+from service.api.errors import install_error_handlers
 from service.api.fast import mount_fast
 from service.api.guard import Guard
 from service.auth import Principal, Role, TokenTable, load_tokens, requires_token
-from service.errors import install_error_handlers
 from service.limits import AssumeJson, BodyLimit
 from service.metrics import RequestTimer
 from service.schemas import ReportRequest, SelectRequest
