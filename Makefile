@@ -14,7 +14,7 @@ ARGS ?=
 
 help:
 	@echo "make run     start Detour on 127.0.0.1:8080 with the memory store (ARGS='--redis-url ...')"
-	@echo "make test    lint, type-check and run every test (installs redis-server when missing)"
+	@echo "make test    lint, type-check, check the layers and run every test (installs redis-server when missing)"
 	@echo "make bench   throughput/latency and propagation benchmarks -> docs/BENCHMARKS.md"
 	@echo "make bench-overload  5x capacity: do answers stay fast and refusals come at once?"
 	@echo "make openapi regenerate openapi.yaml from the app"
@@ -55,6 +55,7 @@ lint: setup
 	$(BIN)/ruff check service tests bench pipeline
 	$(BIN)/ruff format --check service
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 pytest: setup system-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -76,4 +77,4 @@ openapi: setup
 	$(BIN)/python -m service.openapi > openapi.yaml
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis bench/out
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .import_linter_cache bench/out
