@@ -64,39 +64,10 @@ def decode_route(topic: str, raw: str) -> Route:
     return Route.from_brokers(topic, brokers)
 
 
-def encode_fault(
-    latency_ms: int,
-    available_at: int,
-    isolations: int = 0,
-    suspects: Sequence[tuple[str, int]] = (),
-    probation: bool = False,
-    reachable: bool | None = None,
-) -> str:
-    """``latencyMs,availableAt``, then ``,isolations[,probation 1/0[,reachable 1/0]]`` and
-    ``;producer=at`` per suspect, only as far as the policy keeps more (report.lua and
-    reach.lua write the same; producer ids cannot contain ``;`` or ``=``)."""
-    if not isolations and not suspects and not probation and reachable is None:
-        return f"{latency_ms},{available_at}"
-    head = f"{latency_ms},{available_at},{isolations}"
-    if reachable is not None:
-        head += f",{int(probation)},{int(reachable)}"
-    elif probation:
-        head += ",1"
-    return head + "".join(f";{p}={a}" for p, a in suspects)
-
-
-def encode_item(item: FaultItem) -> str:
-    return encode_fault(
-        item.current_latency_ms,
-        item.available_at,
-        item.isolations,
-        item.suspects,
-        item.probation,
-        item.reachable,
-    )
-
-
 def decode_fault(broker: str, raw: str) -> FaultItem:
+    """A fault item as report.lua and reach.lua write it: ``latencyMs,availableAt``, then
+    ``,isolations[,probation 1/0[,reachable 1/0]]`` and ``;producer=at`` per suspect, only
+    as far as the policy keeps more (producer ids cannot contain ``;`` or ``=``)."""
     head, *suspects = raw.split(";")
     latency, end, *rest = head.split(",")
     pairs = tuple((p, int(a)) for p, _, a in (s.partition("=") for s in suspects))
