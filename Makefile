@@ -20,7 +20,7 @@ ARGS ?=
 
 help:
 	@echo "make run     start Detour on 127.0.0.1:8080 with the memory store (ARGS='--redis-url ...')"
-	@echo "make test    lint, type-check and run every test (installs redis-server when missing)"
+	@echo "make test    lint, type-check, check the layers and run every test (installs redis-server when missing)"
 	@echo "make sdk     build the detour-client wheel (the producer SDK alone) into dist/"
 	@echo "make bench   throughput/latency and propagation benchmarks -> docs/BENCHMARKS.md"
 	@echo "make bench-overload  5x capacity: do answers stay fast and refusals come at once?"
@@ -77,6 +77,7 @@ lint: setup
 	$(BIN)/ruff check service tests bench pipeline sdk
 	$(BIN)/ruff format --check service
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 pytest: setup system-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -102,4 +103,5 @@ sdk: setup
 	$(BIN)/python -m sdk.build --out dist
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis bench/out dist
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .import_linter_cache bench/out \
+		dist

@@ -70,7 +70,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -209,13 +209,7 @@ class Job:
 def _config(body: dict[str, Any], enabled: bool) -> Any:
     from service.model import Config
 
-    return Config(
-        send_latency_fault_enable=enabled,
-        latency_max=tuple(body["latencyMax"]),
-        not_available_duration=tuple(body["notAvailableDuration"]),
-        isolation_latency_ms=body["isolationLatencyMs"],
-        last_report_wins=body["lastReportWins"],
-    )
+    return replace(Config.from_wire(body), send_latency_fault_enable=enabled)
 
 
 def _route(topic: str, body: dict[str, Any]) -> Any:

@@ -15,14 +15,14 @@ from typing import Any, TypedDict
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from service import detector, metrics
+from service import detector
 from service.api import admin, events, health, reports, routes, select, status, stream
+from service.api.errors import install_error_handlers
 from service.api.fast import mount_fast
 from service.api.guard import Guard
+from service.api.telemetry import RequestTimer, prepare_namespaces
 from service.auth import Principal, Role, TokenTable, load_tokens, requires_token
-from service.errors import install_error_handlers
 from service.limits import AssumeJson, BodyLimit
-from service.metrics import RequestTimer
 from service.schemas import ReportRequest, SelectRequest
 from service.settings import Settings
 from service.shedding import Shedder
@@ -129,7 +129,7 @@ def create_app(settings: Settings | None = None, tokens: TokenTable | None = Non
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[State]:
-        metrics.prepare_namespaces(namespaces)
+        prepare_namespaces(namespaces)
         stores: dict[str, FaultStore] = {}
         try:
             for ns in namespaces:

@@ -1,30 +1,22 @@
-"""Detour's errors and the one handler that renders them as the Error schema.
+"""Detour's errors: plain Python, so any layer may raise them; the API renders them.
 
     DetourError                 base; carries an HTTP status and a stable code
-    ├── InvalidInput            422 VALIDATION_ERROR: a field failed validation
-    ├── NotFound                404 NOT_FOUND: unknown topic, broker or path
-    ├── PayloadTooLarge         413 PAYLOAD_TOO_LARGE: body over the limit
+    ├── NotFound                404 NOT_FOUND: no route for the topic, no such fault item
     ├── TableFull               409 TABLE_FULL: a new broker, and the table is full
     └── StoreUnavailable        503 STORE_UNAVAILABLE: Redis did not answer
 
-Also 503 SYSTEM_BUSY, answered by the shedder (service/shedding.py) before any
-handler runs, with Retry-After.
+Other codes are answered at the edge without an exception of this tree:
+422 VALIDATION_ERROR and 404/405/413 from the framework (service/api/errors.py),
+413 PAYLOAD_TOO_LARGE from the body guard (service/limits.py), 401 UNAUTHORIZED
+and 403 FORBIDDEN from the token guard (service/api/guard.py), 503 SYSTEM_BUSY
+with Retry-After from the shedder (service/shedding.py), before any handler runs.
 
 Every error response is ``{"error": CODE, "message": str, "field": str | null}``.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
 from typing import Any
-
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
-log = logging.getLogger("detour")
 
 
 class DetourError(Exception):
@@ -37,19 +29,9 @@ class DetourError(Exception):
         self.field = field
 
 
-class InvalidInput(DetourError):
-    status = 422
-    code = "VALIDATION_ERROR"
-
-
 class NotFound(DetourError):
     status = 404
     code = "NOT_FOUND"
-
-
-class PayloadTooLarge(DetourError):
-    status = 413
-    code = "PAYLOAD_TOO_LARGE"
 
 
 class TableFull(DetourError):
@@ -73,75 +55,6 @@ class StoreUnavailable(DetourError):
     code = "STORE_UNAVAILABLE"
 
 
-_HTTP_CODES = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 413: "PAYLOAD_TOO_LARGE"}
-
-
 def error_body(code: str, message: str, field: str | None = None) -> dict[str, Any]:
+    """The Error schema's one shape, for the handlers and the guards that answer before them."""
     return {"error": code, "message": message, "field": field}
-
-
-def field_path(loc: Sequence[int | str]) -> str:
-    """``("body", "brokers", 0, "writeQueueNums")`` -> ``brokers[0].writeQueueNums``.
-
-    A whole-body problem (malformed JSON, missing body) is named ``body``.
-    """
-    parts = list(loc)
-    if parts and parts[0] in ("body", "path", "query", "header"):
-        parts = parts[1:] if len(parts) > 1 else parts
-    out = ""
-    for p in parts:
-        if isinstance(p, int):
-            out += f"[{p}]"
-        else:
-            out += f".{p}" if out else str(p)
-    return out or "body"
-
-
-def _validation_message(err: dict[str, Any]) -> str:
-    if err.get("type") == "json_invalid":
-        return "request body is not valid JSON"
-    return str(err.get("msg", "invalid value"))
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    async def on_detour_error(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, DetourError)
-        return JSONResponse(error_body(exc.code, exc.message, exc.field), status_code=exc.status)
-
-    async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, RequestValidationError)
-        errors = list(exc.errors())
-        first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
-        loc = first.get("loc", ("body",))
-        if first.get("type") == "json_invalid":
-            loc = ("body",)
-        field = field_path(loc)
-        return JSONResponse(
-            error_body("VALIDATION_ERROR", f"{field}: {_validation_message(first)}", field),
-            status_code=422,
-        )
-
-    async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, StarletteHTTPException)
-        if exc.status_code == 400:
-            # The framework's answer to a body json.loads choked on in a way it does
-            # not classify (a 5,000-digit number, nesting past the recursion limit).
-            body = error_body("VALIDATION_ERROR", "request body is not valid JSON", "body")
-            return JSONResponse(body, status_code=422)
-        code = _HTTP_CODES.get(exc.status_code, "HTTP_ERROR")
-        field = "body" if exc.status_code == 413 else None
-        return JSONResponse(
-            error_body(code, str(exc.detail), field),
-            status_code=exc.status_code,
-            headers=exc.headers,
-        )
-
-    async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
-        # Never leak a traceback; the log has it.
-        log.exception("unhandled error", exc_info=exc)
-        return JSONResponse(error_body("INTERNAL", "internal error"), status_code=500)
-
-    app.add_exception_handler(DetourError, on_detour_error)
-    app.add_exception_handler(RequestValidationError, on_validation_error)
-    app.add_exception_handler(StarletteHTTPException, on_http_error)
-    app.add_exception_handler(Exception, on_unexpected)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
+from typing import Any
 
 #: The longest latency accepted, ms: an hour. Anything above is a clock bug, not a send.
 MAX_LATENCY_MS = 3_600_000
@@ -23,80 +24,249 @@ SELECTIONS = ("round_robin", "p2c-ewma")
 ORDERED_FALLBACKS = ("wait", "remap")
 #: Most distinct producers a quorum may ask for.
 MAX_QUORUM = 64
+#: Most latency tiers a config may have.
+MAX_TIERS = 32
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigField:
+    """One Config field's rules and words, so every other mapping of Config is derived.
+
+    The API schema (service/schemas.py), the camelCase bodies and the stored config
+    (``Config.to_wire``/``Config.from_wire``, used by the API, service/store/codec.py and
+    the SDK) read these instead of naming the fields again. ``name``, ``wire`` and
+    ``default`` are filled in from the dataclass field (see ``CONFIG_FIELDS``).
+    """
+
+    #: What the field does, for operators (the OpenAPI description).
+    description: str
+    #: Inclusive bounds of an int field, or of every entry of a tuple field.
+    ge: int | None = None
+    le: int | None = None
+    #: The values a str field may take.
+    choices: tuple[str, ...] = ()
+    #: A tuple field holds 1..max_items entries.
+    max_items: int = 0
+    name: str = ""
+    #: The field's name in JSON bodies and in the stored config.
+    wire: str = ""
+    default: Any = None
+
+    @property
+    def kind(self) -> type:
+        """bool, int, str or tuple (of ints): what the default is."""
+        return type(self.default)
+
+    def check(self, value: Any) -> None:
+        """Raises ValueError when ``value`` is outside this field's rules."""
+        if self.kind is tuple:
+            if not 1 <= len(value) <= self.max_items:
+                raise ValueError(f"{self.name} needs 1..{self.max_items} entries")
+            entries = value
+        else:
+            entries = (value,)
+        if self.choices and value not in self.choices:
+            raise ValueError(f"{self.name} must be one of {self.choices}")
+        for v in entries:
+            if (self.ge is not None and v < self.ge) or (self.le is not None and v > self.le):
+                raise ValueError(f"{self.name} must be {self.ge}..{self.le}")
+
+
+#: The key of a Config field's ConfigField in its dataclass metadata.
+_RULES = "detour"
+
+
+def _field(default: Any, description: str, **rules: Any) -> Any:
+    return field(default=default, metadata={_RULES: ConfigField(description, **rules)})
 
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    """One deployment's fault-strategy settings; every replica uses the same one."""
+    """One deployment's fault-strategy settings; every replica uses the same one.
 
-    send_latency_fault_enable: bool = True
-    latency_max: tuple[int, ...] = DEFAULT_LATENCY_MAX
-    not_available_duration: tuple[int, ...] = DEFAULT_NOT_AVAILABLE_DURATION
-    isolation_latency_ms: int = 30000
-    last_report_wins: bool = False
+    Declared once, here: each field's bounds and description come with it, and the
+    API schema, the JSON and Redis encodings and the SDK's decoding derive from it.
+    """
+
+    send_latency_fault_enable: bool = _field(
+        True,
+        "Avoid brokers by reported latency. Off: plain round-robin, reports change no window.",
+    )
+    latency_max: tuple[int, ...] = _field(
+        DEFAULT_LATENCY_MAX,
+        "Latency tiers in ms, strictly increasing, 0..3600000.",
+        ge=0,
+        le=MAX_LATENCY_MS,
+        max_items=MAX_TIERS,
+    )
+    not_available_duration: tuple[int, ...] = _field(
+        DEFAULT_NOT_AVAILABLE_DURATION,
+        "Window length in ms for each tier of latencyMax (same length), 0..86400000.",
+        ge=0,
+        le=MAX_WINDOW_MS,
+        max_items=MAX_TIERS,
+    )
+    isolation_latency_ms: int = _field(
+        30000, "The latency a failure (`isolation: true`) counts as.", ge=0, le=MAX_LATENCY_MS
+    )
+    last_report_wins: bool = _field(
+        False,
+        "RocketMQ 4.x rule: every report overwrites the window, so a fast success ends an "
+        "isolation. Off (default): a report only ever extends a window.",
+    )
     # -- policy beyond RocketMQ (docs/policy.md); the defaults are RocketMQ's behaviour --
-    #: "round_robin" (RocketMQ) or "p2c-ewma" (power of two choices on peak-EWMA latency).
-    selection: str = "round_robin"
-    #: keyed selects whose queue is on an avoided broker: "wait" (keep it) or "remap".
-    ordered_fallback: str = "wait"
-    #: never avoid more than this share of a route's brokers at once (Envoy max_ejection_percent).
-    max_avoided_percent: int = 100
-    #: below this share of available brokers, ignore avoidance (Envoy panic threshold); 0 = off.
-    panic_threshold_percent: int = 0
-    #: share of selects that obey open windows; below 100 the rest only count them (dry run).
-    enforcement_percent: int = 100
-    #: distinct producers whose failures it takes to isolate a broker for everyone.
-    isolation_quorum: int = 1
-    #: how recent (ms) a producer's failure must be to count toward the quorum.
-    quorum_window_ms: int = 60000
-    #: multiply a failure's window by the broker's recent isolation count (Envoy/gRPC backoff).
-    repeat_multiplier: bool = False
-    #: cap (ms) on a multiplied isolation window (Envoy max_ejection_time).
-    max_isolation_ms: int = 3_600_000
-    #: a broker's isolation count drops by one per this many healthy ms after its window.
-    repeat_decay_ms: int = 600000
-    #: isolation windows are lengthened by up to this share, at random, so they do not end together.
-    jitter_percent: int = 0
-    #: a broker whose window ends gets one select (the probe) before it is open to all again.
-    probe_on_expiry: bool = False
-    #: how long (ms) a probe may go unreported before another select is given one.
-    probe_timeout_ms: int = 10000
-    #: TCP-connect to avoided brokers with an address and record whether they answer.
-    detector_enable: bool = False
-    #: ms between two detector rounds (RocketMQ 5's detectInterval).
-    detect_interval_ms: int = 2000
-    #: ms a detector connect may take before the broker counts as unreachable.
-    detect_timeout_ms: int = 200
+    selection: str = _field(
+        "round_robin",
+        "How a select chooses among available queues: `round_robin` (RocketMQ) or "
+        "`p2c-ewma` (two queues at random, the broker with the lower peak-EWMA latency wins).",
+        choices=SELECTIONS,
+    )
+    ordered_fallback: str = _field(
+        "wait",
+        "A select with `shardingKey` whose queue is on an avoided broker: `wait` returns it "
+        "anyway (order kept), `remap` returns the next queue on an available broker (order "
+        "kept only while the avoided set is stable).",
+        choices=ORDERED_FALLBACKS,
+    )
+    # Envoy's max_ejection_percent.
+    max_avoided_percent: int = _field(
+        100,
+        "Never avoid more than this share of a route's brokers at once; beyond it the least "
+        "bad (pickOneAtLeast's order) are served. 100 = no limit (RocketMQ).",
+        ge=0,
+        le=100,
+    )
+    # Envoy's panic threshold.
+    panic_threshold_percent: int = _field(
+        0,
+        "When fewer than this share of a route's brokers are available, ignore avoidance and "
+        "spread over all (`panic: true` in the select). 0 = off.",
+        ge=0,
+        le=100,
+    )
+    enforcement_percent: int = _field(
+        100,
+        "Share of selects that obey open windows; the others only count them (`dryRun: "
+        "true`). 100 = always enforce.",
+        ge=0,
+        le=100,
+    )
+    isolation_quorum: int = _field(
+        1,
+        "Distinct producers whose failures (not `origin: broker`) it takes, within "
+        "`quorumWindowMs`, to isolate a broker for everyone; below it only the reporters "
+        "avoid it. 1 = every failure isolates (RocketMQ).",
+        ge=1,
+        le=MAX_QUORUM,
+    )
+    quorum_window_ms: int = _field(
+        60000,
+        "How recent a failure must be to count toward the quorum (ms).",
+        ge=1,
+        le=MAX_WINDOW_MS,
+    )
+    # Envoy's and gRPC's ejection backoff.
+    repeat_multiplier: bool = _field(
+        False,
+        "Multiply a failure's window by the broker's recent isolation count (capped by "
+        "`maxIsolationMs`, decaying by one per `repeatDecayMs` healthy).",
+    )
+    # Envoy's max_ejection_time.
+    max_isolation_ms: int = _field(
+        3_600_000,
+        "Cap on a multiplied isolation window (ms); never below the tier's own.",
+        ge=1,
+        le=MAX_WINDOW_MS,
+    )
+    repeat_decay_ms: int = _field(
+        600000,
+        "A broker's isolation count drops by one per this many ms it was healthy.",
+        ge=1,
+        le=MAX_WINDOW_MS,
+    )
+    jitter_percent: int = _field(
+        0,
+        "Lengthen each isolation window by a random 0..jitterPercent % so windows opened "
+        "together do not end together. 0 = off.",
+        ge=0,
+        le=100,
+    )
+    probe_on_expiry: bool = _field(
+        False,
+        "When a window ends, give the broker to one select (the probe, `probe: true`) and "
+        "keep the rest away until a successful report for it; a failure re-isolates it (with "
+        "backoff when `repeatMultiplier` is on).",
+    )
+    probe_timeout_ms: int = _field(
+        10000,
+        "A probe not reported within this many ms is given to another select.",
+        ge=1,
+        le=MAX_WINDOW_MS,
+    )
+    # RocketMQ 5's startDetectorEnable and detectInterval.
+    detector_enable: bool = _field(
+        False,
+        "Active detector (RocketMQ 5's startDetectorEnable): one replica at a time "
+        "TCP-connects to avoided brokers that have an address and records whether they "
+        "answer (`reachable` in `/fault-items`); pickOneAtLeast prefers reachable ones.",
+    )
+    detect_interval_ms: int = _field(2000, "ms between two detector rounds.", ge=100, le=3_600_000)
+    detect_timeout_ms: int = _field(
+        200,
+        "ms a detector connect may take before the broker counts as unreachable.",
+        ge=1,
+        le=60_000,
+    )
 
     def __post_init__(self) -> None:
-        # The API validates with field names; this guards programmatic callers.
-        n = len(self.latency_max)
-        if not 1 <= n <= 32 or len(self.not_available_duration) != n:
-            raise ValueError("latency_max and not_available_duration need the same length, 1..32")
+        # The API validates with the same rules (derived); this guards programmatic callers.
+        for f in CONFIG_FIELDS:
+            f.check(getattr(self, f.name))
+        if len(self.not_available_duration) != len(self.latency_max):
+            raise ValueError("latency_max and not_available_duration need the same length")
         if any(b <= a for a, b in zip(self.latency_max, self.latency_max[1:], strict=False)):
             raise ValueError("latency_max must be strictly increasing")
-        if min(self.latency_max) < 0 or min(self.not_available_duration) < 0:
-            raise ValueError("tiers must be >= 0")
-        if self.isolation_latency_ms < 0:
-            raise ValueError("isolation_latency_ms must be >= 0")
-        if self.selection not in SELECTIONS:
-            raise ValueError(f"selection must be one of {SELECTIONS}")
-        if self.ordered_fallback not in ORDERED_FALLBACKS:
-            raise ValueError(f"ordered_fallback must be one of {ORDERED_FALLBACKS}")
-        for name in ("max_avoided_percent", "panic_threshold_percent", "enforcement_percent"):
-            if not 0 <= getattr(self, name) <= 100:
-                raise ValueError(f"{name} must be 0..100")
-        if not 1 <= self.isolation_quorum <= MAX_QUORUM:
-            raise ValueError(f"isolation_quorum must be 1..{MAX_QUORUM}")
-        for name in ("quorum_window_ms", "repeat_decay_ms", "max_isolation_ms", "probe_timeout_ms"):
-            if not 1 <= getattr(self, name) <= MAX_WINDOW_MS:
-                raise ValueError(f"{name} must be 1..{MAX_WINDOW_MS}")
-        if not 100 <= self.detect_interval_ms <= 3_600_000:
-            raise ValueError("detect_interval_ms must be 100..3600000")
-        if not 1 <= self.detect_timeout_ms <= 60_000:
-            raise ValueError("detect_timeout_ms must be 1..60000")
-        if not 0 <= self.jitter_percent <= 100:
-            raise ValueError("jitter_percent must be 0..100")
+
+    def to_wire(self) -> dict[str, Any]:
+        """The camelCase body of ``GET /config``, also what the stores keep (JSON values)."""
+        return {
+            f.wire: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
+            for f in CONFIG_FIELDS
+        }
+
+    @classmethod
+    def from_wire(cls, body: Mapping[str, Any], *, lenient: bool = False) -> Config:
+        """A Config from a camelCase body; omitted fields take their defaults, unknown keys
+        are ignored (a pushed config carries its version beside it). Raises ValueError when a
+        value breaks the rules; ``lenient``: a field that breaks its own rules takes its
+        default instead (a client reading a newer service's config)."""
+        values: dict[str, Any] = {}
+        for f in CONFIG_FIELDS:
+            if f.wire not in body:
+                continue
+            raw = body[f.wire]
+            try:
+                value = tuple(int(x) for x in raw) if f.kind is tuple else f.kind(raw)
+                if lenient:
+                    f.check(value)
+            except (TypeError, ValueError):
+                if not lenient:
+                    raise
+                continue
+            values[f.name] = value
+        return cls(**values)
+
+
+def _camel(name: str) -> str:
+    first, *rest = name.split("_")
+    return first + "".join(part.capitalize() for part in rest)
+
+
+#: Every Config field with its rules, in declaration order (the order of the API schema).
+CONFIG_FIELDS: tuple[ConfigField, ...] = tuple(
+    replace(f.metadata[_RULES], name=f.name, wire=_camel(f.name), default=f.default)
+    for f in fields(Config)
+)
 
 
 @dataclass(frozen=True, slots=True)

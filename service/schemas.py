@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 from pydantic.alias_generators import to_camel
 
-from service.model import (
-    DEFAULT_LATENCY_MAX,
-    DEFAULT_NOT_AVAILABLE_DURATION,
-    MAX_LATENCY_MS,
-    MAX_QUORUM,
-    MAX_REPORT_AGE_MS,
-    MAX_WINDOW_MS,
-)
+from service.model import CONFIG_FIELDS, MAX_LATENCY_MS, MAX_REPORT_AGE_MS, ConfigField
 
 #: RocketMQ's topic rule (letters, digits, ``_ - % |``) plus ``.``, at most 127 characters.
 NAME_PATTERN = r"^[A-Za-z0-9_.%|-]{1,127}$"
@@ -69,175 +62,57 @@ class ErrorBody(Body):
     )
 
 
-class ConfigBody(Body):
-    """The fault strategy's settings, one per deployment. Omitted fields take their defaults."""
+class _ConfigRules(Body):
+    """The rules across Config fields; ConfigBody adds the fields, derived from Config."""
 
-    send_latency_fault_enable: bool = Field(
-        True,
-        description="Avoid brokers by reported latency. Off: plain round-robin, reports change "
-        "no window.",
-        examples=[True],
-    )
-    latency_max: list[Annotated[int, Field(ge=0, le=MAX_LATENCY_MS)]] = Field(
-        default_factory=lambda: list(DEFAULT_LATENCY_MAX),
-        min_length=1,
-        max_length=32,
-        description="Latency tiers in ms, strictly increasing, 0..3600000.",
-        examples=[list(DEFAULT_LATENCY_MAX)],
-    )
-    not_available_duration: list[Annotated[int, Field(ge=0, le=MAX_WINDOW_MS)]] = Field(
-        default_factory=lambda: list(DEFAULT_NOT_AVAILABLE_DURATION),
-        min_length=1,
-        max_length=32,
-        description="Window length in ms for each tier of latencyMax (same length), 0..86400000.",
-        examples=[list(DEFAULT_NOT_AVAILABLE_DURATION)],
-    )
-    isolation_latency_ms: int = Field(
-        30000,
-        ge=0,
-        le=MAX_LATENCY_MS,
-        description="The latency a failure (`isolation: true`) counts as.",
-        examples=[30000],
-    )
-    last_report_wins: bool = Field(
-        False,
-        description="RocketMQ 4.x rule: every report overwrites the window, so a fast success "
-        "ends an isolation. Off (default): a report only ever extends a window.",
-        examples=[False],
-    )
-
-    selection: Literal["round_robin", "p2c-ewma"] = Field(
-        "round_robin",
-        description="How a select chooses among available queues: `round_robin` (RocketMQ) or "
-        "`p2c-ewma` (two queues at random, the broker with the lower peak-EWMA latency wins).",
-        examples=["round_robin"],
-    )
-    ordered_fallback: Literal["wait", "remap"] = Field(
-        "wait",
-        description="A select with `shardingKey` whose queue is on an avoided broker: `wait` "
-        "returns it anyway (order kept), `remap` returns the next queue on an available broker "
-        "(order kept only while the avoided set is stable).",
-        examples=["wait"],
-    )
-    max_avoided_percent: int = Field(
-        100,
-        ge=0,
-        le=100,
-        description="Never avoid more than this share of a route's brokers at once; beyond it "
-        "the least bad (pickOneAtLeast's order) are served. 100 = no limit (RocketMQ).",
-        examples=[100],
-    )
-    panic_threshold_percent: int = Field(
-        0,
-        ge=0,
-        le=100,
-        description="When fewer than this share of a route's brokers are available, ignore "
-        "avoidance and spread over all (`panic: true` in the select). 0 = off.",
-        examples=[0],
-    )
-    enforcement_percent: int = Field(
-        100,
-        ge=0,
-        le=100,
-        description="Share of selects that obey open windows; the others only count them "
-        "(`dryRun: true`). 100 = always enforce.",
-        examples=[100],
-    )
-    isolation_quorum: int = Field(
-        1,
-        ge=1,
-        le=MAX_QUORUM,
-        description="Distinct producers whose failures (not `origin: broker`) it takes, within "
-        "`quorumWindowMs`, to isolate a broker for everyone; below it only the reporters avoid "
-        "it. 1 = every failure isolates (RocketMQ).",
-        examples=[1],
-    )
-    quorum_window_ms: int = Field(
-        60000,
-        ge=1,
-        le=MAX_WINDOW_MS,
-        description="How recent a failure must be to count toward the quorum (ms).",
-        examples=[60000],
-    )
-    repeat_multiplier: bool = Field(
-        False,
-        description="Multiply a failure's window by the broker's recent isolation count "
-        "(capped by `maxIsolationMs`, decaying by one per `repeatDecayMs` healthy).",
-        examples=[False],
-    )
-    max_isolation_ms: int = Field(
-        3_600_000,
-        ge=1,
-        le=MAX_WINDOW_MS,
-        description="Cap on a multiplied isolation window (ms); never below the tier's own.",
-        examples=[3600000],
-    )
-    repeat_decay_ms: int = Field(
-        600000,
-        ge=1,
-        le=MAX_WINDOW_MS,
-        description="A broker's isolation count drops by one per this many ms it was healthy.",
-        examples=[600000],
-    )
-    jitter_percent: int = Field(
-        0,
-        ge=0,
-        le=100,
-        description="Lengthen each isolation window by a random 0..jitterPercent % so windows "
-        "opened together do not end together. 0 = off.",
-        examples=[0],
-    )
-
-    probe_on_expiry: bool = Field(
-        False,
-        description="When a window ends, give the broker to one select (the probe, `probe: "
-        "true`) and keep the rest away until a successful report for it; a failure "
-        "re-isolates it (with backoff when `repeatMultiplier` is on).",
-        examples=[False],
-    )
-    probe_timeout_ms: int = Field(
-        10000,
-        ge=1,
-        le=MAX_WINDOW_MS,
-        description="A probe not reported within this many ms is given to another select.",
-        examples=[10000],
-    )
-    detector_enable: bool = Field(
-        False,
-        description="Active detector (RocketMQ 5's startDetectorEnable): one replica at a time "
-        "TCP-connects to avoided brokers that have an address and records whether they "
-        "answer (`reachable` in `/fault-items`); pickOneAtLeast prefers reachable ones.",
-        examples=[False],
-    )
-    detect_interval_ms: int = Field(
-        2000,
-        ge=100,
-        le=3_600_000,
-        description="ms between two detector rounds.",
-        examples=[2000],
-    )
-    detect_timeout_ms: int = Field(
-        200,
-        ge=1,
-        le=60_000,
-        description="ms a detector connect may take before the broker counts as unreachable.",
-        examples=[200],
-    )
-
-    @field_validator("latency_max")
+    @field_validator("latency_max", check_fields=False)
     @classmethod
     def _increasing(cls, v: list[int]) -> list[int]:
         if any(b <= a for a, b in zip(v, v[1:], strict=False)):
             raise ValueError("must be strictly increasing")
         return v
 
-    @field_validator("not_available_duration")
+    @field_validator("not_available_duration", check_fields=False)
     @classmethod
     def _same_length(cls, v: list[int], info: ValidationInfo) -> list[int]:
         tiers = info.data.get("latency_max")
         if tiers is not None and len(tiers) != len(v):
             raise ValueError(f"must have as many entries as latencyMax ({len(tiers)})")
         return v
+
+
+def _config_field(f: ConfigField) -> tuple[Any, Any]:
+    """A pydantic (type, Field) for one Config field, from its declaration in service.model."""
+    if f.kind is tuple:
+        default = list(f.default)
+        entries = list[Annotated[int, Field(ge=f.ge, le=f.le)]]
+        return entries, Field(
+            default_factory=lambda: list(default),
+            min_length=1,
+            max_length=f.max_items,
+            alias=f.wire,
+            description=f.description,
+            examples=[default],
+        )
+    kind: Any = Literal.__getitem__(f.choices) if f.choices else f.kind
+    return kind, Field(
+        f.default, ge=f.ge, le=f.le, alias=f.wire, description=f.description, examples=[f.default]
+    )
+
+
+# The fields exist only at run time: type checkers see the rules' class, FastAPI and the
+# OpenAPI document the whole model.
+if TYPE_CHECKING:
+    ConfigBody = _ConfigRules
+else:
+    ConfigBody = create_model(
+        "ConfigBody",
+        __base__=_ConfigRules,
+        __module__=__name__,
+        __doc__="The fault strategy's settings, one per deployment. Omitted fields take "
+        "their defaults.",
+        **{f.name: _config_field(f) for f in CONFIG_FIELDS},
+    )
 
 
 class BrokerSpec(Body):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from service import metrics, policy
+from service import policy
 from service.errors import NotFound
 from service.model import Queue, Route
 from service.view import TableView
@@ -33,7 +33,6 @@ def choose(
     else:
         found = view.routes.get(topic)
         if found is None:
-            metrics.observe_select(view.namespace, None)
             raise NotFound(f"no route for topic {topic!r}", field="topic")
         route = found
     config = view.config
@@ -63,6 +62,4 @@ def choose(
     if choice.probe is not None:
         view.probe_sent(choice.probe, now)
     view.set_counter(topic, choice.selection.next_counter)
-    metrics.observe_select(view.namespace, choice.selection)
-    metrics.observe_policy(view.namespace, choice)
     return route, choice

@@ -116,10 +116,6 @@ def window_change(old_available_at: int | None, new_available_at: int, now_ms: i
     return WindowChange.NONE
 
 
-def window_changed(old_available_at: int | None, new_available_at: int, now_ms: int) -> bool:
-    return window_change(old_available_at, new_available_at, now_ms) is not WindowChange.NONE
-
-
 def _is_avoided(faults: Mapping[str, FaultItem], broker: str, now_ms: int) -> bool:
     item = faults.get(broker)
     return item is not None and now_ms < item.available_at

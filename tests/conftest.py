@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.settings import Settings
-from tests.procs import RedisServer
+from tests.procs import RedisServer, ServiceProcess
 
 
 @pytest.fixture(scope="session")
@@ -27,6 +27,13 @@ def redis_url(redis_server: RedisServer) -> Iterator[str]:
     with redis_server.client() as c:
         c.flushall()
     yield redis_server.url
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[ServiceProcess]:
+    """Detour as its own process on the memory store, one per test module."""
+    with ServiceProcess() as svc:
+        yield svc
 
 
 @pytest.fixture(params=["memory", "redis"])

@@ -14,6 +14,7 @@ next call (and its event stream) opens a new one and meets the new behaviour.
 from __future__ import annotations
 
 import http.client
+import json
 import socket
 import threading
 import time
@@ -87,8 +88,7 @@ class FaultyFront:
     written: list[Written] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        up = urlsplit(self.upstream)
-        self._up = (up.hostname or "127.0.0.1", up.port or 80)
+        self._up = _host_port(self.upstream)
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -189,6 +189,29 @@ class FaultyFront:
             with self._lock:
                 self._conns.discard(up)
             _hang_up(up)
+
+
+def two_broker_topic(url: str, name: str, token: str | None = None) -> str:
+    """Registers topic ``name`` on the Detour at ``url`` (directly, not through a front) with
+    brokers ``<name>-a`` and ``<name>-b``, one queue each; returns ``name``."""
+    body = {"brokers": [{"brokerName": f"{name}-{b}", "writeQueueNums": 1} for b in "ab"]}
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    conn = http.client.HTTPConnection(*_host_port(url), timeout=SOCKET_TIMEOUT_S)
+    try:
+        conn.request("PUT", f"/routes/{name}", json.dumps(body), headers)
+        resp = conn.getresponse()
+        resp.read()
+        assert resp.status == 200, f"PUT /routes/{name}: HTTP {resp.status}"
+    finally:
+        conn.close()
+    return name
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or 80
 
 
 def _hang_up(sock: socket.socket) -> None:

@@ -27,15 +27,6 @@ pytestmark = pytest.mark.e2e
 ISOLATION_MS = 600_000  # the default tiers: a failure counts as 30 s -> 600 s
 
 
-@pytest.fixture(scope="module")
-def service() -> Iterator[ServiceProcess]:
-    svc = ServiceProcess()
-    try:
-        yield svc
-    finally:
-        svc.stop()
-
-
 @pytest.fixture
 def admin(service: ServiceProcess) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=service.url, timeout=5) as c:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -16,15 +15,6 @@ from service.client import AsyncDetourClient, SelectedQueue, SendError, SendResu
 from tests.procs import ServiceProcess
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def service() -> Iterator[ServiceProcess]:
-    svc = ServiceProcess()
-    try:
-        yield svc
-    finally:
-        svc.stop()
 
 
 def put_route(url: str, topic: str, brokers: dict[str, int]) -> None:

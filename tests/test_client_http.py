@@ -12,7 +12,6 @@ import itertools
 import json
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from service.client import (
@@ -22,7 +21,7 @@ from service.client import (
     DetourUnavailable,
     Report,
 )
-from tests.faulty import FaultyFront, answer, hang_up
+from tests.faulty import FaultyFront, answer, hang_up, two_broker_topic
 from tests.procs import ServiceProcess, free_port, write_tokens
 
 pytestmark = pytest.mark.e2e
@@ -33,13 +32,11 @@ _topics = itertools.count(1)
 
 @pytest.fixture(scope="module")
 def detour(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    """Detour checking tokens: the client's must reach it on every call."""
     tokens = write_tokens(tmp_path_factory.mktemp("auth") / "tokens.json", {
         "ops": (ADMIN, "admin", "default"), "app": (PRODUCER, "producer", "default")})
-    svc = ServiceProcess(env={"DETOUR_TOKENS_FILE": str(tokens)})
-    try:
+    with ServiceProcess(env={"DETOUR_TOKENS_FILE": str(tokens)}) as svc:
         yield svc
-    finally:
-        svc.stop()
 
 
 @pytest.fixture
@@ -50,12 +47,7 @@ def front(detour: ServiceProcess) -> Iterator[FaultyFront]:
 
 @pytest.fixture
 def topic(detour: ServiceProcess) -> str:
-    """A fresh topic with brokers ``<topic>-a`` and ``<topic>-b``, one queue each."""
-    name = f"http{next(_topics)}"
-    body = {"brokers": [{"brokerName": f"{name}-{b}", "writeQueueNums": 1} for b in "ab"]}
-    httpx.put(f"{detour.url}/routes/{name}", json=body, timeout=5,
-              headers={"Authorization": f"Bearer {ADMIN}"}).raise_for_status()
-    return name
+    return two_broker_topic(detour.url, f"http{next(_topics)}", token=ADMIN)
 
 
 def bodies(front: FaultyFront, path: str) -> list[dict[str, object]]:

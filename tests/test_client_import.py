@@ -10,7 +10,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -58,15 +57,6 @@ SCRIPT = textwrap.dedent(
     print("ok")
     """
 )
-
-
-@pytest.fixture(scope="module")
-def service() -> Iterator[ServiceProcess]:
-    svc = ServiceProcess()
-    try:
-        yield svc
-    finally:
-        svc.stop()
 
 
 def test_the_sdk_needs_no_web_stack(service: ServiceProcess) -> None:

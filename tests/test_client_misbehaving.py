@@ -37,6 +37,7 @@ from tests.faulty import (
     endless_line,
     response,
     trickle,
+    two_broker_topic,
 )
 from tests.procs import ServiceProcess, wait_until
 
@@ -45,28 +46,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 _topics = itertools.count(1)
 
 
-@pytest.fixture(scope="module")
-def detour() -> Iterator[ServiceProcess]:
-    svc = ServiceProcess()
-    try:
-        yield svc
-    finally:
-        svc.stop()
-
-
 @pytest.fixture
-def front(detour: ServiceProcess) -> Iterator[FaultyFront]:
-    with FaultyFront(detour.url) as f:
+def front(service: ServiceProcess) -> Iterator[FaultyFront]:
+    with FaultyFront(service.url) as f:
         yield f
 
 
 @pytest.fixture
-def topic(detour: ServiceProcess) -> str:
-    """A fresh topic with two brokers, ``<topic>-a`` and ``<topic>-b``, one queue each."""
-    name = f"mb{next(_topics)}"
-    body = {"brokers": [{"brokerName": f"{name}-{b}", "writeQueueNums": 1} for b in "ab"]}
-    httpx.put(f"{detour.url}/routes/{name}", json=body, timeout=5).raise_for_status()
-    return name
+def topic(service: ServiceProcess) -> str:
+    return two_broker_topic(service.url, f"mb{next(_topics)}")
 
 
 def fault_items(url: str) -> dict[str, dict[str, Any]]:
@@ -179,7 +167,7 @@ def test_a_trickling_detour_holds_no_send_past_its_deadline(
 
 
 def test_the_send_deadline_cuts_a_call_that_the_timeout_would_allow(
-    kind: str, front: FaultyFront, topic: str, detour: ServiceProcess
+    kind: str, front: FaultyFront, topic: str, service: ServiceProcess
 ) -> None:
     # Reports trickle; the select is answered by Detour. The delivery takes 0.5 s of the
     # 1 s deadline, so the report may have the 0.5 s left, not its 2 s timeout.
@@ -197,7 +185,7 @@ def test_the_send_deadline_cuts_a_call_that_the_timeout_would_allow(
         front.misbehave(None)
         assert p.flush(5)
         broker = result.queue.broker_name
-        assert fault_items(detour.url)[broker]["currentLatencyMs"] >= 500
+        assert fault_items(service.url)[broker]["currentLatencyMs"] >= 500
     finally:
         p.close()
 
@@ -282,8 +270,7 @@ REJECTIONS = {
 
 @pytest.mark.parametrize("case", list(REJECTIONS))
 def test_a_rejection_fails_open_counted_and_logged_once(
-    kind: str, case: str, front: FaultyFront, topic: str, detour: ServiceProcess,
-    caplog: pytest.LogCaptureFixture,
+    kind: str, case: str, front: FaultyFront, topic: str, caplog: pytest.LogCaptureFixture,
 ) -> None:
     status, body, extra = REJECTIONS[case]
     headers = {"content-type": "application/json", **extra}

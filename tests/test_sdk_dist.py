@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tomllib
 import zipfile
-from collections.abc import Iterator
 from email.parser import Parser
 from pathlib import Path
 
@@ -82,15 +81,6 @@ def test_the_wheel_holds_the_sdk_and_depends_on_httpx_only(wheel: Path) -> None:
     assert (meta["Name"], meta["Version"]) == ("detour-client", main["version"])
     httpx_pin = next(d for d in main["dependencies"] if d.startswith("httpx"))
     assert meta.get_all("Requires-Dist") == [httpx_pin] == project()["project"]["dependencies"]
-
-
-@pytest.fixture(scope="module")
-def service() -> Iterator[ServiceProcess]:
-    svc = ServiceProcess()
-    try:
-        yield svc
-    finally:
-        svc.stop()
 
 
 @pytest.mark.e2e

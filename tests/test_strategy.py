@@ -28,6 +28,7 @@ from service.model import (
 from service.strategy import (
     Decision,
     Selection,
+    WindowChange,
     apply_report,
     not_available_duration,
     pick_one_at_least,
@@ -35,7 +36,7 @@ from service.strategy import (
     report_duration,
     select,
     updated_available_at,
-    window_changed,
+    window_change,
 )
 
 pytestmark = pytest.mark.unit
@@ -456,7 +457,7 @@ def test_fast_success_after_isolation() -> None:
     t0 = 1_000_000
     iso = apply_report(None, "a", 30000, report_duration(cfg, 0, isolation=True), t0, False)
     assert iso.available_at == t0 + 600000
-    assert window_changed(None, iso.available_at, t0)
+    assert window_change(None, iso.available_at, t0) is WindowChange.OPENED
     assert not iso.is_available(t0 + 1000)
 
     t1 = t0 + 1000
@@ -466,13 +467,13 @@ def test_fast_success_after_isolation() -> None:
     assert kept.available_at == iso.available_at
     assert kept.current_latency_ms == 5
     assert not kept.is_available(t1)
-    assert not window_changed(iso.available_at, kept.available_at, t1)
+    assert window_change(iso.available_at, kept.available_at, t1) is WindowChange.NONE
 
     cleared = apply_report(iso, "a", 5, dur, t1, last_report_wins=True)
     assert cleared.available_at == t1
     assert cleared.current_latency_ms == 5
     assert cleared.is_available(t1)
-    assert window_changed(iso.available_at, cleared.available_at, t1)
+    assert window_change(iso.available_at, cleared.available_at, t1) is WindowChange.CLEARED
 
 
 @pytest.mark.parametrize(
@@ -494,7 +495,7 @@ def test_fast_success_after_isolation() -> None:
     ],
 )
 def test_window_changed(old: int | None, new: int, expected: bool) -> None:
-    assert window_changed(old, new, NOW) is expected
+    assert (window_change(old, new, NOW) is not WindowChange.NONE) is expected
 
 
 @HYP
@@ -507,7 +508,8 @@ def test_window_changed_iff_visible_state_changed(old: int | None, new: int) -> 
     is_open = NOW < new
     visible_before = old if was_open else None
     visible_after = new if is_open else None
-    assert window_changed(old, new, NOW) is (visible_before != visible_after)
+    changed = window_change(old, new, NOW) is not WindowChange.NONE
+    assert changed is (visible_before != visible_after)
 
 
 # ---------------------------------------------------------------- 3. select, avoidance on

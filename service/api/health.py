@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from service import metrics
 from service.api.deps import StoresDep
+from service.api.exposition import TableState, exposition
 from service.schemas import ErrorBody, Health
 from service.store import FaultStore
 
@@ -52,5 +52,5 @@ async def readyz(stores: StoresDep) -> Health:
 )
 async def prometheus(stores: StoresDep) -> Response:
     """Counters of this process (all workers' when several run) and every table's state."""
-    tables = [metrics.TableState(s.view, s.degraded) for _, s in sorted(stores.items())]
-    return Response(metrics.exposition(tables), media_type=CONTENT_TYPE_LATEST)
+    tables = [TableState(s.view, s.degraded) for _, s in sorted(stores.items())]
+    return Response(exposition(tables), media_type=CONTENT_TYPE_LATEST)

@@ -8,55 +8,11 @@ from service.store import ReportOutcome
 
 
 def config_out(c: Config) -> ConfigBody:
-    return ConfigBody(
-        send_latency_fault_enable=c.send_latency_fault_enable,
-        latency_max=list(c.latency_max),
-        not_available_duration=list(c.not_available_duration),
-        isolation_latency_ms=c.isolation_latency_ms,
-        last_report_wins=c.last_report_wins,
-        selection=c.selection,  # type: ignore[arg-type]
-        ordered_fallback=c.ordered_fallback,  # type: ignore[arg-type]
-        max_avoided_percent=c.max_avoided_percent,
-        panic_threshold_percent=c.panic_threshold_percent,
-        enforcement_percent=c.enforcement_percent,
-        isolation_quorum=c.isolation_quorum,
-        quorum_window_ms=c.quorum_window_ms,
-        repeat_multiplier=c.repeat_multiplier,
-        max_isolation_ms=c.max_isolation_ms,
-        repeat_decay_ms=c.repeat_decay_ms,
-        jitter_percent=c.jitter_percent,
-        probe_on_expiry=c.probe_on_expiry,
-        probe_timeout_ms=c.probe_timeout_ms,
-        detector_enable=c.detector_enable,
-        detect_interval_ms=c.detect_interval_ms,
-        detect_timeout_ms=c.detect_timeout_ms,
-    )
+    return ConfigBody.model_validate(c.to_wire())
 
 
 def config_in(body: ConfigBody) -> Config:
-    return Config(
-        send_latency_fault_enable=body.send_latency_fault_enable,
-        latency_max=tuple(body.latency_max),
-        not_available_duration=tuple(body.not_available_duration),
-        isolation_latency_ms=body.isolation_latency_ms,
-        last_report_wins=body.last_report_wins,
-        selection=body.selection,
-        ordered_fallback=body.ordered_fallback,
-        max_avoided_percent=body.max_avoided_percent,
-        panic_threshold_percent=body.panic_threshold_percent,
-        enforcement_percent=body.enforcement_percent,
-        isolation_quorum=body.isolation_quorum,
-        quorum_window_ms=body.quorum_window_ms,
-        repeat_multiplier=body.repeat_multiplier,
-        max_isolation_ms=body.max_isolation_ms,
-        repeat_decay_ms=body.repeat_decay_ms,
-        jitter_percent=body.jitter_percent,
-        probe_on_expiry=body.probe_on_expiry,
-        probe_timeout_ms=body.probe_timeout_ms,
-        detector_enable=body.detector_enable,
-        detect_interval_ms=body.detect_interval_ms,
-        detect_timeout_ms=body.detect_timeout_ms,
-    )
+    return Config.from_wire(body.model_dump(by_alias=True))
 
 
 def route_out(route: Route) -> RouteOut:

@@ -19,6 +19,7 @@ from service.api.fast import (
     voter_of,
 )
 from service.api.render import report_out
+from service.api.telemetry import observe_reports
 from service.errors import TableFull
 from service.schemas import (
     BatchReportRequest,
@@ -49,7 +50,7 @@ async def _apply(store: FaultStore, reports: list[ReportIn]) -> list[ReportOutco
     except TableFull:
         metrics.REPORTS_REFUSED.labels(store.namespace, "table_full").inc(len(reports))
         raise
-    metrics.observe_reports(store.namespace, outcomes)
+    observe_reports(store.namespace, outcomes)
     return outcomes
 
 

@@ -7,6 +7,8 @@ from pydantic import TypeAdapter
 
 from service.api.deps import ERRORS, UNAVAILABLE, not_found
 from service.api.fast import json_response, parse, request_body, store_of, voter_of
+from service.api.telemetry import observe_policy, observe_select
+from service.errors import NotFound
 from service.model import Queue
 from service.schemas import SelectRequest, SelectResponse
 from service.selector import choose
@@ -58,9 +60,16 @@ async def select(request: Request) -> Response:
     store = store_of(request)
     # The identity the producer's reports vote with (the token's when tokens are on).
     producer = voter_of(request, body.producer) or None
-    route, choice = choose(
-        store.view, body.topic, inline, body.last_broker_name, producer, body.sharding_key
-    )
+    view = store.view
+    try:
+        route, choice = choose(
+            view, body.topic, inline, body.last_broker_name, producer, body.sharding_key
+        )
+    except NotFound:
+        observe_select(view.namespace, None)
+        raise
+    observe_select(view.namespace, choice.selection)
+    observe_policy(view.namespace, choice)
     sel, av = choice.selection, choice.avoidance
     queue = sel.queue
     address = route.addresses.get(queue.broker_name)

@@ -1,8 +1,9 @@
 """Detour's JSON bodies to and from the pure model, with no HTTP library in sight.
 
 The service validates with pydantic; the SDK must not import it, so the few
-shapes it reads (select answers, routes, config, fault items) are mapped by hand
-here, once, for the sync and async clients alike. Reports are checked before
+shapes it reads (select answers, routes, fault items) are mapped by hand here,
+once, for the sync and async clients alike; the config's mapping comes with its
+declaration (``Config.from_wire``). Reports are checked before
 they are queued: a batch is atomic, so one bad report would sink 999 good ones.
 """
 
@@ -100,17 +101,13 @@ def route(body: Mapping[str, Any]) -> Route:
 
 
 def config(body: Mapping[str, Any]) -> Config:
-    """A ``Config`` from the camelCase body; omitted fields take their defaults."""
-    d = Config()
-    return Config(
-        send_latency_fault_enable=bool(body.get("sendLatencyFaultEnable", True)),
-        latency_max=tuple(int(x) for x in body.get("latencyMax", d.latency_max)),
-        not_available_duration=tuple(
-            int(x) for x in body.get("notAvailableDuration", d.not_available_duration)
-        ),
-        isolation_latency_ms=int(body.get("isolationLatencyMs", d.isolation_latency_ms)),
-        last_report_wins=bool(body.get("lastReportWins", False)),
-    )
+    """A ``Config`` from the camelCase body; omitted fields take their defaults.
+
+    Lenient: a field this SDK's rules refuse (a newer service's bounds or choices) takes
+    its default rather than failing the whole config, so a newer service does not stop
+    the cached client, whose local selects read only RocketMQ's fields.
+    """
+    return Config.from_wire(body, lenient=True)
 
 
 def fault(body: Mapping[str, Any]) -> FaultItem | None:

@@ -3,59 +3,52 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from service.model import BrokerRoute, Config, FaultItem, Route, route_brokers
+from service.model import CONFIG_FIELDS, BrokerRoute, Config, FaultItem, Route, route_brokers
 
-#: Config fields beyond RocketMQ's, stored under their API (camelCase) names; a config
-#: stored before a field existed reads as that field's default.
-_POLICY_FIELDS = {
-    "selection": "selection",
-    "ordered_fallback": "orderedFallback",
-    "max_avoided_percent": "maxAvoidedPercent",
-    "panic_threshold_percent": "panicThresholdPercent",
-    "enforcement_percent": "enforcementPercent",
-    "isolation_quorum": "isolationQuorum",
-    "quorum_window_ms": "quorumWindowMs",
-    "repeat_multiplier": "repeatMultiplier",
-    "max_isolation_ms": "maxIsolationMs",
-    "repeat_decay_ms": "repeatDecayMs",
-    "jitter_percent": "jitterPercent",
-    "probe_on_expiry": "probeOnExpiry",
-    "probe_timeout_ms": "probeTimeoutMs",
-    "detector_enable": "detectorEnable",
-    "detect_interval_ms": "detectIntervalMs",
-    "detect_timeout_ms": "detectTimeoutMs",
-}
+#: report.lua's ARGV[6], in the order the script reads it: a Config field by name (a bool
+#: as 0/1), or one of REPORT_POLICY_COMPUTED, which the store works out per call.
+REPORT_POLICY = (
+    "isolation_quorum",
+    "quorum_window_ms",
+    "keep_ms",
+    "repeat_multiplier",
+    "max_isolation_ms",
+    "repeat_decay_ms",
+    "jitter_percent",
+    "jitter_scale",
+    "max_suspects",
+    "max_isolations",
+    "event_log_cap",
+    "probe_on_expiry",
+)
+REPORT_POLICY_COMPUTED = frozenset(REPORT_POLICY) - {f.name for f in CONFIG_FIELDS}
 
 
 def encode_config(c: Config) -> str:
-    return json.dumps(
-        {
-            "sendLatencyFaultEnable": c.send_latency_fault_enable,
-            "latencyMax": list(c.latency_max),
-            "notAvailableDuration": list(c.not_available_duration),
-            "isolationLatencyMs": c.isolation_latency_ms,
-            "lastReportWins": c.last_report_wins,
-            **{name: getattr(c, attr) for attr, name in _POLICY_FIELDS.items()},
-        },
-        separators=(",", ":"),
-    )
+    """The config as stored in Redis and pushed to replicas: its camelCase body."""
+    return json.dumps(c.to_wire(), separators=(",", ":"))
 
 
 def decode_config(raw: str) -> Config:
-    """A stored config; an absent one ("") is the default config."""
+    """A stored config; an absent one ("") is the default config, and a field stored before
+    it existed reads as its default."""
     if not raw:
         return Config()
     d: dict[str, Any] = json.loads(raw)
-    return Config(
-        send_latency_fault_enable=bool(d["sendLatencyFaultEnable"]),
-        latency_max=tuple(int(x) for x in d["latencyMax"]),
-        not_available_duration=tuple(int(x) for x in d["notAvailableDuration"]),
-        isolation_latency_ms=int(d["isolationLatencyMs"]),
-        last_report_wins=bool(d["lastReportWins"]),
-        **{attr: d[name] for attr, name in _POLICY_FIELDS.items() if name in d},
+    return Config.from_wire(d)
+
+
+def encode_report_policy(config: Config, computed: Mapping[str, int]) -> str:
+    """report.lua's ARGV[6] from the config and the store's ``computed`` values (exactly
+    REPORT_POLICY_COMPUTED; raises ValueError otherwise)."""
+    if computed.keys() != REPORT_POLICY_COMPUTED:
+        raise ValueError(f"report.lua's policy needs exactly {sorted(REPORT_POLICY_COMPUTED)}")
+    return ",".join(
+        str(int(computed[name] if name in computed else getattr(config, name)))
+        for name in REPORT_POLICY
     )
 
 
@@ -71,39 +64,10 @@ def decode_route(topic: str, raw: str) -> Route:
     return Route.from_brokers(topic, brokers)
 
 
-def encode_fault(
-    latency_ms: int,
-    available_at: int,
-    isolations: int = 0,
-    suspects: Sequence[tuple[str, int]] = (),
-    probation: bool = False,
-    reachable: bool | None = None,
-) -> str:
-    """``latencyMs,availableAt``, then ``,isolations[,probation 1/0[,reachable 1/0]]`` and
-    ``;producer=at`` per suspect, only as far as the policy keeps more (report.lua and
-    reach.lua write the same; producer ids cannot contain ``;`` or ``=``)."""
-    if not isolations and not suspects and not probation and reachable is None:
-        return f"{latency_ms},{available_at}"
-    head = f"{latency_ms},{available_at},{isolations}"
-    if reachable is not None:
-        head += f",{int(probation)},{int(reachable)}"
-    elif probation:
-        head += ",1"
-    return head + "".join(f";{p}={a}" for p, a in suspects)
-
-
-def encode_item(item: FaultItem) -> str:
-    return encode_fault(
-        item.current_latency_ms,
-        item.available_at,
-        item.isolations,
-        item.suspects,
-        item.probation,
-        item.reachable,
-    )
-
-
 def decode_fault(broker: str, raw: str) -> FaultItem:
+    """A fault item as report.lua and reach.lua write it: ``latencyMs,availableAt``, then
+    ``,isolations[,probation 1/0[,reachable 1/0]]`` and ``;producer=at`` per suspect, only
+    as far as the policy keeps more (producer ids cannot contain ``;`` or ``=``)."""
     head, *suspects = raw.split(";")
     latency, end, *rest = head.split(",")
     pairs = tuple((p, int(a)) for p, _, a in (s.partition("=") for s in suspects))

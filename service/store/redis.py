@@ -77,24 +77,16 @@ _PROBE_STATES: tuple[str | None, ...] = (None, "passed", "failed")
 
 
 def _policy_arg(config: Config, events_max: int = 0) -> str:
-    """report.lua's ARGV[5]: the policy knobs the script applies."""
-    keep_ms = max(config.quorum_window_ms, strategy.report_duration(config, 0, True))
-    return ",".join(
-        str(x)
-        for x in (
-            config.isolation_quorum,
-            config.quorum_window_ms,
-            keep_ms,
-            int(config.repeat_multiplier),
-            config.max_isolation_ms,
-            config.repeat_decay_ms,
-            config.jitter_percent,
-            policy.JITTER_SCALE,
-            policy.MAX_SUSPECTS,
-            policy.MAX_ISOLATIONS,
-            events_max,
-            int(config.probe_on_expiry),
-        )
+    """report.lua's ARGV[6] (codec.REPORT_POLICY): the policy knobs the script applies."""
+    return codec.encode_report_policy(
+        config,
+        {
+            "keep_ms": max(config.quorum_window_ms, strategy.report_duration(config, 0, True)),
+            "jitter_scale": policy.JITTER_SCALE,
+            "max_suspects": policy.MAX_SUSPECTS,
+            "max_isolations": policy.MAX_ISOLATIONS,
+            "event_log_cap": events_max,
+        },
     )
 
 

@@ -1,0 +1,85 @@
+"""The handlers that render every error, raised or from the framework, as the Error schema."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service.errors import DetourError, error_body
+
+log = logging.getLogger("detour")
+
+_HTTP_CODES = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 413: "PAYLOAD_TOO_LARGE"}
+
+
+def field_path(loc: Sequence[int | str]) -> str:
+    """``("body", "brokers", 0, "writeQueueNums")`` -> ``brokers[0].writeQueueNums``.
+
+    A whole-body problem (malformed JSON, missing body) is named ``body``.
+    """
+    parts = list(loc)
+    if parts and parts[0] in ("body", "path", "query", "header"):
+        parts = parts[1:] if len(parts) > 1 else parts
+    out = ""
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        else:
+            out += f".{p}" if out else str(p)
+    return out or "body"
+
+
+def _validation_message(err: dict[str, Any]) -> str:
+    if err.get("type") == "json_invalid":
+        return "request body is not valid JSON"
+    return str(err.get("msg", "invalid value"))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_detour_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, DetourError)
+        return JSONResponse(error_body(exc.code, exc.message, exc.field), status_code=exc.status)
+
+    async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        errors = list(exc.errors())
+        first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
+        loc = first.get("loc", ("body",))
+        if first.get("type") == "json_invalid":
+            loc = ("body",)
+        field = field_path(loc)
+        return JSONResponse(
+            error_body("VALIDATION_ERROR", f"{field}: {_validation_message(first)}", field),
+            status_code=422,
+        )
+
+    async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 400:
+            # The framework's answer to a body json.loads choked on in a way it does
+            # not classify (a 5,000-digit number, nesting past the recursion limit).
+            body = error_body("VALIDATION_ERROR", "request body is not valid JSON", "body")
+            return JSONResponse(body, status_code=422)
+        code = _HTTP_CODES.get(exc.status_code, "HTTP_ERROR")
+        field = "body" if exc.status_code == 413 else None
+        return JSONResponse(
+            error_body(code, str(exc.detail), field),
+            status_code=exc.status_code,
+            headers=exc.headers,
+        )
+
+    async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # Never leak a traceback; the log has it.
+        log.exception("unhandled error", exc_info=exc)
+        return JSONResponse(error_body("INTERNAL", "internal error"), status_code=500)
+
+    app.add_exception_handler(DetourError, on_detour_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(Exception, on_unexpected)

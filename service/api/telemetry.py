@@ -1,0 +1,165 @@
+"""What the API counts as it serves: selects, reports, request times, by bounded labels."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+
+from prometheus_client import Counter, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.metrics import (
+    AVOIDANCE,
+    EVENTS,
+    EVICTED,
+    HTTP_DURATION,
+    MAX_BROKER_SERIES,
+    ORDERED,
+    OTHER_BROKER,
+    PROBES,
+    QUORUM,
+    REPORTED_LATENCY,
+    REPORTS,
+    REPORTS_REFUSED,
+    SELECT_AVOIDED,
+    SELECTS,
+    SELECTS_AVOIDING,
+    WINDOWS_EXTENDED,
+    WINDOWS_OPENED,
+)
+from service.policy import Choice, window_event
+from service.store.base import ReportOutcome
+from service.strategy import Decision, Selection, WindowChange
+
+_seen_brokers: set[str] = set()
+
+
+def broker_label(broker: str) -> str:
+    """The broker's own label while fewer than MAX_BROKER_SERIES names were seen."""
+    if broker in _seen_brokers:
+        return broker
+    if len(_seen_brokers) < MAX_BROKER_SERIES:
+        _seen_brokers.add(broker)
+        return broker
+    return OTHER_BROKER
+
+
+_DECISIONS = ("available", "pick_one_at_least", "round_robin", "no_route")
+_AVOIDANCE_OUTCOMES = ("enforced", "limited", "panic", "dry_run")
+_PLACEMENTS = ("home", "wait", "remap")
+
+
+def prepare_namespaces(namespaces: Iterable[str]) -> None:
+    """Create each namespace's decision and refusal series, so rate() sees the first event."""
+    for ns in namespaces:
+        for d in _DECISIONS:
+            SELECTS.labels(ns, d)
+        SELECTS_AVOIDING.labels(ns)
+        REPORTS_REFUSED.labels(ns, "table_full")
+        EVICTED.labels(ns)
+        for outcome in _AVOIDANCE_OUTCOMES:
+            AVOIDANCE.labels(ns, outcome)
+        for placement in _PLACEMENTS:
+            ORDERED.labels(ns, placement)
+        for outcome in ("sent", "passed", "failed"):
+            PROBES.labels(ns, outcome)
+
+
+#: (namespace, decision) -> its child series: ``labels()`` costs more than the increment,
+#: and this runs on every select.
+_select_series: dict[tuple[str, str], Counter] = {}
+
+
+def _selects(namespace: str, decision: str) -> Counter:
+    key = (namespace, decision)
+    series = _select_series.get(key)
+    if series is None:
+        series = _select_series[key] = SELECTS.labels(namespace, decision)
+    return series
+
+
+def observe_select(namespace: str, selection: Selection | None) -> None:
+    """Count one select; None when the topic had no route."""
+    if selection is None:
+        _selects(namespace, "no_route").inc()
+        return
+    _selects(namespace, selection.decision.value).inc()
+    if selection.avoided_brokers or selection.decision is Decision.PICK_ONE_AT_LEAST:
+        SELECTS_AVOIDING.labels(namespace).inc()
+    for broker in selection.avoided_brokers:
+        SELECT_AVOIDED.labels(namespace, broker_label(broker)).inc()
+
+
+def observe_policy(namespace: str, choice: Choice) -> None:
+    """Count what the policy did with the open windows a select met, and keyed placements."""
+    av = choice.avoidance
+    if av.detected:
+        if av.dry_run:
+            outcome = "dry_run"
+        elif av.panic:
+            outcome = "panic"
+        elif av.unenforced:
+            outcome = "limited"
+        else:
+            outcome = "enforced"
+        AVOIDANCE.labels(namespace, outcome).inc()
+    if choice.ordered is not None:
+        ORDERED.labels(namespace, choice.ordered).inc()
+    if choice.probe is not None:
+        PROBES.labels(namespace, "sent").inc()
+
+
+def observe_reports(namespace: str, outcomes: Sequence[ReportOutcome]) -> None:
+    for o in outcomes:
+        broker = broker_label(o.broker_name)
+        if o.quorum is not None:
+            QUORUM.labels(namespace, broker, o.quorum).inc()
+        if o.probe is not None:
+            PROBES.labels(namespace, o.probe).inc()
+        event = window_event(o.change, o.isolation, o.quorum == "reached", o.probe)
+        if event is not None:
+            EVENTS.labels(namespace, *event).inc()
+        REPORTS.labels(namespace, broker, "isolation" if o.isolation else "ok").inc()
+        REPORTED_LATENCY.labels(namespace, broker).observe(o.latency_ms / 1000)
+        if o.change is WindowChange.OPENED and o.tier_ms is not None:
+            WINDOWS_OPENED.labels(namespace, broker, str(o.tier_ms)).inc()
+        elif o.change is WindowChange.MOVED:
+            WINDOWS_EXTENDED.labels(namespace, broker).inc()
+
+
+_http_series: dict[tuple[str, str, int], Histogram] = {}
+
+
+class RequestTimer:
+    """Times every request into detour_http_request_duration_seconds, by route template."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            if template != "/fault-items/stream":  # endless by design
+                key = (template, scope["method"], status)
+                series = _http_series.get(key)
+                if series is None:
+                    # Bounded: route templates x methods x statuses.
+                    series = _http_series[key] = HTTP_DURATION.labels(
+                        template, scope["method"], str(status)
+                    )
+                series.observe(time.perf_counter() - start)
