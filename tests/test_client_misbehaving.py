@@ -111,12 +111,22 @@ class Producer:
     def stats(self) -> ClientStats:
         return self.sync.stats() if self.sync is not None else self.aio.stats()
 
+    def since(self, before: ClientStats, *fields: str) -> tuple[int, ...]:
+        """How much each counter grew since ``before``."""
+        now = self.stats()
+        return tuple(getattr(now, f) - getattr(before, f) for f in fields)
+
     def close(self) -> None:
         if self.sync is not None:
             self.sync.close()
-        else:
+            return
+        try:
             self.loop.run_until_complete(self.aio.aclose())
+        finally:
             self.loop.close()
+
+
+MakeProducer = Callable[..., tuple[Producer, ClientStats]]
 
 
 @pytest.fixture(params=["sync", "async"])
@@ -124,11 +134,24 @@ def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def producer(kind: str, front: FaultyFront, topic: str, **settings: Any) -> Producer:
-    """A producer that has sent once through a behaving front: it knows the route."""
-    p = Producer(kind, front.url, **settings)
-    assert not p.send(topic).queue.local
-    return p
+@pytest.fixture
+def producer(
+    kind: str, front: FaultyFront, topic: str
+) -> Iterator[MakeProducer]:
+    """Makes a producer that has sent through the behaving front, so it knows the route and
+    config, and its stats then; closes it after the test."""
+    made: list[Producer] = []
+
+    def make(**settings: Any) -> tuple[Producer, ClientStats]:
+        p = Producer(kind, front.url, **settings)
+        made.append(p)
+        # A busy machine may miss a 200 ms timeout once: the counters are compared from here.
+        wait_until(lambda: not p.send(topic).queue.local, 20, "a send Detour answered")
+        return p, p.stats()
+
+    yield make
+    for p in made:
+        p.close()
 
 
 def a_select_answer(topic: str, /, **fields: object) -> bytes:
@@ -140,54 +163,47 @@ def a_select_answer(topic: str, /, **fields: object) -> bytes:
 # ------------------------------------------------------------------------- a trickle
 @pytest.mark.parametrize("where", ["headers", "body"])
 def test_a_trickling_detour_holds_no_send_past_its_deadline(
-    kind: str, where: str, front: FaultyFront, topic: str
+    where: str, front: FaultyFront, topic: str, producer: MakeProducer
 ) -> None:
     # A valid answer, one byte every 20 ms: 6 s to read whole, and a byte arrives well
     # within every 200 ms read timeout, so httpx's own timeouts never fire.
     data = response(200, a_select_answer(topic).ljust(300), {"content-type": "application/json"})
     at_once = data.index(b"\r\n\r\n") + 4 if where == "body" else 0
-    p = producer(kind, front, topic, timeout=0.2, deadline=1.0)
-    try:
-        front.misbehave(on("POST", "/select", trickle(data, 0.02, at_once)))
-        for _ in range(3):
-            result, took = p.timed_send(topic)
-            assert result.queue.local and result.value in (f"{topic}-a", f"{topic}-b")
-            assert took < 1.0, f"a send took {took:.2f} s, past its 1 s deadline"
-        wait_until(lambda: front.written, 5, "the trickle to notice the hang-up")
-        (cut,) = front.written  # one call reached it; the open circuit kept the others local
+    p, before = producer(timeout=0.2, deadline=1.0)
+    front.misbehave(on("POST", "/select", trickle(data, 0.02, at_once)))
+    for _ in range(3):
+        result, took = p.timed_send(topic)
+        assert result.queue.local and result.value in (f"{topic}-a", f"{topic}-b")
+        assert took < 1.0, f"a send took {took:.2f} s, past its 1 s deadline"
+    assert p.since(before, "local_selects")[0] == 3 and p.stats().detour_failures > 0
+    wait_until(lambda: front.written, 5, "the trickle to notice the hang-up")
+    for cut in front.written:  # the client hung up early, every time
         assert cut.hung_up and cut.sent < len(data) and cut.seconds < 1.0
-        stats = p.stats()
-        assert (stats.detour_failures, stats.local_selects, stats.pending_reports) == (1, 3, 3)
 
-        front.misbehave(None)
-        assert p.flush(5)  # what was queued reaches Detour once it answers again
-        assert p.stats().sent_reports == 1 + 3
-    finally:
-        p.close()
+    front.misbehave(None)
+    assert p.flush(5)  # what was queued reaches Detour once it answers again
+    assert p.since(before, "sent_reports") == (3,)
 
 
 def test_the_send_deadline_cuts_a_call_that_the_timeout_would_allow(
-    kind: str, front: FaultyFront, topic: str, service: ServiceProcess
+    front: FaultyFront, topic: str, service: ServiceProcess,
+    producer: MakeProducer,
 ) -> None:
     # Reports trickle; the select is answered by Detour. The delivery takes 0.5 s of the
     # 1 s deadline, so the report may have the 0.5 s left, not its 2 s timeout.
     slow = response(200, b'{"brokerName": "x"}'.ljust(400), {"content-type": "application/json"})
-    p = producer(kind, front, topic, timeout=2.0, deadline=1.0)
-    try:
-        front.misbehave(on("POST", "/report-latency", trickle(slow, 0.02)))
-        p.delay_s = 0.5
-        result, took = p.timed_send(topic)
-        assert not result.queue.local  # Detour chose the queue
-        assert took < 1.0 + 0.5, f"the send took {took:.2f} s (0.5 s + a 2 s call uncut)"
-        stats = p.stats()
-        assert stats.pending_reports == 1 and stats.detour_failures == 1
+    p, before = producer(timeout=2.0, deadline=1.0)
+    front.misbehave(on("POST", "/report-latency", trickle(slow, 0.02)))
+    p.delay_s = 0.5
+    result, took = p.timed_send(topic)
+    assert not result.queue.local  # Detour chose the queue
+    assert took < 1.0 + 0.5, f"the send took {took:.2f} s (0.5 s + a 2 s call uncut)"
+    assert p.since(before, "pending_reports", "detour_failures") == (1, 1)
 
-        front.misbehave(None)
-        assert p.flush(5)
-        broker = result.queue.broker_name
-        assert fault_items(service.url)[broker]["currentLatencyMs"] >= 500
-    finally:
-        p.close()
+    front.misbehave(None)
+    assert p.flush(5)
+    broker = result.queue.broker_name
+    assert fault_items(service.url)[broker]["currentLatencyMs"] >= 500
 
 
 # ---------------------------------------------------------------- the wrong answer
@@ -217,18 +233,15 @@ WRONG_SELECT_ANSWERS: dict[str, Callable[[str], bytes]] = {
 
 @pytest.mark.parametrize("shape", list(WRONG_SELECT_ANSWERS))
 def test_a_2xx_of_the_wrong_shape_means_decide_locally(
-    kind: str, shape: str, front: FaultyFront, topic: str
+    shape: str, front: FaultyFront, topic: str,
+    producer: MakeProducer,
 ) -> None:
     body = WRONG_SELECT_ANSWERS[shape](topic)
-    p = producer(kind, front, topic)
-    try:
-        front.misbehave(on("POST", "/select", answer(200, body)))
-        result = p.send(topic)
-        assert result.queue.local
-        stats = p.stats()
-        assert (stats.bad_answers, stats.detour_failures, stats.rejected_calls) == (1, 1, 0)
-    finally:
-        p.close()
+    p, before = producer(timeout=1.0)
+    front.misbehave(on("POST", "/select", answer(200, body)))
+    assert p.send(topic).queue.local
+    counted = p.since(before, "bad_answers", "detour_failures", "rejected_calls")
+    assert counted == (1, 1, 0)
 
 
 @pytest.mark.parametrize(("status", "body", "ctype"), [
@@ -237,26 +250,23 @@ def test_a_2xx_of_the_wrong_shape_means_decide_locally(
     (400, b'{"detail": "bad"}', "application/json"),  # JSON, but not Detour's error body
 ])
 def test_a_4xx_that_is_not_detours_means_decide_locally(
-    kind: str, status: int, body: bytes, ctype: str, front: FaultyFront, topic: str
+    status: int, body: bytes, ctype: str, front: FaultyFront, topic: str,
+    producer: MakeProducer,
 ) -> None:
-    p = producer(kind, front, topic)
-    try:
-        front.misbehave(on("POST", "/select", answer(status, body, {"content-type": ctype})))
-        assert p.send(topic).queue.local
-        assert p.stats().bad_answers == 1
-    finally:
-        p.close()
+    p, before = producer(timeout=1.0)
+    front.misbehave(on("POST", "/select", answer(status, body, {"content-type": ctype})))
+    assert p.send(topic).queue.local
+    assert p.since(before, "bad_answers") == (1,)
 
 
-def test_an_answer_too_large_is_not_read_whole(kind: str, front: FaultyFront, topic: str) -> None:
+def test_an_answer_too_large_is_not_read_whole(
+    front: FaultyFront, topic: str, producer: MakeProducer
+) -> None:
     huge = b'{"pad": "' + b"x" * (8 * 1024 * 1024) + b'"}'
-    p = producer(kind, front, topic, timeout=2.0)
-    try:
-        front.misbehave(on("POST", "/select", answer(200, huge)))
-        assert p.send(topic).queue.local
-        assert p.stats().bad_answers == 1
-    finally:
-        p.close()
+    p, before = producer(timeout=2.0)
+    front.misbehave(on("POST", "/select", answer(200, huge)))
+    assert p.send(topic).queue.local
+    assert p.since(before, "bad_answers") == (1,)
 
 
 # ------------------------------------------------------- rejections: 401, 403, 3xx
@@ -270,37 +280,35 @@ REJECTIONS = {
 
 @pytest.mark.parametrize("case", list(REJECTIONS))
 def test_a_rejection_fails_open_counted_and_logged_once(
-    kind: str, case: str, front: FaultyFront, topic: str, caplog: pytest.LogCaptureFixture,
+    case: str, front: FaultyFront, topic: str, caplog: pytest.LogCaptureFixture,
+    producer: MakeProducer,
 ) -> None:
     status, body, extra = REJECTIONS[case]
     headers = {"content-type": "application/json", **extra}
     # A short circuit pause, so the queued reports' flusher meets the rejection again
     # and again within the test.
-    p = producer(kind, front, topic, backoff_initial=0.02, backoff_max=0.02)
-    try:
-        front.misbehave(always(answer(status, body, headers)))
-        with caplog.at_level(logging.WARNING, logger="detour.client"):
-            results = [p.send(topic) for _ in range(3)]
-            assert all(r.queue.local for r in results)
+    p, before = producer(timeout=1.0, backoff_initial=0.02, backoff_max=0.02)
+    front.misbehave(always(answer(status, body, headers)))
+    with caplog.at_level(logging.WARNING, logger="detour.client"):
+        results = [p.send(topic) for _ in range(3)]
+        assert all(r.queue.local for r in results)
 
-            def rejected_thrice() -> bool:
-                p.flush(0.05)  # drives the async client's loop; the sync one's flusher runs alone
-                return p.stats().rejected_calls >= 3
+        def rejected_thrice() -> bool:
+            p.flush(0.05)  # drives the async client's loop; the sync one's flusher runs alone
+            return p.stats().rejected_calls >= 3
 
-            wait_until(rejected_thrice, 10, "three rejections")
-        stats = p.stats()
-        assert stats.last_rejected_status == status and stats.bad_answers == 0
-        assert stats.pending_reports == 3 and stats.dropped_reports == 0
-        loud = [r for r in caplog.records if r.name == "detour.client" and f"HTTP {status}" in
-                r.getMessage()]
-        assert len(loud) == 1 and loud[0].levelno == logging.ERROR  # once, not once per call
-        assert "/login" not in front.paths()  # the redirect was not followed
+        wait_until(rejected_thrice, 10, "three rejections")
+    stats = p.stats()
+    assert stats.last_rejected_status == status
+    assert p.since(before, "bad_answers", "pending_reports", "dropped_reports") == (0, 3, 0)
+    loud = [r for r in caplog.records if r.name == "detour.client" and f"HTTP {status}" in
+            r.getMessage()]
+    assert len(loud) == 1 and loud[0].levelno == logging.ERROR  # once, not once per call
+    assert "/login" not in front.paths()  # the redirect was not followed
 
-        front.misbehave(None)
-        assert p.flush(5)
-        assert p.stats().sent_reports == 1 + 3
-    finally:
-        p.close()
+    front.misbehave(None)
+    assert p.flush(5)
+    assert p.since(before, "sent_reports") == (3,)
 
 
 def test_a_cached_client_counts_a_rejected_stream(front: FaultyFront, topic: str) -> None:
@@ -366,7 +374,8 @@ async def _echo(q: SelectedQueue, payload: int) -> str:
 
 # ------------------------------------------------------------------------ remote stats
 def test_remote_mode_has_no_clock_offset(front: FaultyFront, topic: str) -> None:
-    with DetourClient(front.url) as remote, DetourClient(front.url, mode="cached") as cached:
+    with DetourClient(front.url, timeout=2.0) as remote, \
+            DetourClient(front.url, mode="cached") as cached:
         remote.send(topic, 0, lambda q, p: None)
         assert cached.wait_ready(5)
         assert remote.stats().clock_offset_ms is None

@@ -6,9 +6,10 @@ same way, once, here:
 * Whether: the circuit breaker (``service.client.circuit``) says.
 * How long: the call timeout, cut to what is left of the send's deadline when
   the call is made for a send, so Detour never holds a send past its deadline.
-  With less than a tenth of the timeout left, Detour is not called at all (the
-  select is decided locally, the report queued): so short a budget would fail a
-  healthy Detour and open the circuit for nothing.
+  With less than a tenth of the timeout (or of the deadline, if shorter) left,
+  Detour is not called at all (the select is decided locally, the report
+  queued): so short a budget would fail a healthy Detour and open the circuit
+  for nothing.
 * How it ended: tallied for ``stats()``. A rejection (401/403/3xx) and an answer
   that is not Detour's will not heal by themselves, so they are also logged,
   loudly but at most once a minute each, with the number held back in between.

@@ -109,7 +109,7 @@ class _Backend(httpcore.NetworkBackend):
         self._inner.sleep(seconds)
 
 
-def _as_httpx(exc: httpcore.TimeoutException | Exception) -> httpx.TransportError:
+def _as_httpx(exc: Exception) -> httpx.TransportError:
     """httpcore's error as the httpx error of the same name (httpx defines one for each)."""
     cls = getattr(httpx, type(exc).__name__, None)
     if not (isinstance(cls, type) and issubclass(cls, httpx.TransportError)):
