@@ -21,7 +21,7 @@ from service.client import (
     SendError,
 )
 from service.client.cached import ServiceClock, StreamApplier
-from service.client.calls import Calls, Loud
+from service.client.calls import BACKGROUND_TIMEOUT_S, Calls, Loud
 from service.client.circuit import CircuitBreaker, Ticket
 from service.client.errors import DetourBadAnswer, DetourRejected
 from service.client.local import LocalTable
@@ -179,6 +179,11 @@ def test_a_call_gets_the_timeout_or_what_is_left_of_the_send() -> None:
     ticket, budget = calls.begin()
     assert ticket is Ticket.CALL and budget == 0.2
     calls.end(ticket, None)
+    ticket, budget = calls.begin(background=True)  # a report batch no send waits for
+    assert budget == BACKGROUND_TIMEOUT_S > 0.2
+    calls.end(ticket, None)
+    _, budget = calls.begin(ends=time.monotonic() + 0.5, background=True)
+    assert 0.3 < budget <= 0.5  # within a flush's deadline all the same
     _, budget = calls.begin(ends=time.monotonic() + 0.1)
     assert 0.05 < budget <= 0.1
     with pytest.raises(DetourUnavailable, match="left in the send"):

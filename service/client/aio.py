@@ -96,7 +96,7 @@ class AsyncDetourClient:
     def _start(self) -> None:
         if self._core.cached and self._stream is None and not self._closed:
             self._stream = StreamTask(self._core, self.url, self._headers)
-            self._flusher = FlushTask(self._core, self._call)
+            self._flusher = FlushTask(self._core, self._background_call)
 
     async def aclose(self, flush_timeout: float | None = None) -> None:
         """Stop the background tasks, send what is pending (at most ``flush_timeout``
@@ -143,7 +143,7 @@ class AsyncDetourClient:
         deadline = time.monotonic() + timeout
 
         async def call(method: str, path: str, body: object) -> Any:
-            return await self._call(method, path, body, ends=deadline)
+            return await self._call(method, path, body, ends=deadline, background=True)
 
         pending = self._core.pending
         while len(pending):
@@ -169,12 +169,13 @@ class AsyncDetourClient:
         body: object = None,
         parse: Parse[Any] = json_object,
         ends: float | None = None,
+        background: bool = False,
     ) -> Any:
-        """One call through the circuit, within the timeout and, when ``ends`` (monotonic s)
-        is given, the send's deadline. Raises DetourUnavailable (also while the circuit is
-        open) or DetourRequestError."""
+        """One call through the circuit, within the timeout (longer for a ``background``
+        report batch) and, when ``ends`` (monotonic s) is given, the send's deadline.
+        Raises DetourUnavailable (also while the circuit is open) or DetourRequestError."""
         core = self._core
-        ticket, budget = core.calls.begin(ends)
+        ticket, budget = core.calls.begin(ends, background)
         error: BaseException | None = None
         try:
             return await self._http.call(method, path, body, parse, budget)
@@ -185,9 +186,13 @@ class AsyncDetourClient:
             if core.calls.end(ticket, error) and core.pending.queued():
                 self._wake_flusher()
 
+    async def _background_call(self, method: str, path: str, body: object) -> Any:
+        """The flusher's call: a report batch, which no send waits for."""
+        return await self._call(method, path, body, background=True)
+
     def _wake_flusher(self) -> None:
         if self._flusher is None and not self._closed:
-            self._flusher = FlushTask(self._core, self._call)
+            self._flusher = FlushTask(self._core, self._background_call)
         if self._flusher is not None:
             self._flusher.wake()
 

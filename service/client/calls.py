@@ -4,7 +4,9 @@ The sync and async clients make their calls differently but decide them the
 same way, once, here:
 
 * Whether: the circuit breaker (``service.client.circuit``) says.
-* How long: the call timeout, cut to what is left of the send's deadline when
+* How long: the call timeout (at least ``BACKGROUND_TIMEOUT_S`` for the report
+  batches the flusher sends: they hold no send, and a batch cut while Detour
+  applies it is sent again), cut to what is left of the send's deadline when
   the call is made for a send, so Detour never holds a send past its deadline.
   With less than a tenth of the timeout (or of the deadline, if shorter) left,
   Detour is not called at all (the select is decided locally, the report
@@ -34,6 +36,9 @@ log = logging.getLogger("detour.client")
 
 #: A call is not started with less than this share of the timeout left in its send.
 MIN_BUDGET_SHARE = 0.1
+#: The least a background report batch may take (s): a busy Detour applying 1,000 reports
+#: can take longer than a select's timeout, and cutting it only makes it come again.
+BACKGROUND_TIMEOUT_S = 2.0
 #: The same loud message is logged at most this often (s).
 LOUD_EVERY_S = 60.0
 
@@ -91,14 +96,15 @@ class Calls:
         self._loud_bad = Loud(logging.WARNING)
         self._loud_stream = Loud(logging.WARNING)
 
-    def begin(self, ends: float | None = None) -> tuple[Ticket, float]:
-        """May a call start now, and with what budget (s)? ``ends``: the send's deadline
-        (monotonic s), None outside a send.
+    def begin(self, ends: float | None = None, background: bool = False) -> tuple[Ticket, float]:
+        """May a call start now, and with what budget (s)? ``ends``: the send's (or the
+        flush's) deadline, monotonic s, None if none; ``background``: a report batch no
+        send waits for.
 
         Raises DetourUnavailable without counting anything when the circuit is open or
-        the send's deadline leaves less than ``min_budget``.
+        the deadline leaves less than ``min_budget``.
         """
-        budget = self.timeout
+        budget = max(self.timeout, BACKGROUND_TIMEOUT_S) if background else self.timeout
         if ends is not None:
             # Before the circuit: a call not made must not take the half-open probe.
             left = ends - time.monotonic()

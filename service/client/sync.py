@@ -90,7 +90,7 @@ class DetourClient:
         self._closed = False
         if self._core.cached:
             self._stream = StreamThread(self._core, self.url, headers(token))
-            self._flusher = FlushThread(self._core, self._call)
+            self._flusher = FlushThread(self._core, self._background_call)
 
     # -- lifecycle ---------------------------------------------------------------
     def __enter__(self) -> DetourClient:
@@ -147,7 +147,7 @@ class DetourClient:
         deadline = time.monotonic() + timeout
 
         def call(method: str, path: str, body: object) -> Any:
-            return self._call(method, path, body, ends=deadline)
+            return self._call(method, path, body, ends=deadline, background=True)
 
         pending = self._core.pending
         while len(pending):
@@ -173,12 +173,13 @@ class DetourClient:
         body: object = None,
         parse: Parse[Any] = json_object,
         ends: float | None = None,
+        background: bool = False,
     ) -> Any:
-        """One call through the circuit, within the timeout and, when ``ends`` (monotonic s)
-        is given, the send's deadline. Raises DetourUnavailable (also while the circuit is
-        open) or DetourRequestError."""
+        """One call through the circuit, within the timeout (longer for a ``background``
+        report batch) and, when ``ends`` (monotonic s) is given, the send's deadline.
+        Raises DetourUnavailable (also while the circuit is open) or DetourRequestError."""
         core = self._core
-        ticket, budget = core.calls.begin(ends)
+        ticket, budget = core.calls.begin(ends, background)
         error: BaseException | None = None
         try:
             return self._http.call(method, path, body, parse, budget)
@@ -189,12 +190,16 @@ class DetourClient:
             if core.calls.end(ticket, error) and core.pending.queued():
                 self._wake_flusher()
 
+    def _background_call(self, method: str, path: str, body: object) -> Any:
+        """The flusher's call: a report batch, which no send waits for."""
+        return self._call(method, path, body, background=True)
+
     def _wake_flusher(self) -> None:
         flusher = self._flusher
         if flusher is None:
             with self._lock:
                 if self._flusher is None and not self._closed:
-                    self._flusher = FlushThread(self._core, self._call)
+                    self._flusher = FlushThread(self._core, self._background_call)
                 flusher = self._flusher
         if flusher is not None:
             flusher.wake()
