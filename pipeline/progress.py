@@ -291,7 +291,9 @@ class Progress:
         if s.tasks is not None and not final:
             parts.append(f"tasks {s.tasks_done}/{s.tasks}")
         if not final:
-            parts.append("ETA " + _duration(s.eta_s))
+            done = s.total is not None and s.done >= s.total
+            # All sent, tasks not ended: they are flushing their last reports, closing.
+            parts.append("finishing" if done else "ETA " + _duration(s.eta_s))
         return " · ".join(parts)
 
     def _emit(self, text: str, final: bool = False) -> None:
