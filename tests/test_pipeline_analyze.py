@@ -165,9 +165,9 @@ def test_executor_pod_template_runs_detour_as_a_native_sidecar() -> None:
     (sidecar,) = pod["spec"]["initContainers"]
     assert sidecar["restartPolicy"] == "Always"  # native sidecar: starts first, exits last
     assert "--host=127.0.0.1" in sidecar["args"] and "--port=8080" in sidecar["args"]
-    assert {e["name"] for e in sidecar["env"]} >= {"DETOUR_REDIS_URL"}
+    assert {e["name"] for e in sidecar["env"]} >= {"DETOUR_REDIS_URL", "DETOUR_REDIS_PASSWORD_FILE"}
     probe = " ".join(sidecar["startupProbe"]["exec"]["command"])
-    assert "http://127.0.0.1:8080/readyz" in probe
+    assert "/dev/tcp/127.0.0.1/8080" in probe and "GET /readyz" in probe
     assert [c["name"] for c in pod["spec"]["containers"]] == ["spark-executor"]
 
 

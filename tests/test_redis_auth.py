@@ -1,9 +1,9 @@
 """Redis is the trust boundary: Detour authenticates from a password file, and stops clearly
 when Redis refuses it.
 
-The Redis here is configured as deploy/base/redis.yaml configures the bundled one: an
-ACL user ``detour`` limited to Detour's keys and channels, without admin or dangerous
-commands, and a ``default`` user that may only PING (the probes).
+The Redis here gets the very ACL users deploy/base/redis.yaml gives the bundled one (read
+from the manifest): ``detour``, limited to Detour's keys and channels, without admin or
+dangerous commands, and ``default``, which may only PING (the probes).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+import yaml
 from redis.connection import parse_url
 
 from service.settings import Settings
@@ -30,18 +31,30 @@ from service.store.connect import (
 from tests.procs import ROOT, RedisServer, ServiceProcess
 
 PASSWORD = "s3cret:@/%+ with spaces"  # every character a URL would need escaped
-#: The bundled Redis's users (deploy/base/redis.yaml), plus one to look around as.
-ACL = (
-    "--user", "default", "on", "nopass", "-@all", "+ping",
-    "--user", "detour", "on", f">{PASSWORD}", "~detour:*", "&detour:*", "+@all", "-@admin",
-    "-@dangerous",
-    "--user", "inspector", "on", ">look", "~*", "&*", "+@all",
-)
+
+
+def manifest_users() -> list[str]:
+    """The ``--user`` options of the bundled Redis (deploy/base/redis.yaml), with the password
+    the kubelet would expand into ``$(REDIS_PASSWORD)``."""
+    docs = yaml.safe_load_all((ROOT / "deploy" / "base" / "redis.yaml").read_text())
+    sts = next(d for d in docs if d["kind"] == "StatefulSet")
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    out: list[str] = []
+    taking = False
+    for arg in container["args"]:
+        if arg.startswith("--"):
+            taking = arg == "--user"
+        if taking:
+            out.append(arg.replace("$(REDIS_PASSWORD)", PASSWORD))
+    assert out.count("--user") == 2, out
+    return out
 
 
 @pytest.fixture(scope="module")
 def acl_redis() -> Iterator[RedisServer]:
-    server = RedisServer(extra=ACL)  # its readiness PING is the default user's one command
+    # Plus a user to look around as. Its readiness PING is the default user's one command.
+    server = RedisServer(extra=(*manifest_users(), "--user", "inspector", "on", ">look",
+                                "~*", "&*", "+@all"))
     try:
         yield server
     finally:
