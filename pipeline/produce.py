@@ -436,7 +436,9 @@ def produce(
         records = records.repartition(partitions)
     address = None
     if progress is not None:
+        progress.say("counting the input's records")
         progress.set_total(records.count())
+        progress.say(f"sending {progress.total:,} records, run {opts.run_id}")
         address = progress.address
 
     def run(index: int, rows: Iterable[Row]) -> Iterator[tuple[Any, ...]]:

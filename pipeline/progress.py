@@ -304,6 +304,10 @@ class Progress:
             self.out.write(text + "\n")
         self.out.flush()
 
+    def say(self, what: str) -> None:
+        """A line now, between the job's phases (so no stretch of the run is silent)."""
+        self._emit(f"{self.label}: {what}", final=True)
+
     def _print(self) -> None:
         wait = min(self.every_s, TTY_EVERY_S)  # a first line soon, then every every_s
         while not self._stop.wait(wait):

@@ -196,7 +196,9 @@ def read_brokers(
     rdd = spark.sparkContext.parallelize(streams, slices).mapPartitionsWithIndex(
         lambda i, it: read_streams(i, list(it), topic, address)
     )
-    return spark.createDataFrame(rdd, FOUND_SCHEMA)
+    # read_stream builds every row to FOUND_SCHEMA itself: checking each again in Python
+    # cost a quarter of the read (100,000 entries: 1.8 s against 1.3 s, warm).
+    return spark.createDataFrame(rdd, FOUND_SCHEMA, verifySchema=False)
 
 
 @dataclass
@@ -256,6 +258,9 @@ def verify(
     # line and to size the comparison's shuffle.
     lengths = _lengths(streams_of(brokers), topic, timeout_s=1.0)
     entries = None if None in lengths else sum(n or 0 for n in lengths)
+    if progress is not None:
+        progress.say(f"reading {len(lengths)} streams of {len(brokers)} brokers"
+                     + (f", {entries:,} entries" if entries is not None else ""))
     found = read_brokers(spark, brokers, topic, progress, entries).cache()
     per_id = None
     shuffle = _ShufflePartitions(spark, entries)
