@@ -258,26 +258,37 @@ def send_partition(
             stats.add({k: int(getattr(s, k)) for k in STAT_KEYS})
 
 
-def read_input(spark: SparkSession, path: str, fmt: str = "auto") -> DataFrame:
-    """The input dataset: Parquet, JSON lines or CSV (with a header), ``auto`` by file suffix.
+def load_input(
+    spark: SparkSession, path: str, fmt: str = "auto", json_schema: str | None = None
+) -> DataFrame:
+    """The input as Spark reads it: Parquet, JSON lines or CSV (with a header), ``auto`` by
+    file suffix; raises ``ValueError`` when it has no ``id`` column.
 
-    It must have an ``id`` column; a ``payload`` column is sent as is, otherwise
-    the whole row as JSON.
+    ``json_schema``: read JSON with this schema (DDL) instead of inferring one, which
+    reads the whole input once more.
     """
-    from pyspark.sql import functions as F
-
     if fmt == "auto":
         fmt = detect_format(path)
     if fmt == "parquet":
         df = spark.read.parquet(path)
     elif fmt == "json":
-        df = spark.read.json(path)
+        reader = spark.read if json_schema is None else spark.read.schema(json_schema)
+        df = reader.json(path)
     elif fmt == "csv":
         df = spark.read.option("header", True).csv(path)
     else:
         raise ValueError(f"unknown input format {fmt!r}")
     if "id" not in df.columns:
         raise ValueError(f"input {path} has no 'id' column (columns: {df.columns})")
+    return df
+
+
+def read_input(spark: SparkSession, path: str, fmt: str = "auto") -> DataFrame:
+    """The records to send: ``id`` and ``payload`` (a ``payload`` column as is, otherwise
+    the whole row as JSON)."""
+    from pyspark.sql import functions as F
+
+    df = load_input(spark, path, fmt)
     payload = (
         F.col("payload").cast("string") if "payload" in df.columns
         else F.to_json(F.struct(*[F.col(c) for c in df.columns]))

@@ -349,20 +349,9 @@ def read_ids(spark: SparkSession, path: str, fmt: str = "auto") -> DataFrame:
     """
     from pyspark.sql import functions as F
 
-    from pipeline.produce import detect_format
+    from pipeline.produce import load_input
 
-    if fmt == "auto":
-        fmt = detect_format(path)
-    if fmt == "parquet":
-        df = spark.read.parquet(path)
-    elif fmt == "json":
-        df = spark.read.schema("id string").json(path)
-    elif fmt == "csv":
-        df = spark.read.option("header", True).csv(path)
-    else:
-        raise ValueError(f"unknown input format {fmt!r}")
-    if "id" not in df.columns:
-        raise ValueError(f"input {path} has no 'id' column (columns: {df.columns})")
+    df = load_input(spark, path, fmt, json_schema="id string")
     return df.select(F.col("id").cast("string").alias("id"))
 
 

@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 from service.model import DEFAULT_LATENCY_MAX
 from service.settings import Settings
-from tests.procs import ROOT, ServiceProcess, end_process, free_port, wait_until
+from tests.procs import ROOT, HttpProcess, ServiceProcess, end_process, free_port, wait_until
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "detour.json"
 DASHBOARD_PROVIDER = ROOT / "deploy" / "grafana" / "provisioning" / "dashboards" / "detour.yaml"
@@ -353,39 +353,16 @@ def test_amtool_checks_the_alertmanager_config() -> None:
     assert f"{len(_inhibit_rules())} inhibit rules" in out.stdout, out.stdout
 
 
-class AlertmanagerServer:
+def alertmanager(binary: str, workdir: Path, config: Path) -> HttpProcess:
     """A real Alertmanager on a free loopback port, clustering off."""
-
-    def __init__(self, binary: str, workdir: Path, config: Path) -> None:
-        self.port = free_port()
-        self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=5)
-        self.log_path = workdir / "alertmanager.log"
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.path={workdir / 'am'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address=",
-             "--log.level=warn"],
-            stdout=self._log, stderr=self._log,
-        )
-
-        def ready() -> bool:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"alertmanager exited: {self.log()}")
-            return self.http.get("/-/ready").status_code == 200
-
-        try:
-            wait_until(ready, 30, f"alertmanager on {self.port}", interval_s=0.1)
-        except BaseException:
-            self.stop()
-            raise
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-2000:]
-
-    def stop(self) -> None:
-        end_process(self.proc)
-        self.http.close()
-        self._log.close()
+    port = free_port()
+    return HttpProcess(
+        "alertmanager",
+        [binary, f"--config.file={config}", f"--storage.path={workdir / 'am'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
+         "--log.level=warn"],
+        port, None, workdir / "alertmanager.log", ready_path="/-/ready",
+    )
 
 
 @pytest.mark.e2e
@@ -395,8 +372,8 @@ def test_a_real_alertmanager_pages_once_per_incident(tmp_path: Path) -> None:
     and the total firing alone, are not."""
     binary = shutil.which("prometheus-alertmanager") or _binary(
         "alertmanager", "prometheus-alertmanager")
-    am = AlertmanagerServer(binary, tmp_path, ALERTMANAGER_CONFIG)
-    try:
+    with alertmanager(binary, tmp_path, ALERTMANAGER_CONFIG) as am, \
+            httpx.Client(base_url=am.url, timeout=5) as http:
         expected: dict[tuple[str, str], str] = {}  # (alertname, cluster) -> state
         posted = []
         for rule in _inhibit_rules():
@@ -411,23 +388,22 @@ def test_a_real_alertmanager_pages_once_per_incident(tmp_path: Path) -> None:
                           together=False)
         posted.append({**alone, "cluster": "c"})
         expected[("DetourRoutesAllAvoided", "c")] = "active"
-        am.http.post("/api/v2/alerts", json=[{"labels": labels} for labels in posted]
-                     ).raise_for_status()
+        http.post("/api/v2/alerts", json=[{"labels": labels} for labels in posted]
+                  ).raise_for_status()
 
         def states() -> dict[tuple[str, str], str]:
-            alerts = am.http.get("/api/v2/alerts").json()
+            alerts = http.get("/api/v2/alerts").json()
             return {(a["labels"]["alertname"], a["labels"]["cluster"]): a["status"]["state"]
                     for a in alerts}
 
         try:
             wait_until(lambda: states() == expected, 20, "the inhibitions", interval_s=0.1)
         except TimeoutError:
-            raise AssertionError(f"{states()} != {expected}\n{am.log()}") from None
-        for a in am.http.get("/api/v2/alerts").json():
+            log = (tmp_path / "alertmanager.log").read_text(errors="replace")[-2000:]
+            raise AssertionError(f"{states()} != {expected}\n{log}") from None
+        for a in http.get("/api/v2/alerts").json():
             if a["status"]["state"] == "suppressed":
                 assert a["status"]["inhibitedBy"] and not a["status"]["silencedBy"], a
-    finally:
-        am.stop()
 
 
 # ------------------------------------------------------------- a real Prometheus, live
