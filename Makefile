@@ -53,11 +53,12 @@ setup: $(DEV_STAMP)
 
 # Debian packages the tests run for real, installed only when missing (needs root, as in CI):
 # redis-server (the store and the stand-in brokers), prometheus (promtool and a real server),
+# prometheus-alertmanager (amtool and a real Alertmanager for the inhibit rules),
 # chromium + chromium-driver (the status page test), a JRE for Spark, wrk (benchmarks),
 # kubectl (its built-in kustomize renders deploy/ for the manifest tests).
 SYSTEM_DEPS := redis-server:redis-server prometheus:prometheus promtool:prometheus \
-	chromium:chromium chromedriver:chromium-driver java:openjdk-17-jre-headless wrk:wrk \
-	kubectl:kubectl
+	amtool:prometheus-alertmanager chromium:chromium chromedriver:chromium-driver \
+	java:openjdk-17-jre-headless wrk:wrk kubectl:kubectl
 
 system-deps:
 	@missing=""; for pair in $(SYSTEM_DEPS); do \

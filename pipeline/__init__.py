@@ -30,7 +30,7 @@ import tempfile
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -40,6 +40,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: Packages the executors import (the producer SDK lives in ``service.client``).
 SHIPPED_PACKAGES = ("pipeline", "service")
+
+#: Spark's log configuration for the jobs (the level is ``DETOUR_SPARK_LOG_LEVEL``).
+LOG4J_CONFIG = Path(__file__).resolve().parent / "log4j2.properties"
+JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 
 #: Where every pipeline program looks for its Detour token when ``--token`` is not given.
 TOKEN_ENV = "DETOUR_TOKEN"
@@ -88,18 +92,48 @@ def spark_session(
     """
     from pyspark.sql import SparkSession
 
-    if master is None and not under_spark_submit():
+    launching = not under_spark_submit()  # else the driver JVM is already running
+    if master is None and launching:
         master = "local[*]"
-    if (master or "").startswith("local") and "PYSPARK_PYTHON" not in os.environ:
+    local = (master or "").startswith("local")
+    if local and "PYSPARK_PYTHON" not in os.environ:
         os.environ["PYSPARK_PYTHON"] = sys.executable
+    if local and launching:
+        # Every socket of a local run on loopback: the driver, the block manager and the
+        # UI, which otherwise binds 0.0.0.0:4040.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    settings = dict(conf or {})
+    if launching:
+        settings[JAVA_OPTIONS] = quiet_java_options(settings.get(JAVA_OPTIONS))
     builder = SparkSession.builder.appName(app)
     if master is not None:
         builder = builder.master(master)
-    for key, value in (conf or {}).items():
+    for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(os.environ.get("DETOUR_SPARK_LOG_LEVEL", "WARN"))
     return session
+
+
+def announce(spark: SparkSession, job: str, out: TextIO | None = None) -> None:
+    """One line on stderr once Spark is up: the start (several seconds) is over, and where
+    its UI is (on loopback for a local run)."""
+    sc = spark.sparkContext
+    print(f"{job}: Spark {spark.version} up, master {sc.master}, UI {sc.uiWebUrl or 'off'}",
+          file=out or sys.stderr, flush=True)
+
+
+def quiet_java_options(options: str | None) -> str:
+    """The driver's JVM options with ``LOG4J_CONFIG`` as its log configuration.
+
+    Why at launch: ``setLogLevel`` acts once Spark is up, after the INFO lines of its
+    start; the file applies ``DETOUR_SPARK_LOG_LEVEL`` from the JVM's first line. A
+    configuration the caller already names is kept.
+    """
+    options = (options or "").strip()
+    if "log4j2.configurationFile" in options:
+        return options
+    return f"{options} -Dlog4j2.configurationFile={LOG4J_CONFIG.as_uri()}".strip()
 
 
 def ship_code(spark: SparkSession) -> Path | None:

@@ -43,8 +43,8 @@ Outputs in ``--out``: ``report.md`` (tables), ``latency.png``, ``avoided.png``,
 ``histogram.png`` (matplotlib, Agg backend), ``windows.csv`` and
 ``analysis.json`` (everything, machine-readable).
 
-    python -m pipeline.analyze --log /tmp/latency.parquet --out /tmp/report --window 60 \\
-        [--detour http://127.0.0.1:8080] [--tiers fast=50,100,200:0,0,5000]
+    python -m pipeline.analyze --log /tmp/latency.parquet --out /tmp/report \\
+        [--window 60] [--detour http://127.0.0.1:8080] [--tiers fast=50,100,200:0,0,5000]
 
 ``--detour`` reads ``GET /config``: against a Detour with tokens, an admin token in
 ``DETOUR_TOKEN`` (or ``--token``).
@@ -64,18 +64,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if __name__ == "__main__" and not __package__:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from pipeline import (  # noqa: E402
+from pipeline import (
     add_token_argument,
     auth_headers,
     detour_token,
     ship_code,
     spark_session,
 )
-from service import strategy  # noqa: E402
-from service.model import (  # noqa: E402
+from service import strategy
+from service.model import (
     DEFAULT_LATENCY_MAX,
     DEFAULT_NOT_AVAILABLE_DURATION,
     Config,
@@ -102,6 +99,21 @@ MIN_AVOID_MS = 1000
 MIN_SAMPLES = 1000
 #: Windows listed in report.md (windows.csv has them all).
 MAX_REPORT_ROWS = 60
+#: Window lengths (s) ``--window`` picks from when not given, and how many windows the
+#: log's span is cut into at most: enough points per line, enough reports per point.
+NICE_WINDOWS_S = (0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600,
+                  7200, 21600, 43200, 86400)
+TARGET_WINDOWS = 30
+
+
+def auto_window_s(span_ms: int) -> float:
+    """The shortest of ``NICE_WINDOWS_S`` that cuts ``span_ms`` into ``TARGET_WINDOWS`` at most.
+
+    Why: one fixed default fits no run; 60 s windows over a 6 s run give every broker
+    one point, and 1 s windows over a day give 86,400.
+    """
+    want = span_ms / 1000 / TARGET_WINDOWS
+    return next((w for w in NICE_WINDOWS_S if w >= want), NICE_WINDOWS_S[-1])
 
 
 @dataclass(frozen=True)
@@ -364,16 +376,19 @@ def _stats(df: DataFrame, keys: Sequence[str]) -> list[dict[str, Any]]:
 def analyze(
     spark: SparkSession,
     log_path: str,
-    window_s: float = 60.0,
+    window_s: float | None = None,
     current: TierTable = ROCKETMQ,
     alternatives: Sequence[TierTable] = (),
     out: str | Path | None = None,
 ) -> Analysis:
-    """Analyse the latency log at ``log_path``; write the report to ``out`` when given."""
+    """Analyse the latency log at ``log_path``; write the report to ``out`` when given.
+
+    ``window_s``: the window length; None derives it from the log's span
+    (``auto_window_s``).
+    """
     from pyspark.sql import functions as F
 
     ship_code(spark)
-    window_ms = max(1, int(window_s * 1000))
     df = load(spark, log_path).cache()
     try:
         span = df.agg(F.count("*").alias("n"), F.min("at_ms").alias("a"),
@@ -383,6 +398,9 @@ def analyze(
         if n == 0:
             raise ValueError(f"the latency log at {log_path} is empty")
         start_ms, end_ms = int(span["a"]), int(span["b"]) + 1
+        if window_s is None:
+            window_s = auto_window_s(end_ms - start_ms)
+        window_ms = max(1, int(window_s * 1000))
         with_window = df.withColumn("window_start",
                                     F.floor(F.col("at_ms") / window_ms) * window_ms)
         windows = _stats(with_window, ("broker", "window_start"))
@@ -459,8 +477,10 @@ def analyze(
 # -- the report -----------------------------------------------------------------------------
 
 
-def _iso(ms: int) -> str:
-    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+def _iso(ms: int, millis: bool = False) -> str:
+    """UTC wall time; ``millis`` for windows shorter than a second (else they repeat)."""
+    t = dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
+    return t.strftime("%Y-%m-%d %H:%M:%S") + (f".{ms % 1000:03d}" if millis else "")
 
 
 def _ms(x: float | None) -> str:
@@ -498,7 +518,8 @@ def markdown(a: Analysis) -> str:
         _md_table(
             ["broker", "window (UTC)", "reports", "isolations", "p50 ms", "p99 ms", "max ms",
              "avoided s"],
-            ([w["broker"], _iso(w["window_start"]), w["reports"], w["isolations"],
+            ([w["broker"], _iso(w["window_start"], a.window_ms % 1000 != 0), w["reports"],
+              w["isolations"],
               _ms(w["p50"]), _ms(w["p99"]), _ms(w["max"]), f"{w['avoided_ms'] / 1000:.1f}"]
              for w in a.windows[:MAX_REPORT_ROWS]),
         ),
@@ -515,7 +536,7 @@ def markdown(a: Analysis) -> str:
         "",
         _md_table(
             ["table", "latencyMax ms", "notAvailableDuration ms", "selects", "avoided",
-             "failures spared", "successes diverted", "avoided broker-s"],
+             "failures spared", "successes diverted", "avoided s (all brokers)"],
             ([t["name"], ", ".join(map(str, t["latencyMax"])),
               ", ".join(map(str, t["notAvailableDuration"])), t["selects"],
               t["avoided_selects"], t["avoided_failures"], t["avoided_ok"],
@@ -549,6 +570,32 @@ def markdown(a: Analysis) -> str:
     return "\n".join(parts)
 
 
+def avoided_bars(a: Analysis) -> dict[str, list[tuple[float, float, float]]]:
+    """Each broker's bars in avoided.png: ``(x, width, percent of the window avoided)``.
+
+    x is seconds after the log's first report. Each window is clipped to the log's
+    span and its brokers' bars sit side by side inside it, so a bar is drawn where
+    its time is, however long the window.
+    """
+    names = sorted({w["broker"] for w in a.windows})
+    span_s = (a.end_ms - a.start_ms) / 1000
+    window_s = a.window_ms / 1000
+    starts = sorted({w["window_start"] for w in a.windows})
+    bars: dict[str, list[tuple[float, float, float]]] = {}
+    for i, name in enumerate(names):
+        by = {w["window_start"]: w["avoided_ms"] for w in a.windows if w["broker"] == name}
+        bars[name] = []
+        for start in starts:
+            offset = (start - a.start_ms) / 1000
+            lo, hi = max(0.0, offset), min(span_s, offset + window_s)
+            if hi <= lo:
+                continue
+            slot = (hi - lo) / len(names)
+            bars[name].append((lo + i * slot, slot * 0.9,
+                               100.0 * by.get(start, 0) / ((hi - lo) * 1000)))
+    return bars
+
+
 def plot(a: Analysis, out: Path) -> list[Path]:
     """latency.png, avoided.png, histogram.png (matplotlib, Agg: no display needed)."""
     import matplotlib
@@ -558,17 +605,28 @@ def plot(a: Analysis, out: Path) -> list[Path]:
 
     files = []
     names = sorted({w["broker"] for w in a.windows})
-    origin = window_of(a.start_ms, a.window_ms)
+    # Time on the x axis is seconds after the log's first report, every window drawn where
+    # it lies, clipped to the log's span (the first and last windows are partial).
+    span_s = (a.end_ms - a.start_ms) / 1000
+    window_s = a.window_ms / 1000
+
+    def clipped(window_start: int) -> tuple[float, float]:
+        lo = (window_start - a.start_ms) / 1000
+        return max(0.0, lo), min(span_s, lo + window_s)
+
+    xlabel = f"seconds after {_iso(a.start_ms)} UTC ({window_s:g} s windows)"
 
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for name in names:
         ws = [w for w in a.windows if w["broker"] == name and w["p99"] is not None]
-        xs = [(w["window_start"] - origin) / 1000 for w in ws]
+        xs = [sum(clipped(w["window_start"])) / 2 for w in ws]  # the window's middle
         line = ax.plot(xs, [w["p99"] for w in ws], marker=".", label=f"{name} p99")
         ax.plot(xs, [w["p50"] for w in ws], linestyle="--",
                 color=line[0].get_color(), alpha=0.6, label=f"{name} p50")
+    ax.set_xlim(0, max(span_s, window_s))
     ax.set_yscale("symlog", linthresh=1)
-    ax.set_xlabel(f"window start, seconds after {_iso(origin)} UTC")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("latency (ms)")
     ax.set_title("Send latency per window (successful sends)")
     ax.legend(fontsize=7, ncol=2)
@@ -578,14 +636,13 @@ def plot(a: Analysis, out: Path) -> list[Path]:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    starts = sorted({w["window_start"] for w in a.windows})
-    width = a.window_ms / 1000 / max(1, len(names)) * 0.9
-    for i, name in enumerate(names):
-        by = {w["window_start"]: w["avoided_ms"] for w in a.windows if w["broker"] == name}
-        xs = [(s - origin) / 1000 + i * width for s in starts]
-        ax.bar(xs, [by.get(s, 0) / 1000 for s in starts], width=width, label=name, align="edge")
-    ax.set_xlabel(f"window start, seconds after {_iso(origin)} UTC")
-    ax.set_ylabel("seconds avoided in the window")
+    for name, bars in avoided_bars(a).items():
+        ax.bar([b[0] for b in bars], [b[2] for b in bars], width=[b[1] for b in bars],
+               label=name, align="edge")
+    ax.set_xlim(0, max(span_s, window_s))
+    ax.set_ylim(0, 100)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("% of the window avoided")
     ax.set_title(f"Time each broker was avoided ({a.current} tiers, replayed)")
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -645,7 +702,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--log", required=True, help="Parquet from pipeline.export_log")
     p.add_argument("--out", required=True, help="report directory")
-    p.add_argument("--window", type=float, default=60.0, help="window length, s (default 60)")
+    p.add_argument("--window", type=float, default=None,
+                   help="window length, s (default: from the log's span, at most "
+                        f"{TARGET_WINDOWS} windows)")
     p.add_argument("--detour", default=None, help="replay with this Detour's current config")
     p.add_argument("--config", type=Path, default=None, help="... or a config JSON file")
     p.add_argument("--tiers", action="append", default=[], metavar="NAME=L1,..:D1,..",

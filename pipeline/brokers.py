@@ -30,10 +30,12 @@ CLI::
     python -m pipeline.brokers start --n 4 --detour http://127.0.0.1:8080 --topic orders \\
         [--queues 4] [--fault kill:broker-b@5000r+4 ...] [--no-persist]
 
-prints the fleet as JSON, registers it as the topic's route in Detour, runs the
-fault schedule and stays up until Ctrl-C (or ``--for`` seconds). Registering a
-route is an admin call: a Detour with tokens needs an admin token in
-``DETOUR_TOKEN`` (or ``--token``).
+prints the fleet as JSON, registers it as the topic's route in Detour, drops
+the fault items Detour holds for its broker names (an earlier fleet's; not with
+``--keep-faults``), runs the fault schedule and stays up until Ctrl-C (or
+``--for`` seconds). Registering a route and dropping fault items are admin
+calls: a Detour with tokens needs an admin token in ``DETOUR_TOKEN`` (or
+``--token``).
 """
 
 from __future__ import annotations
@@ -464,6 +466,8 @@ class Fleet:
     persist: bool = True
     root: Path | None = None
     brokers: dict[str, Broker] = field(default_factory=dict)
+    #: Broker names whose fault items ``register`` dropped (they were an earlier fleet's).
+    forgotten: list[str] = field(default_factory=list)
     _own_root: bool = False
     _last_counts: dict[str, int] = field(default_factory=dict)
 
@@ -504,14 +508,28 @@ class Fleet:
         }
 
     def register(self, detour_url: str, timeout_s: float = 5.0,
-                 token: str | None = None) -> Fleet:
+                 token: str | None = None, forget: bool = True) -> Fleet:
         """Register the fleet as the topic's route in Detour (raises on a non-2xx answer).
 
-        ``token``: an admin token, sent as ``Authorization: Bearer`` (None: no header).
+        ``forget``: also drop Detour's fault items for these broker names
+        (``DELETE /fault-items/{name}``). Why by default: the names are reused run after
+        run (broker-a, broker-b...) but the processes are new, so a window an earlier
+        fleet's broker-b earned (an isolation: 10 minutes) would keep this fleet's
+        healthy broker-b avoided. ``token``: an admin token, sent as
+        ``Authorization: Bearer`` (None: no header).
         """
-        url = f"{detour_url.rstrip('/')}/routes/{self.topic}"
-        httpx.put(url, json=self.route(), headers=auth_headers(token),
-                  timeout=timeout_s).raise_for_status()
+        base = detour_url.rstrip("/")
+        headers = auth_headers(token)
+        with httpx.Client(base_url=base, headers=headers, timeout=timeout_s) as c:
+            c.put(f"/routes/{self.topic}", json=self.route()).raise_for_status()
+            if forget:
+                self.forgotten = []
+                for name in self.brokers:
+                    r = c.delete(f"/fault-items/{name}")
+                    if r.status_code == 204:
+                        self.forgotten.append(name)
+                    elif r.status_code != 404:  # 404: Detour knew nothing of it
+                        r.raise_for_status()
         return self
 
     def describe(self) -> dict[str, Any]:
@@ -519,6 +537,7 @@ class Fleet:
             "topic": self.topic,
             "dir": str(self.root),
             "brokers": [b.describe() for b in self.brokers.values()],
+            "forgotten": self.forgotten,
         }
 
     def addresses(self) -> dict[str, str]:
@@ -570,6 +589,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="ACTION:BROKER@WHEN[+HOLD], repeatable (see above)")
     s.add_argument("--no-persist", action="store_true",
                    help="--appendonly no: a killed broker loses its messages")
+    s.add_argument("--keep-faults", action="store_true",
+                   help="keep Detour's fault items for these broker names (by default they "
+                        "are dropped: they were an earlier fleet's)")
     s.add_argument("--dir", type=Path, default=None, help="data dirs (default: a temp dir)")
     s.add_argument("--for", dest="for_s", type=float, default=None,
                    help="stop after this many seconds (default: until Ctrl-C)")
@@ -590,7 +612,8 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     try:
         fleet.start()
         if args.detour:
-            fleet.register(args.detour, token=detour_token(args.token))
+            fleet.register(args.detour, token=detour_token(args.token),
+                           forget=not args.keep_faults)
 
         def show(event: FaultEvent) -> None:
             out(json.dumps({"fault": asdict(event)}))

@@ -11,7 +11,14 @@ log's size. The export stops at the first short or empty page (the log's end as
 of then); ``--after`` resumes an earlier export. Plain Python with pyarrow: no
 Spark needed for a single sequential reader.
 
-    python -m pipeline.export_log --detour http://127.0.0.1:8080 --out /tmp/latency.parquet
+The log is every run's: ``--run /tmp/out`` (a ``pipeline.produce`` output, whose
+``_summary.json`` names the run and its first and last send) keeps only that
+run's reports, the ones whose producer names its run id, and reads only the
+part of the log around its time; ``--run <run id>`` does the same by id alone,
+reading the whole log.
+
+    python -m pipeline.export_log --detour http://127.0.0.1:8080 --out /tmp/latency.parquet \
+        [--run /tmp/out]
 
 ``GET /latency-log`` is an admin call: a Detour with tokens needs an admin token
 in ``DETOUR_TOKEN`` (or ``--token``); without one the export stops at the first
@@ -60,6 +67,54 @@ class Export:
     first_id: str | None
     last_id: str | None
     out: str
+    #: Entries read, kept or not (``rows`` when the export is not scoped to a run).
+    scanned: int = 0
+    run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class RunScope:
+    """One produce run's part of the log: entries whose producer has the run id as a segment.
+
+    ``started_ms``/``ended_ms`` (the run's first and last send) only narrow what is
+    read: the entries from ``SLACK_MS`` before the start to ``SLACK_MS`` after the end,
+    for the clocks of executors and Redis to disagree and the last reports to be
+    flushed after the last send.
+    """
+
+    run_id: str
+    started_ms: int | None = None
+    ended_ms: int | None = None
+
+    SLACK_MS = 60_000
+
+    @classmethod
+    def parse(cls, text: str) -> RunScope:
+        """A produce output directory (with ``_summary.json``) or a bare run id."""
+        summary = Path(text) / "_summary.json"
+        if summary.is_file():
+            s = json.loads(summary.read_text())
+            if not s.get("run_id"):
+                raise ValueError(f"{summary} names no run (written before runs had ids)")
+            return cls(str(s["run_id"]), int(s["started_ms"]) or None,
+                       int(s["ended_ms"]) or None)
+        if "/" in text or not text:
+            raise ValueError(f"{text!r} is neither a produce output with _summary.json "
+                             "nor a run id")
+        return cls(text)
+
+    def cursor(self) -> str | None:
+        """Where to start reading: log ids are ``<ms>-<seq>``, in time order."""
+        if self.started_ms is None:
+            return None
+        return f"{max(0, self.started_ms - self.SLACK_MS)}-0"
+
+    def keep(self, entry: dict[str, Any]) -> bool:
+        return self.run_id in str(entry.get("producer") or "").split("/")
+
+    def past(self, entry: dict[str, Any]) -> bool:
+        """True once the log has moved beyond the run (nothing of it can follow)."""
+        return self.ended_ms is not None and int(entry["at"]) > self.ended_ms + self.SLACK_MS
 
 
 def to_table(entries: Sequence[dict[str, Any]]) -> pa.Table:
@@ -88,18 +143,20 @@ def export(
     timeout_s: float = 10.0,
     transport: httpx.BaseTransport | None = None,
     token: str | None = None,
+    scope: RunScope | None = None,
 ) -> Export:
     """Page through the log after ``after`` (None: from the start) into ``out``.
 
     ``token``: an admin token, sent as ``Authorization: Bearer`` (None: no header).
+    ``scope``: keep one run's entries only (and start at its time unless ``after``).
     """
     if not 1 <= page <= MAX_PAGE:
         raise ValueError(f"page must be 1..{MAX_PAGE}")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    rows = pages = 0
+    rows = pages = scanned = 0
     first: str | None = None
-    cursor = after
+    cursor = after if after is not None or scope is None else scope.cursor()
     with (
         httpx.Client(base_url=detour.rstrip("/"), timeout=timeout_s, transport=transport,
                      headers=auth_headers(token)) as c,
@@ -115,16 +172,20 @@ def export(
             entries = body["entries"]
             if not entries:
                 break
-            writer.write_table(to_table(entries))
-            rows += len(entries)
+            kept = entries if scope is None else [e for e in entries if scope.keep(e)]
+            if kept:
+                writer.write_table(to_table(kept))
+                first = first or str(kept[0]["id"])
+            rows += len(kept)
+            scanned += len(entries)
             pages += 1
-            first = first or str(entries[0]["id"])
             cursor = body["next"] or str(entries[-1]["id"])
-            if len(entries) < page:
+            if len(entries) < page or (scope is not None and scope.past(entries[-1])):
                 break
         if rows == 0:
             writer.write_table(SCHEMA.empty_table())
-    return Export(rows, pages, first, cursor if rows else after, str(out))
+    return Export(rows, pages, first, cursor if scanned else after, str(out), scanned,
+                  None if scope is None else scope.run_id)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -134,11 +195,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="the Parquet file to write")
     p.add_argument("--after", default=None, help="resume after this log id")
     p.add_argument("--page", type=int, default=MAX_PAGE, help=f"entries per call (<= {MAX_PAGE})")
+    p.add_argument("--run", default=None, metavar="OUT_DIR|RUN_ID",
+                   help="only this produce run's reports: its --out directory or its run id")
     add_token_argument(p, "admin")
     args = p.parse_args(argv)
     try:
+        scope = RunScope.parse(args.run) if args.run else None
+    except ValueError as exc:
+        p.error(str(exc))
+    try:
         result = export(args.detour, args.out, args.after, args.page,
-                        token=detour_token(args.token))
+                        token=detour_token(args.token), scope=scope)
     except httpx.HTTPStatusError as exc:
         # 401/403: no admin token; the answer's body says which.
         r = exc.response

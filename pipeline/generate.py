@@ -16,14 +16,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-if __name__ == "__main__" and not __package__:
-    # spark-submit runs this file as a script: make ``pipeline`` importable.
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from pipeline import spark_session  # noqa: E402
+from pipeline import spark_session
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

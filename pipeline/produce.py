@@ -14,8 +14,9 @@ Delivering is an ``XADD`` to stream ``<topic>:<queueId>`` on the broker's
 address (from the route registered in Detour), through a redis-py client per
 address with ~200 ms socket timeouts (a SIGSTOPped broker times out instead of
 hanging the task) and redis-py's own retries off (the send loop retries, on
-another broker). Reports carry ``producer`` = ``<host>/<executor>/p<partition>``
-when the SDK accepts one.
+another broker). Reports carry ``producer`` = ``<run>/<host>/<executor>/p<partition>``:
+``<run>`` is the run's id (``--run-id``, or one made at start), so
+``pipeline.export_log --run <out>`` exports this run's reports and no other's.
 
 Each record's outcome (id, broker, queue, attempts, status, timings) is written
 as Parquet to ``--out``, one file per partition, and read back for the summary
@@ -43,19 +44,18 @@ import argparse
 import json
 import os
 import re
+import secrets
 import socket
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if __name__ == "__main__" and not __package__:
-    # spark-submit runs this file as a script: make ``pipeline`` and ``service`` importable.
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from pipeline import add_token_argument, detour_token, ship_code, spark_session  # noqa: E402
+from pipeline import add_token_argument, announce, detour_token, ship_code, spark_session
+from pipeline.progress import Progress, ProgressAddress, ProgressSender, task_attempt
 
 if TYPE_CHECKING:
     import redis
@@ -77,6 +77,7 @@ STAT_KEYS = ("remote_selects", "local_selects", "detour_failures", "sent_reports
              "dropped_reports")
 
 _PRODUCER_CHARS = re.compile(r"[^A-Za-z0-9_.:@%|/-]")
+_RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,48}")
 
 
 @dataclass(frozen=True)
@@ -98,17 +99,35 @@ class ProduceOptions:
     ready_timeout: float = 10.0
     #: seconds the client may take to flush its last reports on close.
     flush_timeout: float = 5.0
+    #: This run's id, the first part of every report's producer ("": ``produce`` makes one).
+    run_id: str = ""
     #: Detour token (role producer) for every partition's client; None: no Authorization
     #: header. Travels to the executors with the options; kept out of repr (logs).
     token: str | None = field(default=None, repr=False)
 
 
-def producer_id(partition: int) -> str:
-    """``<host>/<executor>/p<partition>``: who reported, as Detour's latency log records it."""
+def new_run_id() -> str:
+    """``run-<UTC time>-<4 hex>``: sortable, readable, and unique enough to scope a log."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return f"run-{stamp}-{secrets.token_hex(2)}"
+
+
+def run_id_arg(text: str) -> str:
+    """``--run-id``: one segment of the producer id, so ``A-Za-z0-9_.-`` only (argparse)."""
+    if not _RUN_ID.fullmatch(text):
+        raise argparse.ArgumentTypeError("a run id is 1-48 of A-Za-z0-9_.-")
+    return text
+
+
+def producer_id(partition: int, run_id: str = "") -> str:
+    """``<run>/<host>/<executor>/p<partition>``: who reported, as Detour's latency log
+    records it (the run first, so a cut at 128 characters keeps it)."""
     executor = os.environ.get("SPARK_EXECUTOR_ID") or os.environ.get(
         "SPARK_EXECUTOR_POD_NAME", "local"
     )
     raw = f"{socket.gethostname()}/{executor}/p{partition}"
+    if run_id:
+        raw = f"{run_id}/{raw}"
     return _PRODUCER_CHARS.sub("_", raw)[:128]
 
 
@@ -171,15 +190,23 @@ def send_partition(
     rows: Iterable[Row],
     opts: ProduceOptions,
     stats: Accumulator[dict[str, int]] | None = None,
+    progress: ProgressAddress | None = None,
 ) -> Iterator[tuple[Any, ...]]:
-    """Send one partition's records; yields one result tuple (``RESULT_SCHEMA``) per record."""
+    """Send one partition's records; yields one result tuple (``RESULT_SCHEMA``) per record.
+
+    ``progress``: where the driver's progress line listens (records sent, failed
+    attempts and the brokers the last select passed over, a few times a second).
+    """
     from service.client import DetourClient, DetourClientError, SendError
 
-    producer = producer_id(index)
+    producer = producer_id(index, opts.run_id)
     deliver = Deliverer(opts.topic, opts.broker_timeout)
     client = DetourClient(opts.detour, **_client_kwargs(opts, producer))
     interval_ns = int(1e9 / opts.rate) if opts.rate > 0 else 0
     next_ns = time.monotonic_ns()
+    sender = ProgressSender(progress, index, task_attempt())
+    sent = failed_so_far = 0
+    avoiding: tuple[str, ...] = ()
     try:
         client.wait_ready(opts.ready_timeout)
         for row in rows:
@@ -203,6 +230,11 @@ def send_partition(
             latency = (time.monotonic_ns() - t0) / 1e6
             last = attempts[-1].queue if attempts else None
             failed = [a for a in attempts if a.error is not None]
+            sent += 1
+            failed_so_far += len(failed)
+            if last is not None:
+                avoiding = tuple(last.avoided_brokers)
+            sender.update(sent, failed_so_far, avoiding)
             yield (
                 rid, status,
                 None if last is None else last.broker_name,
@@ -215,6 +247,8 @@ def send_partition(
                 producer, index, error,
             )
     finally:
+        sender.update(sent, failed_so_far, avoiding, final=True)
+        sender.close()
         deliver.close()
         # close() flushes what is pending, waiting out the client's backoff if Detour
         # was slow, for at most flush_timeout.
@@ -224,26 +258,37 @@ def send_partition(
             stats.add({k: int(getattr(s, k)) for k in STAT_KEYS})
 
 
-def read_input(spark: SparkSession, path: str, fmt: str = "auto") -> DataFrame:
-    """The input dataset: Parquet, JSON lines or CSV (with a header), ``auto`` by file suffix.
+def load_input(
+    spark: SparkSession, path: str, fmt: str = "auto", json_schema: str | None = None
+) -> DataFrame:
+    """The input as Spark reads it: Parquet, JSON lines or CSV (with a header), ``auto`` by
+    file suffix; raises ``ValueError`` when it has no ``id`` column.
 
-    It must have an ``id`` column; a ``payload`` column is sent as is, otherwise
-    the whole row as JSON.
+    ``json_schema``: read JSON with this schema (DDL) instead of inferring one, which
+    reads the whole input once more.
     """
-    from pyspark.sql import functions as F
-
     if fmt == "auto":
         fmt = detect_format(path)
     if fmt == "parquet":
         df = spark.read.parquet(path)
     elif fmt == "json":
-        df = spark.read.json(path)
+        reader = spark.read if json_schema is None else spark.read.schema(json_schema)
+        df = reader.json(path)
     elif fmt == "csv":
         df = spark.read.option("header", True).csv(path)
     else:
         raise ValueError(f"unknown input format {fmt!r}")
     if "id" not in df.columns:
         raise ValueError(f"input {path} has no 'id' column (columns: {df.columns})")
+    return df
+
+
+def read_input(spark: SparkSession, path: str, fmt: str = "auto") -> DataFrame:
+    """The records to send: ``id`` and ``payload`` (a ``payload`` column as is, otherwise
+    the whole row as JSON)."""
+    from pyspark.sql import functions as F
+
+    df = load_input(spark, path, fmt)
     payload = (
         F.col("payload").cast("string") if "payload" in df.columns
         else F.to_json(F.struct(*[F.col(c) for c in df.columns]))
@@ -297,9 +342,15 @@ class Summary:
     records_per_s: float
     wall_seconds: float = 0.0
     client: dict[str, int] = field(default_factory=dict)
+    #: The run (``ProduceOptions.run_id``) and its first and last send, epoch ms on the
+    #: executors' clocks: what ``pipeline.export_log --run`` scopes the log to.
+    run_id: str = ""
+    started_ms: int = 0
+    ended_ms: int = 0
 
     def table(self) -> str:
         lines = [
+            f"run                  {self.run_id or '-'}",
             f"records              {self.records}",
             f"delivered            {self.delivered}",
             f"retried              {self.retried}",
@@ -367,6 +418,8 @@ def summarize(results: DataFrame) -> Summary:
         max_ms=float(agg["max"] or 0.0),
         send_seconds=span,
         records_per_s=records / span if span else 0.0,
+        started_ms=int(agg["first"] or 0),
+        ended_ms=int(agg["last"] or 0),
     )
 
 
@@ -376,27 +429,40 @@ def produce(
     opts: ProduceOptions,
     out: str,
     partitions: int | None = None,
+    progress: Progress | None = None,
 ) -> Summary:
     """Send ``records`` (``id``, ``payload``) through Detour; write results to ``out``.
 
-    ``partitions``: repartition first (None keeps the input's). Returns the
-    summary, also written as ``out/_summary.json`` (Spark skips ``_`` files).
+    ``partitions``: repartition first (None keeps the input's). ``progress``: the
+    driver's progress line (its total is counted from ``records`` first: one more
+    read of the input). Returns the summary, also written as ``out/_summary.json``
+    (Spark skips ``_`` files).
     """
+    if not opts.run_id:
+        opts = replace(opts, run_id=new_run_id())
     ship_code(spark)
     sc = spark.sparkContext
     stats = sc.accumulator(dict.fromkeys(STAT_KEYS, 0), _SumDict())  # type: ignore[arg-type]
     if partitions:
         records = records.repartition(partitions)
+    address = None
+    if progress is not None:
+        progress.say("counting the input's records")
+        progress.set_total(records.count())
+        progress.say(f"sending {progress.total:,} records, run {opts.run_id}")
+        address = progress.address
 
     def run(index: int, rows: Iterable[Row]) -> Iterator[tuple[Any, ...]]:
-        return send_partition(index, rows, opts, stats)
+        return send_partition(index, rows, opts, stats, address)
 
     sent = records.rdd.mapPartitionsWithIndex(run)
     started = time.monotonic()
-    spark.createDataFrame(sent, RESULT_SCHEMA).write.mode("overwrite").parquet(out)
+    with progress if progress is not None else nullcontext():
+        spark.createDataFrame(sent, RESULT_SCHEMA).write.mode("overwrite").parquet(out)
     wall = time.monotonic() - started
     summary = summarize(spark.read.parquet(out))
     summary.wall_seconds = wall
+    summary.run_id = opts.run_id
     summary.client = dict(stats.value)
     write_summary(out, summary)
     return summary
@@ -425,7 +491,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--deadline", type=float, default=3.0, help="seconds for all attempts")
     p.add_argument("--broker-timeout", type=float, default=0.2, help="broker socket timeout, s")
     p.add_argument("--rate", type=float, default=0.0, help="records/s per partition (0: no cap)")
+    p.add_argument("--run-id", default=None, type=run_id_arg,
+                   help="this run's id, in every report's producer (default: run-<time>-<hex>)")
     p.add_argument("--master", default=None, help="default: spark-submit's, else local[*]")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                   help="a live progress line on stderr (default on)")
     add_token_argument(p, "producer")
     return p
 
@@ -435,7 +505,7 @@ def options(args: argparse.Namespace) -> ProduceOptions:
     return ProduceOptions(
         detour=args.detour, topic=args.topic, mode=args.mode, timeout=args.timeout,
         retries=args.retries, deadline=args.deadline, broker_timeout=args.broker_timeout,
-        rate=args.rate, token=detour_token(args.token),
+        rate=args.rate, run_id=args.run_id or "", token=detour_token(args.token),
     )
 
 
@@ -444,9 +514,12 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     opts = options(args)
     spark = spark_session("detour-produce", args.master,
                           {"spark.ui.showConsoleProgress": "false"})
+    announce(spark, "produce")
+    progress = Progress("produce", "records", spark.sparkContext,
+                        failures="failed attempts") if args.progress else None
     try:
         summary = produce(spark, read_input(spark, args.input, args.format), opts, args.out,
-                          args.partitions)
+                          args.partitions, progress)
         out(summary.table())
         out(json.dumps(asdict(summary), sort_keys=True))
     finally:

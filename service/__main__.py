@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import glob
 import logging
 import os
@@ -15,6 +16,8 @@ import uvicorn
 
 from service.auth import check_exposure, load_tokens
 from service.settings import Settings
+from service.store import with_redis_password
+from service.store.connect import credentials_refused, describe_redis_url, has_password
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -28,6 +31,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--workers", type=int, help="uvicorn worker processes (default 1; env DETOUR_WORKERS)"
     )
     p.add_argument("--log-level", help="log level (default info; env DETOUR_LOG_LEVEL)")
+    p.add_argument(
+        "--redis-password-file",
+        help="file holding the Redis password (env DETOUR_REDIS_PASSWORD_FILE)",
+    )
     p.add_argument(
         "--tokens-file", help="YAML/JSON tokens file (docs/security.md; env DETOUR_TOKENS_FILE)"
     )
@@ -54,11 +61,48 @@ def _share_metrics_between_workers() -> None:
         os.remove(stale)
 
 
+def _redis_refusal(settings: Settings) -> str | None:
+    """Why Detour cannot use its Redis, said once at start, or None.
+
+    A password file that cannot be read, or a Redis that refuses the credentials, is a
+    configuration error: exit with it rather than start a replica that retries for ever
+    and never becomes ready. An unreachable Redis is no reason to stop (the store waits
+    for it).
+    """
+    try:
+        resolved = with_redis_password(settings)
+    except ValueError as exc:
+        return str(exc)
+    if not resolved.redis_url:
+        return None
+    refused = asyncio.run(credentials_refused(resolved.redis_url, settings.redis_timeout_s))
+    if refused is None:
+        return None
+    if settings.redis_password_file:
+        given = f"the password in {settings.redis_password_file}"
+    elif settings.redis_url and has_password(settings.redis_url):
+        given = "the password in DETOUR_REDIS_URL"
+    else:
+        given = "no password (set DETOUR_REDIS_PASSWORD_FILE to a file holding it)"
+    return (
+        f"Redis at {describe_redis_url(resolved.redis_url)} refused Detour with {given}: {refused}"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     # Flags win over the environment. They are written back to the environment
     # because each uvicorn worker builds its own app through the factory.
-    for name in ("host", "port", "redis_url", "workers", "log_level", "tokens_file", "allow_open"):
+    for name in (
+        "host",
+        "port",
+        "redis_url",
+        "redis_password_file",
+        "workers",
+        "log_level",
+        "tokens_file",
+        "allow_open",
+    ):
         value = getattr(args, name)
         if value is not None:
             os.environ[f"DETOUR_{name.upper()}"] = str(value)
@@ -73,6 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"detour: {exc}", file=sys.stderr)
         return 2
     refusal = check_exposure(settings, tokens)
+    if refusal:
+        print(f"detour: {refusal}", file=sys.stderr)
+        return 2
+    refusal = _redis_refusal(settings)
     if refusal:
         print(f"detour: {refusal}", file=sys.stderr)
         return 2

@@ -26,7 +26,7 @@ from service.limits import AssumeJson, BodyLimit
 from service.schemas import ReportRequest, SelectRequest
 from service.settings import Settings
 from service.shedding import Shedder
-from service.store import FaultStore, open_store
+from service.store import FaultStore, open_store, with_redis_password
 from service.store.connect import describe_redis_url
 
 log = logging.getLogger("detour")
@@ -122,8 +122,9 @@ def _before_stop_signal(callback: Callable[[], None]) -> Callable[[], None]:
 
 
 def create_app(settings: Settings | None = None, tokens: TokenTable | None = None) -> FastAPI:
-    """The app; ``tokens`` default to the settings' (raises ValueError when they are invalid)."""
-    settings = settings or Settings()
+    """The app; ``tokens`` default to the settings' (raises ValueError when they are invalid,
+    or when the Redis password file cannot be read)."""
+    settings = with_redis_password(settings or Settings())
     tokens = load_tokens(settings) if tokens is None else tokens
     namespaces = tokens.namespaces if tokens else [settings.namespace]
 

@@ -23,6 +23,12 @@ class Settings(BaseSettings):
     #: (``rediss+sentinel://`` for TLS): the master the listed sentinels (port 26379 by
     #: default) monitor as ``service``; ``?sentinel_password=`` if they require one.
     redis_url: str | None = None
+    #: A file holding the Redis password (a mounted Secret), read once at start and
+    #: applied to ``redis_url``'s connections, so the URL (a ConfigMap, a flag) carries no
+    #: secret. The URL's user, if any, is the ACL user it authenticates as
+    #: (``redis://detour@redis:6379/0``); a URL that already has a password is refused.
+    #: One trailing newline is ignored.
+    redis_password_file: str | None = None
     workers: int = Field(1, ge=1, le=64)
     #: Every Redis key is ``{prefix}:{namespace}:...`` with the namespace as the
     #: Cluster hash tag, so one namespace's keys live in one slot.

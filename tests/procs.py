@@ -106,10 +106,11 @@ class RedisServer:
 
 
 class HttpProcess:
-    """A server in its own process group on a free loopback port, ready when /readyz is 200."""
+    """A server in its own process group on a free loopback port, ready when ``ready_path``
+    (``/readyz``) answers 200."""
 
     def __init__(self, what: str, args: list[str], port: int, env: dict[str, str] | None,
-                 log_path: Path | None) -> None:
+                 log_path: Path | None, ready_path: str = "/readyz") -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{self.port}"
         full_env = {**os.environ, **(env or {})}
@@ -120,7 +121,7 @@ class HttpProcess:
         def ready() -> bool:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{what} exited with {self.proc.returncode}")
-            return httpx.get(self.url + "/readyz", timeout=1).status_code == 200
+            return httpx.get(self.url + ready_path, timeout=1).status_code == 200
 
         try:
             wait_until(ready, 30, f"{what} on {self.port}", interval_s=0.05)

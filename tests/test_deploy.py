@@ -16,6 +16,8 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+import time
 import tomllib
 from collections.abc import Iterator
 from functools import cache
@@ -23,6 +25,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import httpx
 import kubernetes_validate
 import pytest
 import yaml
@@ -32,7 +35,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 from service.settings import Settings
-from tests.procs import ROOT
+from tests.procs import ROOT, ServiceProcess, end_process, free_port, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -261,13 +264,33 @@ def _flag(args: list[str], name: str) -> str | None:
 
 
 def _probe_target(probe: dict[str, Any]) -> str:
-    """The path a probe asks for, whether httpGet or an exec'd urlopen."""
+    """The path a probe asks for, whether httpGet or an exec'd request on loopback."""
     if "httpGet" in probe:
         return str(probe["httpGet"]["path"])
     command = " ".join(probe["exec"]["command"])
-    m = re.search(r"http://127\.0\.0\.1:\d+(/\w+)", command)
+    m = re.search(r"/dev/tcp/127\.0\.0\.1/\d+\b.*\bGET (/\w+) HTTP/1\.0", command)
     assert m, f"exec probe asks no local Detour URL: {command}"
     return m.group(1)
+
+
+def _options(args: list[str]) -> dict[str, list[list[str]]]:
+    """redis-server's command line: each ``--option`` with its values, in order (an option
+    may come more than once, as ``--user`` does)."""
+    out: dict[str, list[list[str]]] = {}
+    for arg in args:
+        if arg.startswith("--"):
+            out.setdefault(arg, []).append([])
+            current = out[arg][-1]
+        else:
+            current.append(arg)
+    return out
+
+
+def _redis_option(args: list[str], name: str) -> str:
+    """The one value of a single-valued option."""
+    (values,) = _options(args)[name]
+    (value,) = values
+    return value
 
 
 # ----------------------------------------------------------------------------- Dockerfile
@@ -583,11 +606,12 @@ def test_shared_overlay_is_one_autoscaled_service_on_redis() -> None:
     assert config["DETOUR_TOKENS_FILE"] == str(tokens_file)
     assert mounts["tokens"]["readOnly"] is True
 
-    # DETOUR_REDIS_URL comes from the generated Secret and names the bundled Redis Service.
+    # DETOUR_REDIS_URL comes from the generated Secret and names the bundled Redis Service,
+    # as an ACL user and without a password (that is in a file: the next test).
     ref = _env(container)["DETOUR_REDIS_URL"]["valueFrom"]["secretKeyRef"]
     secret = _one(docs, "Secret", ref["name"])
     url = base64.b64decode(secret["data"][ref["key"]]).decode()
-    m = re.fullmatch(r"redis://([a-z0-9-]+):(\d+)/\d+", url)
+    m = re.fullmatch(r"redis://detour@([a-z0-9-]+):(\d+)/\d+", url)
     assert m, url
     redis_service = _one(docs, "Service", m.group(1))
     assert int(m.group(2)) in {p["port"] for p in redis_service["spec"]["ports"]}
@@ -603,13 +627,13 @@ def test_redis_keeps_the_table_on_a_volume_with_aof() -> None:
     sts = _one(docs, "StatefulSet", "detour-redis")
     (redis,) = sts["spec"]["template"]["spec"]["containers"]
     args = redis["args"]
-    opts = dict(zip(args[::2], args[1::2], strict=True))
-    assert opts["--appendonly"] == "yes"
-    assert opts["--appendfsync"] == "everysec"
-    assert opts["--maxmemory-policy"] == "noeviction", "an evicted fault item readmits a broker"
+    assert _redis_option(args, "--appendonly") == "yes"
+    assert _redis_option(args, "--appendfsync") == "everysec"
+    assert _redis_option(args, "--maxmemory-policy") == "noeviction", \
+        "an evicted fault item readmits a broker"
     (claim,) = sts["spec"]["volumeClaimTemplates"]
     mounts = {m["name"]: m["mountPath"] for m in redis["volumeMounts"]}
-    assert mounts[claim["metadata"]["name"]] == opts["--dir"]
+    assert mounts[claim["metadata"]["name"]] == _redis_option(args, "--dir")
     assert claim["spec"]["resources"]["requests"]["storage"]
     headless = _one(docs, "Service", sts["spec"]["serviceName"])
     assert headless["spec"]["clusterIP"] == "None"
@@ -617,6 +641,159 @@ def test_redis_keeps_the_table_on_a_volume_with_aof() -> None:
     assert headless["spec"]["selector"].items() <= pod_labels.items()
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert redis[probe]["exec"]["command"] == ["redis-cli", "ping"]
+
+
+def _setting(docs: tuple[dict[str, Any], ...], container: dict[str, Any], name: str) -> str | None:
+    """A DETOUR_* setting as the container sees it: its env, else its envFrom ConfigMaps."""
+    if name in _env(container):
+        return str(_env(container)[name]["value"])
+    for source in container.get("envFrom", []):
+        data = _one(docs, "ConfigMap", source["configMapRef"]["name"])["data"]
+        if name in data:
+            return str(data[name])
+    return None
+
+
+def test_redis_requires_a_password_every_detour_reads_from_a_file() -> None:
+    """The bundled Redis's ACL users take their password from one Secret key; every Detour
+    container (central, sidecar, Spark executor's) mounts that key where
+    DETOUR_REDIS_PASSWORD_FILE points, and connects as the ACL user."""
+    spark = _spark_template()
+    for overlay in ("overlays/shared", "overlays/sidecar"):
+        docs = _render(overlay)
+        sts = _one(docs, "StatefulSet", "detour-redis")
+        (redis,) = sts["spec"]["template"]["spec"]["containers"]
+        ref = _env(redis)["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]
+        users = {values[0]: values[1:] for values in _options(redis["args"])["--user"]}
+        # Anyone without the password may only PING (the probes); Detour's user touches
+        # only Detour's keys and channels, and no admin or dangerous command.
+        assert users["default"] == ["on", "nopass", "-@all", "+ping"], users
+        assert users["detour"] == ["on", ">$(REDIS_PASSWORD)", "~detour:*", "&detour:*",
+                                   "+@all", "-@admin", "-@dangerous"], users
+        assert set(users) == {"default", "detour"}
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert redis[probe]["exec"]["command"] == ["redis-cli", "ping"]
+        pods = [obj for obj in docs if obj["kind"] in WORKLOADS] + [spark]
+        seen = 0
+        for obj in pods:
+            volumes = {v["name"]: v for v in _pod_spec(obj).get("volumes", [])}
+            for _, c in _containers(obj):
+                if not _is_detour(c):
+                    continue
+                seen += 1
+                ident = f"{overlay}: {obj['kind']}/{obj['metadata'].get('name')} {c['name']}"
+                path = _setting(docs, c, "DETOUR_REDIS_PASSWORD_FILE")
+                assert path, f"{ident}: no DETOUR_REDIS_PASSWORD_FILE"
+                mount = next(m for m in c["volumeMounts"] if path.startswith(m["mountPath"] + "/"))
+                assert mount["readOnly"] is True, ident
+                secret = volumes[mount["name"]]["secret"]
+                assert secret["secretName"] == ref["name"] and not secret.get("optional"), ident
+                assert secret["items"] == [{"key": ref["key"],
+                                            "path": path.removeprefix(mount["mountPath"] + "/")}]
+                url_ref = _env(c)["DETOUR_REDIS_URL"]["valueFrom"]["secretKeyRef"]
+                if obj is not spark:
+                    url = _one(docs, "Secret", url_ref["name"])["data"][url_ref["key"]]
+                    assert base64.b64decode(url).decode().startswith("redis://detour@"), ident
+        assert seen >= 2
+
+
+def test_network_policies_let_only_detour_reach_redis() -> None:
+    """Redis admits port 6379 from pods labelled detour-redis-client=true (here, or in a
+    namespace labelled so); exactly the pods running Detour carry the label; Detour's own
+    pods admit their HTTP port and nothing else."""
+    for overlay in ("overlays/shared", "overlays/sidecar"):
+        docs = _render(overlay)
+        policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+        sts = _one(docs, "StatefulSet", "detour-redis")
+        redis_labels = sts["spec"]["template"]["metadata"]["labels"]
+
+        def selecting(labels: dict[str, str],
+                      policies: list[dict[str, Any]] = policies) -> list[dict[str, Any]]:
+            return [p for p in policies
+                    if p["spec"]["podSelector"]["matchLabels"].items() <= labels.items()]
+
+        (redis_policy,) = selecting(redis_labels)
+        assert redis_policy["spec"]["policyTypes"] == ["Ingress"]
+        (rule,) = redis_policy["spec"]["ingress"]
+        assert rule["ports"] == [{"port": 6379, "protocol": "TCP"}]
+        for peer in rule["from"]:
+            assert peer["podSelector"]["matchLabels"] == {"detour-redis-client": "true"}, peer
+            if "namespaceSelector" in peer:  # never every namespace
+                assert peer["namespaceSelector"]["matchLabels"] == {"detour-redis-client": "true"}
+        workloads = [d for d in docs if d["kind"] in WORKLOADS and d is not sts]
+        for obj in [*workloads, _spark_template()]:
+            labels = (obj["metadata"] if obj["kind"] == "Pod"
+                      else obj["spec"]["template"]["metadata"]).get("labels", {})
+            runs_detour = any(_is_detour(c) for _, c in _containers(obj))
+            assert (labels.get("detour-redis-client") == "true") == runs_detour, obj["metadata"]
+
+        deploy = _one(docs, "Deployment", "detour")
+        (detour_policy,) = selecting(deploy["spec"]["template"]["metadata"]["labels"])
+        (container,) = deploy["spec"]["template"]["spec"]["containers"]
+        (rule,) = detour_policy["spec"]["ingress"]
+        assert rule["ports"] == [{"port": p["containerPort"], "protocol": "TCP"}
+                                 for p in container["ports"]]
+        assert rule["from"] == [{"namespaceSelector": {}}]  # the cluster, not the world
+
+
+def _sidecar_probes() -> dict[str, list[str]]:
+    """Every exec probe of a Detour sidecar (the overlay's and the Spark template's)."""
+    out = {}
+    producer = _one(_render("overlays/sidecar"), "Deployment", "example-producer")
+    for where, obj in (("sidecar", producer), ("spark", _spark_template())):
+        for role, c in _containers(obj):
+            if role == "init" and _is_detour(c):
+                for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+                    out[f"{where} {kind}"] = c[kind]["exec"]["command"]
+    return out
+
+
+@pytest.mark.e2e
+def test_the_sidecar_probes_say_what_the_kubelet_needs(tmp_path: Path) -> None:
+    """The manifests' exec probes, run as the kubelet would (on the port a test Detour has):
+    0 from a ready Detour; the readiness probes fail on one that is alive but has no table
+    yet while liveness passes; all fail, at once, where nothing listens."""
+    probes = _sidecar_probes()
+    assert len(probes) == 6
+    port_in_probe = re.compile(r"/dev/tcp/127\.0\.0\.1/8080\b")
+
+    def run(command: list[str], port: int) -> int:
+        argv = [port_in_probe.sub(f"/dev/tcp/127.0.0.1/{port}", a) for a in command]
+        assert argv != command, "the probe names no port to replace"
+        started = time.monotonic()
+        rc = subprocess.run(argv, capture_output=True, timeout=10).returncode
+        assert time.monotonic() - started < 3, "slower than the probes' timeoutSeconds"
+        return rc
+
+    with ServiceProcess() as ready:
+        assert {name: run(cmd, ready.port) for name, cmd in probes.items()} == \
+            dict.fromkeys(probes, 0)
+    # Alive, not ready: its Redis does not answer, so no table was ever synced.
+    port = free_port()
+    unready = subprocess.Popen(
+        [sys.executable, "-m", "service", "--port", str(port), "--redis-url",
+         f"redis://127.0.0.1:{free_port()}/0"], cwd=ROOT, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                   .status_code == 200, 30, "detour without redis")
+        assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 503
+        rcs = {name: run(cmd, port) for name, cmd in probes.items()}
+        assert {n: rc == 0 for n, rc in rcs.items()} == {
+            n: n.endswith("livenessProbe") for n in probes}, rcs
+    finally:
+        end_process(unready)
+    nobody = free_port()
+    assert all(run(cmd, nobody) != 0 for cmd in probes.values())
+
+
+def test_redis_is_not_evicted_by_drains() -> None:
+    docs = _render("overlays/shared")
+    sts = _one(docs, "StatefulSet", "detour-redis")
+    pdb = _one(docs, "PodDisruptionBudget", "detour-redis")
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= \
+        sts["spec"]["template"]["metadata"]["labels"].items()
+    assert sts["spec"]["replicas"] == 1 and pdb["spec"]["maxUnavailable"] == 0
 
 
 def test_sidecar_overlay_puts_detour_beside_the_producer() -> None:
@@ -700,6 +877,9 @@ def test_the_external_redis_overlay_in_the_doc_renders(tmp_path: Path) -> None:
     docs = _kustomize(overlay)
     assert not [d for d in docs if d["kind"] == "StatefulSet"]
     assert {d["metadata"]["name"] for d in docs if d["kind"] == "Service"} == {"detour"}
+    # Nothing of the bundled Redis is left behind (its budget, its NetworkPolicy).
+    assert not [d for d in docs if d["metadata"]["name"] == "detour-redis"], \
+        [d["kind"] for d in docs if d["metadata"]["name"] == "detour-redis"]
     deploy = _one(docs, "Deployment", "detour")
     ref = _env(deploy["spec"]["template"]["spec"]["containers"][0])["DETOUR_REDIS_URL"]
     secret = _one(docs, "Secret", ref["valueFrom"]["secretKeyRef"]["name"])

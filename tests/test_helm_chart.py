@@ -40,6 +40,7 @@ MIRRORED_KINDS = {
     "HorizontalPodAutoscaler",
     "ServiceMonitor",
     "PrometheusRule",
+    "NetworkPolicy",
 }
 
 
@@ -130,6 +131,13 @@ def test_values_are_valid_against_the_schema() -> None:
         ("redis.persistence.size", "1 GB"),
         ("unknownTopLevel", True),
         ("autoscaling.typo", True),
+        ("probes.startup.periodSeconds", 0),
+        ("probes.liveness.httpGet", {"path": "healthz", "port": "http"}),
+        ("securityContext.readOnlyRootFilesytem", True),
+        ("podSecurityContext.runAsUser", -1),
+        ("networkPolicy.ingressFrom", []),
+        ("redisAuth.username", "has space"),
+        ("redis.podDisruptionBudget.maxUnavailable", 2),
     ],
 )
 def test_the_schema_rejects_bad_values(path: str, bad: Any) -> None:
@@ -283,8 +291,35 @@ def test_defaults_match_the_kustomize_base() -> None:
     assert values["redis"]["resources"] == rc["resources"]
     image, tag = rc["image"].split(":")
     assert (values["redis"]["image"]["repository"], values["redis"]["image"]["tag"]) == (image, tag)
-    opts = dict(zip(rc["args"][::2], rc["args"][1::2], strict=True))
-    assert values["redis"]["maxmemory"] == opts["--maxmemory"]
+    args = rc["args"]
+    assert values["redis"]["maxmemory"] == args[args.index("--maxmemory") + 1]
+    # Probes and security contexts are values now, with the base's as their defaults.
+    pod = deployment["spec"]["template"]["spec"]
+    assert values["probes"] == {"startup": container["startupProbe"],
+                                "readiness": container["readinessProbe"],
+                                "liveness": container["livenessProbe"]}
+    assert values["securityContext"] == container["securityContext"]
+    assert values["podSecurityContext"] == pod["securityContext"]
+    assert values["redis"]["securityContext"] == rc["securityContext"]
+    assert values["redis"]["podSecurityContext"] == redis["spec"]["template"]["spec"][
+        "securityContext"]
+    # Redis auth: the same Secret and key, the same ACL users and rules.
+    ref = next(e for e in rc["env"] if e["name"] == "REDIS_PASSWORD")["valueFrom"]["secretKeyRef"]
+    assert (values["redisAuth"]["existingSecret"], values["redisAuth"]["secretKey"]) == (
+        ref["name"], ref["key"])
+    template = (TEMPLATES / "redis.yaml").read_text(encoding="utf-8")
+    users = args[:args.index("--appendonly")]
+    assert users.count("--user") == 2 and values["redisAuth"]["username"] == users[7]
+    for arg in users:
+        shown = "{{ .Values.redisAuth.username }}" if arg == users[7] else arg
+        assert re.search(r'^\s+- "?' + re.escape(shown) + r'"?$', template, re.M), arg
+    pdb = next(d for d in yaml.safe_load_all((base / "redis.yaml").read_text(encoding="utf-8"))
+               if d["kind"] == "PodDisruptionBudget")
+    assert values["redis"]["podDisruptionBudget"]["maxUnavailable"] == \
+        pdb["spec"]["maxUnavailable"]
+    policies = list(yaml.safe_load_all((base / "networkpolicy.yaml").read_text(encoding="utf-8")))
+    detour_policy = next(d for d in policies if d["metadata"]["name"] == "detour")
+    assert values["networkPolicy"]["ingressFrom"] == detour_policy["spec"]["ingress"][0]["from"]
     env = dict(
         line.split("=", 1)
         for line in (base / "config.env").read_text().splitlines()

@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 from service.model import DEFAULT_LATENCY_MAX
 from service.settings import Settings
-from tests.procs import ROOT, ServiceProcess, end_process, free_port, wait_until
+from tests.procs import ROOT, HttpProcess, ServiceProcess, end_process, free_port, wait_until
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "detour.json"
 DASHBOARD_PROVIDER = ROOT / "deploy" / "grafana" / "provisioning" / "dashboards" / "detour.yaml"
@@ -28,6 +28,7 @@ DATASOURCE = ROOT / "deploy" / "grafana" / "provisioning" / "datasources" / "pro
 RULES = ROOT / "deploy" / "prometheus" / "rules.yaml"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "rules.test.yaml"
 EXAMPLE_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+ALERTMANAGER_CONFIG = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
 DOC = ROOT / "docs" / "observability.md"
 
 #: What Grafana would put in place of each dashboard variable. The rate window is wider
@@ -78,10 +79,10 @@ def _alerts() -> dict[str, dict[str, Any]]:
     return {r["alert"]: r for r in _rules() if "alert" in r}
 
 
-def _binary(name: str) -> str:
+def _binary(name: str, package: str = "prometheus") -> str:
     path = shutil.which(name)
     if path is None:
-        pytest.skip(f"{name} not installed: Debian package prometheus (make system-deps)")
+        pytest.skip(f"{name} not installed: Debian package {package} (make system-deps)")
     return path
 
 
@@ -277,6 +278,132 @@ def test_every_dashboard_expression_parses(tmp_path: Path) -> None:
     names = "\n".join(f"query_{i}: {title} / {ref}" for i, (title, ref, _) in enumerate(targets))
     assert out.returncode == 0, f"{out.stdout}{out.stderr}\n{names}"
     assert f"SUCCESS: {len(targets)} rules found" in out.stdout
+
+
+# ------------------------------------------------------------------ Alertmanager
+def _inhibit_rules() -> list[dict[str, Any]]:
+    config = yaml.safe_load(ALERTMANAGER_CONFIG.read_text(encoding="utf-8"))
+    return config["inhibit_rules"]  # type: ignore[no-any-return]
+
+
+def _matchers(matchers: list[str]) -> dict[str, str]:
+    """``['alertname="X"']`` -> ``{"alertname": "X"}`` (equality matchers only)."""
+    out = {}
+    for m in matchers:
+        match = re.fullmatch(r'(\w+)="([^"]*)"', m)
+        assert match, f"only name=\"value\" matchers here: {m}"
+        out[match.group(1)] = match.group(2)
+    return out
+
+
+def _promtool_expectations() -> Iterator[dict[str, dict[str, dict[str, str] | None]]]:
+    """Per test case and eval time: {alertname: labels of its first expected alert, or None
+    when it is expected silent}, the alertname included in the labels."""
+    for case in yaml.safe_load(RULE_TESTS.read_text(encoding="utf-8"))["tests"]:
+        by_time: dict[str, dict[str, dict[str, str] | None]] = {}
+        for check in case.get("alert_rule_test", []):
+            alerts = check.get("exp_alerts") or []
+            labels = {**alerts[0]["exp_labels"], "alertname": check["alertname"]} \
+                if alerts else None
+            by_time.setdefault(str(check["eval_time"]), {})[check["alertname"]] = labels
+        yield from by_time.values()
+
+
+def _fired(source: str, target: str, together: bool) -> tuple[dict[str, str], dict[str, str]]:
+    """The labels of ``source`` and ``target`` from a promtool case where both fire at once
+    (``together``), or where ``target`` fires and ``source`` is expected silent."""
+    for at in _promtool_expectations():
+        if source in at and target in at and at[target] is not None \
+                and (at[source] is not None) is together:
+            return at[source] or {"alertname": source}, at[target]  # type: ignore[return-value]
+    raise AssertionError(f"no promtool case with {target} firing and {source} "
+                         f"{'firing' if together else 'silent'} at the same time")
+
+
+@pytest.mark.unit
+def test_each_inhibit_rule_mutes_an_alert_that_fires_with_its_source() -> None:
+    """The rules the Alertmanager config inhibits fire together in the promtool tests, with
+    the labels the rule matches on; and the muted one still fires on its own."""
+    alerts = _alerts()
+    rules = _inhibit_rules()
+    pairs = set()
+    for rule in rules:
+        source = _matchers(rule["source_matchers"])["alertname"]
+        target = _matchers(rule["target_matchers"])["alertname"]
+        assert source in alerts and target in alerts, rule
+        # The page that stays is at least as severe as the one it mutes.
+        order = ["info", "warning", "critical"]
+        assert order.index(alerts[source]["labels"]["severity"]) >= \
+            order.index(alerts[target]["labels"]["severity"]), rule
+        src, tgt = _fired(source, target, together=True)
+        for label in rule["equal"]:
+            assert src.get(label) == tgt.get(label), (rule, src, tgt)
+        pairs.add((source, target))
+    assert ("DetourRouteAllBrokersAvoided", "DetourRoutesAllAvoided") in pairs
+    # Without its per-topic alert (a route beyond the 100 with a series), the total pages.
+    _fired("DetourRouteAllBrokersAvoided", "DetourRoutesAllAvoided", together=False)
+
+
+@pytest.mark.integration
+def test_amtool_checks_the_alertmanager_config() -> None:
+    amtool = _binary("amtool", "prometheus-alertmanager")
+    out = subprocess.run([amtool, "check-config", str(ALERTMANAGER_CONFIG)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"{len(_inhibit_rules())} inhibit rules" in out.stdout, out.stdout
+
+
+def alertmanager(binary: str, workdir: Path, config: Path) -> HttpProcess:
+    """A real Alertmanager on a free loopback port, clustering off."""
+    port = free_port()
+    return HttpProcess(
+        "alertmanager",
+        [binary, f"--config.file={config}", f"--storage.path={workdir / 'am'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
+         "--log.level=warn"],
+        port, None, workdir / "alertmanager.log", ready_path="/-/ready",
+    )
+
+
+@pytest.mark.e2e
+def test_a_real_alertmanager_pages_once_per_incident(tmp_path: Path) -> None:
+    """The label sets promtool expects, sent as Prometheus would: within one deployment
+    (same ``cluster``) the muted alert is suppressed by its source; another deployment's,
+    and the total firing alone, are not."""
+    binary = shutil.which("prometheus-alertmanager") or _binary(
+        "alertmanager", "prometheus-alertmanager")
+    with alertmanager(binary, tmp_path, ALERTMANAGER_CONFIG) as am, \
+            httpx.Client(base_url=am.url, timeout=5) as http:
+        expected: dict[tuple[str, str], str] = {}  # (alertname, cluster) -> state
+        posted = []
+        for rule in _inhibit_rules():
+            source = _matchers(rule["source_matchers"])["alertname"]
+            target = _matchers(rule["target_matchers"])["alertname"]
+            src, tgt = _fired(source, target, together=True)
+            posted += [{**src, "cluster": "a"}, {**tgt, "cluster": "a"},
+                       {**tgt, "cluster": "b"}]
+            expected |= {(source, "a"): "active", (target, "a"): "suppressed",
+                         (target, "b"): "active"}
+        _, alone = _fired("DetourRouteAllBrokersAvoided", "DetourRoutesAllAvoided",
+                          together=False)
+        posted.append({**alone, "cluster": "c"})
+        expected[("DetourRoutesAllAvoided", "c")] = "active"
+        http.post("/api/v2/alerts", json=[{"labels": labels} for labels in posted]
+                  ).raise_for_status()
+
+        def states() -> dict[tuple[str, str], str]:
+            alerts = http.get("/api/v2/alerts").json()
+            return {(a["labels"]["alertname"], a["labels"]["cluster"]): a["status"]["state"]
+                    for a in alerts}
+
+        try:
+            wait_until(lambda: states() == expected, 20, "the inhibitions", interval_s=0.1)
+        except TimeoutError:
+            log = (tmp_path / "alertmanager.log").read_text(errors="replace")[-2000:]
+            raise AssertionError(f"{states()} != {expected}\n{log}") from None
+        for a in http.get("/api/v2/alerts").json():
+            if a["status"]["state"] == "suppressed":
+                assert a["status"]["inhibitedBy"] and not a["status"]["silencedBy"], a
 
 
 # ------------------------------------------------------------- a real Prometheus, live

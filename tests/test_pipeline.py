@@ -10,8 +10,10 @@ avoided. Every wait is bounded; everything listens on 127.0.0.1 only.
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -26,16 +28,26 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline import brokers as brokers_cli
 from pipeline import detour_token, spark_session
-from pipeline.analyze import TierTable, analyze, fetch_config, recommend, replay
+from pipeline.analyze import (
+    TierTable,
+    analyze,
+    auto_window_s,
+    fetch_config,
+    recommend,
+    replay,
+)
 from pipeline.brokers import Fleet, no_retry, stream_key
-from pipeline.export_log import export, to_table
+from pipeline.export_log import RunScope, export, to_table
 from pipeline.generate import generate, record_id
 from pipeline.produce import ProduceOptions, options, produce, read_input
 from pipeline.produce import _parser as produce_parser
-from pipeline.verify import BrokerRef, brokers_from_detour, verify
+from pipeline.progress import Progress
+from pipeline.verify import BrokerRef, brokers_from_detour, read_ids, verify
+from service.client.wire import MAX_BATCH
 from tests.procs import ROOT, RedisServer, ServiceProcess, write_tokens
 
 if TYPE_CHECKING:
@@ -75,6 +87,14 @@ def detour() -> Iterator[str]:
             svc.stop()
     finally:
         store.stop()
+
+
+def _journal_replayed(detour: str) -> float:
+    """Reports Detour journaled and handed to Redis later (``detour_journal_replayed_total``)."""
+    text = httpx.get(f"{detour}/metrics", timeout=5).text
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               if family.name == "detour_journal_replayed" for sample in family.samples
+               if sample.name == "detour_journal_replayed_total")
 
 
 # -- brokers: the faults are real ---------------------------------------------------------
@@ -124,6 +144,10 @@ def test_generated_input_round_trips(spark: SparkSession, tmp_path: Path, fmt: s
     assert len(rows) == 1000 and len({r["id"] for r in rows}) == 1000
     assert {len(r["payload"]) for r in rows} == {100}
     assert min(r["id"] for r in rows) == record_id(0)
+    # verify reads the ids alone (no schema inference, no payloads): the same ids.
+    ids = read_ids(spark, out)
+    assert ids.columns == ["id"]
+    assert {r["id"] for r in ids.collect()} == {r["id"] for r in rows}
 
 
 # -- verify ---------------------------------------------------------------------------------
@@ -143,7 +167,12 @@ def test_verify_finds_missing_and_duplicates(spark: SparkSession) -> None:
             a.xadd(stream_key("v", 0), {"id": record_id(i)})  # at-least-once copies
         a.xadd(stream_key("v", 1), {"id": "stranger"})
         refs = [BrokerRef(n, x.address, 2) for n, x in fleet.brokers.items()]
-        v = verify(spark, expected, refs, "v")
+        progress = Progress("verify", "entries read", spark.sparkContext, out=io.StringIO(),
+                            every_s=0.2)
+        v = verify(spark, expected, refs, "v", progress)
+        # 97 ids, 2 copies and a stranger: the total is known (XLEN) before reading.
+        assert progress.lines[-1].startswith("verify: 100/100 entries read (100 %)"), \
+            progress.lines
         assert (v.expected, v.present, v.missing) == (100, 97, 3)
         assert v.missing_sample == [record_id(7), record_id(8), record_id(9)]
         assert (v.duplicated_ids, v.extra_copies, v.unexpected) == (2, 2, 1)
@@ -170,6 +199,7 @@ def test_end_to_end_kill_and_stop_brokers_mid_run(
     topic = "e2e"
     src, out = str(tmp_path / "in"), str(tmp_path / "out")
     generate(spark, RECORDS, src, "parquet", partitions=4)
+    replayed_before = _journal_replayed(detour)
     with Fleet(4, topic, 4) as fleet:
         fleet.register(detour)
         # Pacing (1,000 records/s per partition, 2 at a time) stretches the run to ~10 s so
@@ -177,7 +207,8 @@ def test_end_to_end_kill_and_stop_brokers_mid_run(
         runner = fleet.faults(["kill:broker-b@4000r", "stop:broker-c@9000r+5"]).start()
         try:
             summary = produce(spark, read_input(spark, src),
-                              ProduceOptions(detour, topic, rate=1000.0), out, partitions=4)
+                              ProduceOptions(detour, topic, rate=1000.0, run_id="e2e"), out,
+                              partitions=4)
             assert runner.wait(15), f"fault schedule unfinished: {runner.events}"
         finally:
             runner.stop()
@@ -225,14 +256,24 @@ def test_end_to_end_kill_and_stop_brokers_mid_run(
     assert summary.failed_attempts == failed_b + failed_c + failed.get("broker-a", 0) + \
         failed.get("broker-d", 0)
 
-    # The latency log has every attempt, with who made it; the analysis sees the faults.
-    # Reports are at-least-once too: a batch whose answer timed out is sent again.
+    # The latency log has every attempt of this run, with who made it; the analysis sees the
+    # faults. Reports are at-least-once too, on a busy machine: a batch whose answer timed
+    # out (a failed Detour call) is sent again whole, and a report whose Redis call timed
+    # out after Redis ran it is journaled and replayed, so logged twice.
     log = tmp_path / "latency.parquet"
-    exported = export(detour, log, page=5000)
+    exported = export(detour, log, page=5000, scope=RunScope.parse(out))
     attempts = results.agg(F.sum("attempts")).first()[0]  # type: ignore[index]
     record_property("log_entries", exported.rows)
-    assert attempts <= exported.rows <= attempts * 1.05, (exported.rows, attempts)
-    a = analyze(spark, str(log), window_s=2.0, out=tmp_path / "report")
+    assert summary.run_id == exported.run_id == "e2e"
+    again = (summary.client["detour_failures"] * MAX_BATCH
+             + _journal_replayed(detour) - replayed_before)
+    assert attempts <= exported.rows <= attempts + again, (exported.rows, attempts, again)
+    producers = pq.read_table(log, columns=["producer"]).column(0).to_pylist()
+    assert {p.split("/", 1)[0] for p in producers} == {"e2e"}
+    a = analyze(spark, str(log), out=tmp_path / "report")
+    # No --window: at most 30 windows over the run's span, whatever its length.
+    assert a.window_ms == auto_window_s(a.end_ms - a.start_ms) * 1000
+    assert len({w["window_start"] for w in a.windows}) <= 31
     assert a.broker("broker-b")["isolations"] >= failed_b
     assert a.broker("broker-b")["avoided_ms"] > 0
     for name in ("report.md", "latency.png", "avoided.png", "histogram.png"):
@@ -258,6 +299,91 @@ def test_reports_carry_the_partition_as_producer(spark: SparkSession, tmp_path: 
     finally:
         svc.stop()
         store.stop()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_progress_line_moves_while_records_are_sent(
+    spark: SparkSession, detour: str, tmp_path: Path
+) -> None:
+    """The driver's line counts records as they go (not as tasks end) and names the broker
+    every select is passing over."""
+    with Fleet(2, "prog", 2, persist=False) as fleet:
+        fleet.register(detour)
+        httpx.post(f"{detour}/report-latency", timeout=5, json={
+            "brokerName": "broker-b", "latencyMs": 0, "isolation": True}).raise_for_status()
+        records = spark.createDataFrame([(record_id(i), "x") for i in range(1600)],
+                                        "id string, payload string")
+        progress = Progress("produce", "records", spark.sparkContext,
+                            failures="failed attempts", out=io.StringIO(), every_s=0.2)
+        # 400 records/s in each of 2 partitions: about 2 s of sending.
+        summary = produce(spark, records, ProduceOptions(detour, "prog", rate=400.0),
+                          str(tmp_path / "out"), partitions=2, progress=progress)
+    assert summary.delivered == 1600
+    counts = [int(m.group(1).replace(",", "")) for line in progress.lines
+              if (m := re.match(r"produce: ([\d,]+)/1,600 records", line))]
+    # What it is doing before the first count, then counts only.
+    assert progress.lines[0] == "produce: counting the input's records", progress.lines
+    assert re.fullmatch(r"produce: sending 1,600 records, run run-\S+", progress.lines[1])
+    assert len(counts) == len(progress.lines) - 2 >= 3, progress.lines
+    assert counts == sorted(counts) and counts[-1] == 1600
+    # A task ends with 800 records: any other count in between came while it was sending.
+    assert any(c not in (0, 800, 1600) for c in counts), progress.lines
+    assert any("avoiding broker-b" in line for line in progress.lines), progress.lines
+    assert progress.lines[-1].startswith("produce: 1,600/1,600 records (100 %) · "), \
+        progress.lines[-1]
+
+
+# -- runs do not bleed into each other ---------------------------------------------------
+
+
+@pytest.mark.integration
+def test_a_new_fleet_forgets_the_windows_of_an_earlier_one(detour: str) -> None:
+    """Names are reused run after run; the processes are new, so their windows go."""
+
+    def isolate(broker: str) -> None:
+        httpx.post(f"{detour}/report-latency", timeout=5, json={
+            "brokerName": broker, "latencyMs": 0, "isolation": True}).raise_for_status()
+
+    def avoided() -> set[str]:
+        table = httpx.get(f"{detour}/fault-items", timeout=5).json()["items"]
+        return {i["brokerName"] for i in table if not i["available"]}
+
+    isolate("broker-a")
+    with Fleet(2, "fresh", 1, persist=False) as fleet:
+        fleet.register(detour, forget=False)  # --keep-faults
+        assert "broker-a" in avoided()
+        fleet.register(detour)
+        assert "broker-a" in fleet.forgotten
+        assert not avoided() & {"broker-a", "broker-b"}
+
+
+@pytest.mark.integration
+def test_the_export_keeps_one_run(detour: str, tmp_path: Path) -> None:
+    """The log holds every run; an export scoped to a run keeps its reports only."""
+    reports = [{"brokerName": "broker-a", "latencyMs": i, "producer": f"{run}/h/1/p{i % 2}"}
+               for i in range(6) for run in ("run-x", "run-y")]
+    reports.append({"brokerName": "broker-a", "latencyMs": 1, "producer": "not-a-run"})
+    httpx.post(f"{detour}/report-latency:batch", json={"reports": reports},
+               timeout=5).raise_for_status()
+    result = export(detour, tmp_path / "x.parquet", scope=RunScope("run-x"))
+    table = pq.read_table(tmp_path / "x.parquet")
+    assert result.rows == table.num_rows == 6 and result.scanned >= 13
+    assert set(table.column("producer").to_pylist()) == {"run-x/h/1/p0", "run-x/h/1/p1"}
+
+    # From a produce output: its _summary.json names the run and when it sent.
+    now = int(time.time() * 1000)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "_summary.json").write_text(json.dumps(
+        {"run_id": "run-y", "started_ms": now - 5000, "ended_ms": now}))
+    scope = RunScope.parse(str(tmp_path / "out"))
+    assert scope == RunScope("run-y", now - 5000, now)
+    assert export(detour, tmp_path / "y.parquet", scope=scope).rows == 6
+    # A run that starts later than anything in the log: nothing before it is even read.
+    later = RunScope("run-y", now + 2 * RunScope.SLACK_MS, now + 3 * RunScope.SLACK_MS)
+    assert export(detour, tmp_path / "z.parquet", scope=later).scanned == 0
+    with pytest.raises(ValueError):
+        RunScope.parse(str(tmp_path / "no-such-dir" / "x"))
 
 
 # -- the analysis on a log with known percentiles -------------------------------------------
@@ -337,6 +463,7 @@ def test_analysis_returns_known_percentiles(spark: SparkSession, tmp_path: Path)
     assert a.recommendation["notAvailableDuration"] == list(rule.durations)
     report = (tmp_path / "r" / "report.md").read_text()
     assert "| broker-a | 1001 | 0 | 500.0 | 900.0 | 990.0 |" in report
+    assert "avoided s (all brokers)" in report and "broker-s" not in report
     assert '"latencyMax": ' + str(list(rule.latency_max)) in report
 
 
@@ -354,14 +481,16 @@ def test_spark_submit_runs_the_producing_job(
     src, out = str(tmp_path / "in"), str(tmp_path / "out")
     generate(spark, 500, src, "json", partitions=2)
     submit = Path(sys.executable).parent / "spark-submit"
+    env = {k: v for k, v in os.environ.items() if k != "DETOUR_SPARK_LOG_LEVEL"}
     with Fleet(2, "cli", 2) as fleet:
         fleet.register(detour)
         run = subprocess.run(
             [str(submit), "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+             "--driver-java-options", "-Dlog4j2.configurationFile=pipeline/log4j2.properties",
              "pipeline/produce.py", "--input", src, "--detour", detour, "--topic", "cli",
              "--out", out, "--mode", "remote"],
             cwd=ROOT, capture_output=True, text=True, timeout=150,
-            env={**os.environ, "PYSPARK_PYTHON": sys.executable,
+            env={**env, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
                  "PYSPARK_DRIVER_PYTHON": sys.executable},
         )
         assert run.returncode == 0, run.stderr[-3000:]
@@ -369,6 +498,16 @@ def test_spark_submit_runs_the_producing_job(
         assert "delivered            500" in run.stdout
         assert sum(fleet.brokers[n].messages("cli") for n in fleet.brokers) == 500
     assert (Path(out) / "_summary.json").exists()
+    # Quiet from the JVM's first line (WARN and above), and the progress line's last word
+    # (spark-submit hands the Python driver's stderr on through its stdout).
+    output = run.stderr + run.stdout
+    assert not [line for line in output.splitlines() if " INFO " in line], output[:3000]
+    assert "produce: 500/500 records (100 %)" in output, output[-3000:]
+    # The run's reports, and no other run's, from the output directory alone.
+    scope = RunScope.parse(out)
+    assert scope.run_id.startswith("run-") and scope.run_id in run.stdout
+    exported = export(detour, tmp_path / "log.parquet", scope=scope)
+    assert exported.rows >= 500
 
 
 # -- tokens: every call the pipeline makes to Detour can carry one ---------------------------
@@ -448,8 +587,10 @@ def test_export_log_needs_an_admin_token(secured: Secured, tmp_path: Path) -> No
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["rows"] == 5
     assert pq.read_table(tmp_path / "cli.parquet").num_rows == 5
+    # `--token=` form: a token_urlsafe token may start with "-", which argparse would read
+    # as an option.
     for extra, token, status in (([], None, 401),
-                                 (["--token", secured.producer], secured.admin, 403)):
+                                 ([f"--token={secured.producer}"], secured.admin, 403)):
         bad = run(["--out", str(tmp_path / "bad.parquet"), *extra], token)
         assert bad.returncode == 2, bad.stderr
         assert f"GET /latency-log: HTTP {status}" in bad.stderr, bad.stderr

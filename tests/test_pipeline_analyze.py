@@ -18,7 +18,10 @@ import yaml
 from pipeline.analyze import (
     DEFAULT_LATENCY_MAX,
     ROCKETMQ,
+    Analysis,
     TierTable,
+    auto_window_s,
+    avoided_bars,
     recommend,
     replay,
     window_of,
@@ -162,7 +165,39 @@ def test_executor_pod_template_runs_detour_as_a_native_sidecar() -> None:
     (sidecar,) = pod["spec"]["initContainers"]
     assert sidecar["restartPolicy"] == "Always"  # native sidecar: starts first, exits last
     assert "--host=127.0.0.1" in sidecar["args"] and "--port=8080" in sidecar["args"]
-    assert {e["name"] for e in sidecar["env"]} >= {"DETOUR_REDIS_URL"}
+    assert {e["name"] for e in sidecar["env"]} >= {"DETOUR_REDIS_URL", "DETOUR_REDIS_PASSWORD_FILE"}
     probe = " ".join(sidecar["startupProbe"]["exec"]["command"])
-    assert "http://127.0.0.1:8080/readyz" in probe
+    assert "/dev/tcp/127.0.0.1/8080" in probe and "GET /readyz" in probe
     assert [c["name"] for c in pod["spec"]["containers"]] == ["spark-executor"]
+
+
+def test_the_window_follows_the_logs_span() -> None:
+    # At most 30 windows of a round length: a 6.5 s run in half seconds, an hour in 2 min.
+    assert auto_window_s(6_500) == 0.5
+    assert auto_window_s(300_000) == 10
+    assert auto_window_s(3_600_000) == 120
+    assert auto_window_s(0) == 0.1
+    assert auto_window_s(10 * 86_400_000) == 43_200
+    assert auto_window_s(100 * 86_400_000) == 86_400  # the longest there is
+
+
+def test_avoided_bars_sit_inside_their_window_and_the_logs_span() -> None:
+    """A 6 s log in 2 s windows that start 1 s before it (windows are aligned to the clock):
+    every bar lies within its window, clipped to the log, brokers side by side."""
+    start = T0 + 1_000
+    windows = [{"broker": b, "window_start": T0 + k * 2_000, "avoided_ms": ms}
+               for b, per_window in (("broker-a", (0, 2_000, 1_000, 0)),
+                                     ("broker-b", (500, 0, 0, 1_000)))
+               for k, ms in enumerate(per_window)]
+    a = Analysis(reports=10, start_ms=start, end_ms=start + 6_000, window_ms=2_000,
+                 current="rocketmq", pooled={}, successes=10, windows=windows, brokers=[],
+                 tables=[], recommendation={})
+    bars = avoided_bars(a)
+    assert set(bars) == {"broker-a", "broker-b"}
+    # Window 0 covers [-1, 1) s of the log: clipped to [0, 1); window 3 to [5, 6).
+    assert bars["broker-a"] == [(0.0, 0.45, 0.0), (1.0, 0.9, 100.0), (3.0, 0.9, 50.0),
+                                (5.0, 0.45, 0.0)]
+    assert bars["broker-b"] == [(0.5, 0.45, 50.0), (2.0, 0.9, 0.0), (4.0, 0.9, 0.0),
+                                (5.5, 0.45, 100.0)]
+    for x, width, _ in bars["broker-a"] + bars["broker-b"]:
+        assert 0 <= x and x + width <= 6.0

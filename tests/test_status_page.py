@@ -103,7 +103,13 @@ const row = document.querySelector(`#brokers tr[data-broker="${arguments[0]}"]`)
 if (!row) return {};
 const text = (f) => row.querySelector(`[data-field="${f}"]`).innerText;
 return {state: row.dataset.state, "remaining-ms": row.dataset.remainingMs, tier: row.dataset.tier,
+        isolated: row.dataset.isolated, text_state: text("state"), text_ends: text("ends"),
         text_remaining: text("remaining"), text_latency: text("latency"), text_tier: text("tier")};
+"""
+#: Names whose text box is split over lines (an inline element that wraps has several rects).
+WRAPPED_JS = """
+return [...document.querySelectorAll(".name")].filter((e) => e.getClientRects().length > 1)
+  .map((e) => e.innerText);
 """
 
 
@@ -122,6 +128,19 @@ def _shows(driver: WebDriver, states: dict[str, str]) -> Callable[[WebDriver], b
 def _text(driver: WebDriver, selector: str) -> str | None:
     return driver.execute_script(  # type: ignore[no-any-return]
         "const e = document.querySelector(arguments[0]); return e ? e.innerText : null;", selector)
+
+
+def _order(driver: WebDriver) -> list[str]:
+    """The brokers in the order of the page's rows."""
+    return driver.execute_script(  # type: ignore[no-any-return]
+        'return [...document.querySelectorAll("#brokers tbody tr")].map((r) => r.dataset.broker);')
+
+
+def _events(driver: WebDriver) -> list[tuple[str, str, int]]:
+    """(kind, broker, count) of the event rows, newest first."""
+    return [tuple(row) for row in driver.execute_script(  # type: ignore[misc]
+        'return [...document.querySelectorAll("#events tbody tr[data-kind]")].map((r) =>'
+        ' [r.dataset.kind, r.dataset.broker, Number(r.dataset.count)]);')]
 
 
 def _route_state(driver: WebDriver, topic: str) -> str | None:
@@ -179,19 +198,28 @@ def test_page_follows_a_fault_scenario(browser: WebDriver, detour: ServiceProces
         wait.until(_shows(browser, {"broker-a": "avoided", "broker-b": "avoided",
                                     "broker-c": "available", "broker-d": "available"}))
 
+        wait.until(lambda _: _row(browser, "broker-a").get("isolated") == "true")
         a, b, c, d = (_row(browser, n) for n in ("broker-a", "broker-b", "broker-c", "broker-d"))
         # Judged against the store's `now` although the browser's clock is an hour ahead.
         assert 580_000 < int(a["remaining-ms"]) <= 600_000, a
         assert a["text_remaining"].startswith("in 9 min"), a
         assert 20_000 < int(b["remaining-ms"]) <= 30_000, b
-        assert a["text_latency"] == "3.0 s" and a["text_tier"].startswith("≥ 3 s → 3 min"), a
+        # a failed: isolated, its window the failure's (10 min), not its latency's tier (3 min).
+        assert a["text_state"] == "isolated" and a["text_latency"] == "3.0 s", a
+        assert a["text_tier"].startswith("isolated: failed send → 10 min window"), a
+        assert "3 min, does not count" in a["text_tier"], a
+        assert b["text_state"] == "avoided" and b["isolated"] == "false", b
         assert b["text_latency"] == "600 ms" and b["tier"] == "2", b
         assert b["text_tier"] == "≥ 550 ms → 30 s", b
         assert c["text_latency"] == "20 ms" and c["text_tier"] == "< 50 ms → no window", c
         assert d["tier"] == "1" and d["text_tier"] == "≥ 100 ms → no window", d
         assert c["remaining-ms"] == "0" and c["text_remaining"] == "—", c
+        # An ended window shows no end time (it is in the past); an open one does.
+        assert c["text_ends"] == d["text_ends"] == "—", (c, d)
+        assert re.fullmatch(r"\d\d:\d\d:\d\d UTC", a["text_ends"]), a
         assert _route_state(browser, "orders") == "ok"
         assert _text(browser, "#avoided-count") == "2 avoided"
+        assert _text(browser, "#isolated-count") == "1 isolated"
         assert browser.find_element(By.ID, "error").is_displayed() is False
         assert _text(browser, '#config tr[data-key="isolationLatencyMs"] td') == "30000 ms"
         assert _text(browser, '#tiers tr[data-tier="2"]') == "550 ms\t30 s"
@@ -203,25 +231,49 @@ def test_page_follows_a_fault_scenario(browser: WebDriver, detour: ServiceProces
         assert browser.save_screenshot(str(shot))
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+        # Alphabetical order happens to be the right one so far: isolated, avoided, available.
+        assert _order(browser) == ["broker-a", "broker-b", "broker-c", "broker-d"]
+
         # c fails too: every broker of `orders` is avoided, `payments` still has d.
         api.post("/report-latency", json={"brokerName": "broker-c", "latencyMs": 0,
                                           "isolation": True}).raise_for_status()
         wait.until(lambda _: _route_state(browser, "orders") == "all-avoided")
         assert _route_state(browser, "payments") == "ok"
         # The window outlives c's 0 ms latency (its tier opens none): the page says why.
-        assert "window set by a failure" in _row(browser, "broker-c")["text_tier"]
+        wait.until(lambda _: _row(browser, "broker-c").get("isolated") == "true")
+        assert _row(browser, "broker-c")["text_tier"].startswith("isolated: failed send"), \
+            _row(browser, "broker-c")
+        # Isolated first (a, c), then avoided for latency (b), then available (d).
+        assert _order(browser) == ["broker-a", "broker-c", "broker-b", "broker-d"]
 
         # An operator restores a: the page follows.
         api.delete("/fault-items/broker-a").raise_for_status()
         wait.until(_shows(browser, {"broker-a": "available", "broker-c": "avoided"}))
         wait.until(lambda _: _route_state(browser, "orders") == "ok")
         assert _row(browser, "broker-a")["text_latency"] == "—"
+        assert _order(browser) == ["broker-c", "broker-b", "broker-a", "broker-d"]
         # The event log shows the latest first: the operator's restore, c's isolation.
         wait.until(lambda _: browser.find_elements(
             By.CSS_SELECTOR, '#events tbody tr[data-kind="ended"][data-broker="broker-a"]'))
-        kinds = [(r.get_attribute("data-kind"), r.get_attribute("data-broker")) for r in
-                 browser.find_elements(By.CSS_SELECTOR, "#events tbody tr")]
-        assert kinds[:2] == [("ended", "broker-a"), ("opened", "broker-c")]
+        assert _events(browser)[:2] == [("ended", "broker-a", 1), ("opened", "broker-c", 1)]
+
+        # Producers keep failing on c: each failure extends its window, one event each,
+        # shown as one row with the count.
+        for _ in range(5):
+            api.post("/report-latency", json={"brokerName": "broker-c", "latencyMs": 0,
+                                              "isolation": True}).raise_for_status()
+        wait.until(lambda _: _events(browser)[:1] == [("extended", "broker-c", 5)])
+        assert _events(browser)[:3] == [("extended", "broker-c", 5), ("ended", "broker-a", 1),
+                                         ("opened", "broker-c", 1)]
+        assert "×5" in (_text(browser, '#events tbody tr[data-kind="extended"]') or "")
+
+        # 800 px wide: no name breaks over two lines (the tables scroll sideways instead).
+        browser.set_window_size(800, 1000)
+        try:
+            wait.until(lambda _: browser.execute_script("return window.innerWidth") <= 800)
+            assert browser.execute_script(WRAPPED_JS) == []
+        finally:
+            browser.set_window_size(1280, 1000)
 
 
 @pytest.mark.e2e

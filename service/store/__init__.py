@@ -1,6 +1,13 @@
 """Storage of the shared fault table: the only package that knows Redis."""
 
 from service.store.base import FaultStore, LogEntry, ReportIn, ReportOutcome
-from service.store.open import open_store
+from service.store.open import open_store, with_redis_password
 
-__all__ = ["FaultStore", "LogEntry", "ReportIn", "ReportOutcome", "open_store"]
+__all__ = [
+    "FaultStore",
+    "LogEntry",
+    "ReportIn",
+    "ReportOutcome",
+    "open_store",
+    "with_redis_password",
+]

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
-from urllib.parse import parse_qs, unquote
+from urllib.parse import parse_qs, quote, unquote
 
 from redis.asyncio import ConnectionPool, Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
@@ -35,6 +35,7 @@ from redis.asyncio.connection import SSLConnection
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
+from redis.exceptions import AuthenticationError, RedisError
 
 Mode = Literal["single", "cluster", "sentinel"]
 
@@ -245,6 +246,75 @@ class StoreClients:
 
 def _timeouts(timeout_s: float) -> dict[str, Any]:
     return {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+
+
+async def credentials_refused(url: str, timeout_s: float) -> str | None:
+    """Why Redis refuses the URL's credentials (none, or wrong), or None.
+
+    None also when Redis cannot be asked (down, unreachable): riding that out is the
+    store's job. A refusal is a configuration error, which no retry mends.
+    """
+    try:
+        clients = StoreClients(parse_redis_url(url), timeout_s, timeout_s)
+    except (RedisError, ValueError):
+        return None
+    try:
+        await clients.main.ping()
+    except AuthenticationError as exc:
+        return str(exc)
+    except RedisError:
+        return None
+    finally:
+        await clients.aclose()
+    return None
+
+
+def _userinfo(url: str) -> tuple[str, str, str | None, str]:
+    """``(scheme, user, password or None, the rest after the credentials)`` of any form."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ValueError(f"redis URL {describe_redis_url(url)!r} has no scheme")
+    cuts = [i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0]
+    cut = min(cuts, default=len(rest))
+    userinfo, at, hosts = rest[:cut].rpartition("@")
+    user, colon, password = userinfo.partition(":")
+    return scheme, user, password if at and colon and password else None, hosts + rest[cut:]
+
+
+def has_password(url: str) -> bool:
+    """Whether the URL carries a password itself."""
+    return _userinfo(url)[2] is not None
+
+
+def with_password(url: str, password: str) -> str:
+    """``url`` (any form above) with ``password`` in its credentials, its user kept.
+
+    Raises ``ValueError`` when the URL has a password already: two sources for one
+    secret would leave which one counts to chance.
+    """
+    scheme, user, old, rest = _userinfo(url)
+    if old is not None:
+        raise ValueError(
+            "DETOUR_REDIS_URL carries a password and DETOUR_REDIS_PASSWORD_FILE is set: "
+            "give the password in one place"
+        )
+    return f"{scheme}://{user}:{quote(password, safe='')}@{rest}"
+
+
+def read_password_file(path: str) -> str:
+    """The password in ``path``, one trailing newline dropped (``echo`` adds one).
+
+    Raises ``ValueError`` naming the file when it cannot be read or is empty.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise ValueError(f"DETOUR_REDIS_PASSWORD_FILE {path}: {exc.strerror}") from None
+    password = text.removesuffix("\n").removesuffix("\r")
+    if not password:
+        raise ValueError(f"DETOUR_REDIS_PASSWORD_FILE {path} is empty")
+    return password
 
 
 def describe_redis_url(url: str) -> str:

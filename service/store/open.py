@@ -4,7 +4,29 @@ from __future__ import annotations
 
 from service.settings import Settings
 from service.store.base import FaultStore
+from service.store.connect import read_password_file, with_password
 from service.store.memory import MemoryStore
+
+
+def with_redis_password(settings: Settings) -> Settings:
+    """The settings with ``redis_password_file``'s password in the Redis URL, read now.
+
+    Called once at start (the process, then each worker's app); the copy has no file
+    left, so applying it twice reads nothing twice. Raises ``ValueError`` naming the
+    setting: an unreadable or empty file, a URL that has a password already, or a file
+    without a Redis URL to apply it to.
+    """
+    if not settings.redis_password_file:
+        return settings
+    if not settings.redis_url:
+        raise ValueError("DETOUR_REDIS_PASSWORD_FILE is set but DETOUR_REDIS_URL is not")
+    password = read_password_file(settings.redis_password_file)
+    return settings.model_copy(
+        update={
+            "redis_url": with_password(settings.redis_url, password),
+            "redis_password_file": None,
+        }
+    )
 
 
 async def open_store(settings: Settings, namespace: str | None = None) -> FaultStore:

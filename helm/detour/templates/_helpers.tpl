@@ -84,10 +84,13 @@ url
 {{- end }}
 {{- end }}
 
-{{/* The URL the chart's Secret holds. */}}
+{{/* The URL the chart's Secret holds: the bundled Redis's as the ACL user, no password
+(that is in redisAuth's Secret). */}}
 {{- define "detour.redis.url" -}}
 {{- if .Values.externalRedis.url }}
 {{- .Values.externalRedis.url }}
+{{- else if .Values.redisAuth.username }}
+{{- printf "redis://%s@%s:6379/0" .Values.redisAuth.username (include "detour.redis.fullname" .) }}
 {{- else }}
 {{- printf "redis://%s:6379/0" (include "detour.redis.fullname" .) }}
 {{- end }}
@@ -97,6 +100,9 @@ url
 {{- define "detour.validate" -}}
 {{- if not (or (include "detour.redis.bundled" .) .Values.externalRedis.url .Values.externalRedis.existingSecret) }}
 {{- fail "detour: no Redis: set redis.enabled=true, externalRedis.url or externalRedis.existingSecret (replicas must share one table)" }}
+{{- end }}
+{{- if and (include "detour.redis.bundled" .) (not (and .Values.redisAuth.existingSecret .Values.redisAuth.username)) }}
+{{- fail "detour: the bundled Redis needs a password and its ACL user: set redisAuth.existingSecret (a Secret holding the password) and redisAuth.username (docs/deploy.md)" }}
 {{- end }}
 {{- if and (not .Values.auth.existingSecret) (not .Values.auth.allowOpen) }}
 {{- fail "detour: no tokens: set auth.existingSecret to a Secret with the tokens file, or auth.allowOpen=true to run without" }}
