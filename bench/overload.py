@@ -21,6 +21,7 @@ before each phase and the idle CPU recorded.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import statistics
@@ -36,6 +37,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.cgroup import CpuCap
 from bench.loadgen import run_wrk, wait_for_quiet, write_script
 from tests.procs import RedisServer, ServiceProcess
 
@@ -102,7 +104,13 @@ def run_endpoint(ep: Endpoint, args: argparse.Namespace, work: Path) -> dict[str
         for i in range(args.runs):
             # A fresh process per run: an overload leaves the service shedding until
             # load falls, which would cut the next run's capacity measurement short.
-            with ServiceProcess(redis_url=redis.url if redis else None, env=env) as svc:
+            with contextlib.ExitStack() as stack:
+                svc = stack.enter_context(
+                    ServiceProcess(redis_url=redis.url if redis else None, env=env))
+                throttled: dict[str, int] = {}
+                if args.cpu_quota_us:
+                    cpu = stack.enter_context(CpuCap(args.cpu_quota_us, args.cpu_period_us))
+                    cpu.add(svc.proc.pid)
                 httpx.put(f"{svc.url}/routes/orders", json=ROUTE, timeout=5).raise_for_status()
                 quiet = wait_for_quiet(30)
                 cap = capacity(svc.url, ep, args.duration, work)
@@ -111,8 +119,11 @@ def run_endpoint(ep: Endpoint, args: argparse.Namespace, work: Path) -> dict[str
                 over = offer(svc.port, ep, cap * args.factor, args.conns, args.duration,
                              seed=2 * i + 2)
                 shed = shed_counts(svc.url)
+                if args.cpu_quota_us:
+                    throttled = cpu.throttled()
             runs.append({"capacity_rps": cap, "under": under, "over": over,
-                         "busy_cores_before": quiet[1], "shed_total": shed})
+                         "busy_cores_before": quiet[1], "shed_total": shed,
+                         "throttled": throttled})
             print(f"{ep.name} run {i + 1}: capacity {cap:.0f}/s; over: "
                   f"ok p99 {over['ok']['p99_ms']} ms, busy p99 {over['busy']['p99_ms']} ms; "
                   f"refusals by reason {shed}", file=sys.stderr)
@@ -150,6 +161,10 @@ def _settings_text(args: argparse.Namespace) -> str:
     given = [f"`DETOUR_MAX_IN_FLIGHT={args.max_in_flight}`" if args.max_in_flight else "",
              f"`DETOUR_TURN_BUDGET_MS={args.turn_budget_ms}`"
              if args.turn_budget_ms is not None else ""]
+    if args.cpu_quota_us:
+        given.append(f"Detour's CPU capped by a cgroup at {args.cpu_quota_us} µs per "
+                     f"{args.cpu_period_us} µs ({args.cpu_quota_us / args.cpu_period_us:.2f} "
+                     "cores)")
     return ", ".join(g for g in given if g) or "the service's default settings"
 
 
@@ -212,6 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="DETOUR_MAX_IN_FLIGHT (default: the service's, 256)")
     p.add_argument("--turn-budget-ms", type=float, default=None,
                    help="DETOUR_TURN_BUDGET_MS (default: the service's, 0.5)")
+    p.add_argument("--cpu-quota-us", type=int, default=None,
+                   help="cap Detour's CPU with a cgroup: this quota per period (root; "
+                        "1000 with --cpu-period-us 3333 is 0.3 cores)")
+    p.add_argument("--cpu-period-us", type=int, default=3333)
     p.add_argument("--markdown", type=Path, help="also write the section to this file")
     args = p.parse_args(argv)
     given = sys.argv[1:] if argv is None else list(argv)
