@@ -291,7 +291,10 @@ def random_table(rng: random.Random) -> tuple[Table, Ask, Draws]:
             rng.random() < 0.3,
             rng.choice((None, True, False)),
         )
-    scores = {b: float(rng.randint(0, 400)) for b in brokers if rng.random() < 0.8}
+    # What a decider sees: the table's latency for every fault item, its own peak EWMA
+    # where it has one (service/view.py ``latency_scores``).
+    scores = {b: float(i.current_latency_ms) for b, i in faults.items()}
+    scores.update({b: float(rng.randint(0, 400)) for b in brokers if rng.random() < 0.8})
     probes = tuple(
         b
         for b in brokers
