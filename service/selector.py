@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from service.decide import Ask, Table, decide, draw
+from service.decide import NO_SCORES, Ask, Table, decide, draw
 from service.errors import NotFound
 from service.model import Queue, Route
 from service.policy import Choice
@@ -37,7 +37,7 @@ def choose_on(view: TableView, route: Route, ask: Ask, rng: random.Random | None
         view.faults,
         view.counter(topic),
         now,
-        view.latency_scores if config.selection == "p2c-ewma" else {},
+        view.latency_scores if config.selection == "p2c-ewma" else NO_SCORES,
         view.free_probes(now) if config.probe_on_expiry else (),
     )
     choice = decide(table, ask, draw(config, rng or _rng))

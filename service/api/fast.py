@@ -4,15 +4,13 @@
 other endpoint (that is what builds openapi.yaml), and the same endpoint functions
 are also mounted as plain Starlette routes ahead of them, so requests skip dependency
 solving, telemetry checks and response validation. The body is validated by
-pydantic-core straight from bytes; the answer is a dict encoded by the standard
-library's JSON encoder, not validated again. Both stay inside
+pydantic-core straight from bytes; the answer is written directly. Both stay inside
 the app's middleware and exception handlers, so limits, metrics and the Error
 schema are the same as everywhere else. docs/BENCHMARKS.md has the measurements.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -62,14 +60,8 @@ def voter_of(request: Request, given: str | None) -> str:
     return principal.name if principal is not None else given or ""
 
 
-def json_response(body: dict[str, Any]) -> Response:
-    """A hot route's answer: compact JSON written by the standard library's C encoder,
-    without FastAPI's response validation (docs/BENCHMARKS.md: writing it by hand saved
-    nothing measurable)."""
-    return Response(_encode(body).encode(), media_type="application/json")
-
-
-_encode = json.JSONEncoder(separators=(",", ":")).encode
+def json_response(body: str) -> Response:
+    return Response(body, media_type="application/json")
 
 
 def request_body(model: type[BaseModel]) -> dict[str, Any]:

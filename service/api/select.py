@@ -72,19 +72,20 @@ async def select(request: Request) -> Response:
     observe_policy(view.namespace, choice)
     sel, av = choice.selection, choice.avoidance
     queue = sel.queue
+    address = route.addresses.get(queue.broker_name)
+    address_json = f'"{address}"' if address else "null"
+    # Every string here matched NAME_PATTERN or the address pattern on the way in
+    # (letters, digits, ``_.%|-:[]``): nothing to escape, so the JSON is written directly.
+    avoided = ",".join(f'"{b}"' for b in sel.avoided_brokers)
+    unenforced = ",".join(f'"{b}"' for b in av.unenforced)
+    ordered = f'"{choice.ordered}"' if choice.ordered else "null"
     return json_response(
-        {
-            "topic": body.topic,
-            "brokerName": queue.broker_name,
-            "queueId": queue.queue_id,
-            "address": route.addresses.get(queue.broker_name) or None,
-            "decision": sel.decision.value,
-            "avoidedBrokers": sel.avoided_brokers,
-            "degraded": store.degraded,
-            "panic": av.panic,
-            "dryRun": av.dry_run,
-            "unenforcedBrokers": av.unenforced,
-            "ordered": choice.ordered,
-            "probe": choice.probe is not None,
-        }
+        f'{{"topic":"{body.topic}","brokerName":"{queue.broker_name}",'
+        f'"queueId":{queue.queue_id},"address":{address_json},'
+        f'"decision":"{sel.decision.value}","avoidedBrokers":[{avoided}],'
+        f'"degraded":{"true" if store.degraded else "false"},'
+        f'"panic":{"true" if av.panic else "false"},'
+        f'"dryRun":{"true" if av.dry_run else "false"},'
+        f'"unenforcedBrokers":[{unenforced}],"ordered":{ordered},'
+        f'"probe":{"true" if choice.probe else "false"}}}'
     )
