@@ -89,22 +89,50 @@ def _encoder(topic: str, broker: str, qid: int, address: str | None) -> str:
     )
 
 
-def _per_call_us(fn: object, n: int) -> float:
-    args = ("orders", "broker-a", 3, "10.0.0.5:10911")
+def _report_fstring(broker: str, latency: int, duration: int, end: int) -> str:
+    """service/api/reports.py's answer, written by hand as it is there."""
+    return (
+        f'{{"brokerName":"{broker}","latencyMs":{latency},'
+        f'"notAvailableDurationMs":{duration},'
+        f'"availableAt":{end},"degraded":{"true" if False else "false"}}}'
+    )
+
+
+def _report_encoder(broker: str, latency: int, duration: int, end: int) -> str:
+    return _encode(
+        {
+            "brokerName": broker,
+            "latencyMs": latency,
+            "notAvailableDurationMs": duration,
+            "availableAt": end,
+            "degraded": False,
+        }
+    )
+
+
+_SELECT_ARGS = ("orders", "broker-a", 3, "10.0.0.5:10911")
+_REPORT_ARGS = ("broker-a", 27, 0, 1_764_000_000_000)
+
+
+def _per_call_us(fn: object, n: int, args: tuple[object, ...] = _SELECT_ARGS) -> float:
     t = time.process_time()
     for _ in range(n):
         fn(*args)  # type: ignore[operator]
     return (time.process_time() - t) / n * 1e6
 
 
-def answers(repeats: int, n: int) -> dict[str, float]:
-    args = ("orders", "broker-a", 3, "10.0.0.5:10911")
-    assert _fstring(*args) == _encoder(*args), "the two forms must write the same bytes"
+def answers(repeats: int, n: int, report: bool = False) -> dict[str, float]:
+    fstring, encoder, args = (
+        (_report_fstring, _report_encoder, _REPORT_ARGS)
+        if report
+        else (_fstring, _encoder, _SELECT_ARGS)
+    )
+    assert fstring(*args) == encoder(*args), "the two forms must write the same bytes"
     f_runs, e_runs = [], []
     for i in range(repeats):
         for name in ("f", "e") if i % 2 == 0 else ("e", "f"):
             runs = f_runs if name == "f" else e_runs
-            runs.append(_per_call_us(_fstring if name == "f" else _encoder, n))
+            runs.append(_per_call_us(fstring if name == "f" else encoder, n, args))
     f_us, e_us = statistics.median(f_runs), statistics.median(e_runs)
     return {"fstring_us": f_us, "encoder_us": e_us, "extra_us": e_us - f_us}
 
@@ -134,12 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.repeats <= 50 or not 1_000 <= args.n <= 5_000_000:
         parser.error("repeats 1..50, n 1000..5000000")
     ans = answers(args.repeats, args.n)
+    rep = answers(args.repeats, args.n, report=True)
     dec = decisions(args.a, args.b, args.repeats, args.n // 4)
-    print(json.dumps({"answer": ans, "decision": dec}))
-    print(
-        f"| answer JSON | {ans['fstring_us']:.2f} | {ans['encoder_us']:.2f} | "
-        f"{ans['extra_us']:+.2f} µs |"
-    )
+    print(json.dumps({"answer": ans, "report_answer": rep, "decision": dec}))
+    for what, a in (("/select answer", ans), ("/report-latency answer", rep)):
+        print(
+            f"| {what} | {a['fstring_us']:.2f} | {a['encoder_us']:.2f} | "
+            f"{a['extra_us']:+.2f} µs |"
+        )
     print(
         f"| selector.choose | {dec['a_us']:.2f} | {dec['b_us']:.2f} | "
         f"{dec['b_us'] - dec['a_us']:+.2f} µs ({dec['ratio_b_over_a']:.2f}x) |"
