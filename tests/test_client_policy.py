@@ -199,3 +199,46 @@ def test_a_sharding_key_picks_the_same_queue_in_both(
                 ), key
         with pytest.raises(ValueError):
             client.select("key-t", sharding_key="")
+
+
+def test_fail_open_selects_decide_with_the_fetched_config() -> None:
+    """Remote mode with Detour gone: the local select uses the config fetched earlier
+    (maxAvoidedPercent=0: an isolated broker is still served), and the producer's own
+    failure short of isolationQuorum keeps only that producer away."""
+    a, b = "fo-a", "fo-b"
+    with ServiceProcess() as svc:
+        with httpx.Client(base_url=svc.url, timeout=10) as admin:
+            setup_table(admin, {"maxAvoidedPercent": 0}, "fo-t", [a, b])
+        client = DetourClient(svc.url, timeout=0.5, producer="p1", backoff_initial=0.1)
+        try:
+            assert not client.select("fo-t").local  # fetches the route and the config
+            svc.stop()
+            client.report(a, 3000, isolation=True)
+            local = [client.select("fo-t") for _ in range(SELECTS)]
+        finally:
+            client.close(flush_timeout=0.5)
+
+    assert all(s.local for s in local)
+    assert {s.broker_name for s in local} == {a, b}
+    assert all(s.unenforced_brokers == (a,) for s in local)
+
+
+def test_fail_open_keeps_a_producer_off_its_own_suspected_broker() -> None:
+    a, b = "fq-a", "fq-b"
+    with ServiceProcess() as svc:
+        with httpx.Client(base_url=svc.url, timeout=10) as admin:
+            setup_table(admin, {"isolationQuorum": 2}, "fq-t", [a, b])
+        client = DetourClient(svc.url, timeout=0.5, producer="p1", backoff_initial=0.1)
+        try:
+            assert not client.select("fq-t").local
+            svc.stop()
+            client.report(a, 3000, isolation=True)
+            local = [client.select("fq-t") for _ in range(SELECTS)]
+            # Not isolated for everyone: the table holds p1's suspicion, no window.
+            item = client._core.table.fault(a)
+        finally:
+            client.close(flush_timeout=0.5)
+
+    assert all(s.local for s in local)
+    assert {s.broker_name for s in local} == {b}
+    assert item is not None and [who for who, _ in item.suspects] == ["p1"]

@@ -28,8 +28,6 @@ from service.policy import on_probation
 from service.settings import Settings
 from service.view import TableView
 
-pytestmark = pytest.mark.unit
-
 CASES: list[dict[str, Any]] = json.loads(vectors.PATH.read_text(encoding="utf-8"))["cases"]
 
 
@@ -103,12 +101,14 @@ def _without_counter(expect: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in expect.items() if k != "nextCounter"}
 
 
+@pytest.mark.unit
 def test_the_checked_in_corpus_is_what_the_generator_writes() -> None:
     assert vectors.PATH.read_text(encoding="utf-8") == vectors.render(), (
         "docs/vectors/select.json is stale: run `make vectors`"
     )
 
 
+@pytest.mark.unit
 def test_the_corpus_exercises_every_kind_of_decision() -> None:
     seen: Counter[str] = Counter()
     for case in CASES:
@@ -131,6 +131,7 @@ def test_the_corpus_exercises_every_kind_of_decision() -> None:
         assert seen[what] >= 2, f"the corpus has too few cases of {what}: {seen}"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_the_service_selector_decides_every_vector(case: dict[str, Any]) -> None:
     view = TableView(lambda: case["now"])
@@ -147,6 +148,7 @@ def test_the_service_selector_decides_every_vector(case: dict[str, Any]) -> None
     assert view.counter(route.topic) == case["expect"]["nextCounter"] & 0x7FFFFFFF
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_the_sdk_decides_every_vector(case: dict[str, Any]) -> None:
     table = LocalTable(lambda: case["now"], case["request"]["producer"])
@@ -166,6 +168,7 @@ def test_the_sdk_decides_every_vector(case: dict[str, Any]) -> None:
     assert table.view.counter(r["topic"]) == case["expect"]["nextCounter"] & 0x7FFFFFFF
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_post_select_answers_every_vector(
     case: dict[str, Any], monkeypatch: pytest.MonkeyPatch
