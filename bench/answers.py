@@ -48,6 +48,26 @@ print((time.process_time() - t) / n * 1e6)
 """
 
 
+#: The same for the SDK's cached select (``LocalTable.select``: lock, the decision, the
+#: SelectedQueue), on bench/client.py's route: 4 brokers x 8 queues, one avoided.
+_SDK = """
+import time
+from service.client.local import LocalTable
+from service.model import BrokerRoute, Config, FaultItem, Route
+now = 1_764_000_000_000
+table = LocalTable(lambda: now)
+route = Route.from_brokers("orders", [BrokerRoute(f"broker-{i}", 8) for i in range(4)])
+table.replace(Config(), [route], {"broker-1": FaultItem("broker-1", 600, now + 30000)})
+n = {n}
+for _ in range(1000):
+    table.select("orders", None)
+t = time.process_time()
+for _ in range(n):
+    table.select("orders", None)
+print((time.process_time() - t) / n * 1e6)
+"""
+
+
 def _fstring(topic: str, broker: str, qid: int, address: str | None) -> str:
     """service/api/select.py's answer, written by hand as it is there."""
     address_json = f'"{address}"' if address else "null"
@@ -137,8 +157,10 @@ def answers(repeats: int, n: int, report: bool = False) -> dict[str, float]:
     return {"fstring_us": f_us, "encoder_us": e_us, "extra_us": e_us - f_us}
 
 
-def decisions(tree_a: Path, tree_b: Path, repeats: int, n: int) -> dict[str, float]:
-    code = _DECIDE.replace("{n}", str(n))
+def decisions(
+    tree_a: Path, tree_b: Path, repeats: int, n: int, code: str = _DECIDE
+) -> dict[str, float]:
+    code = code.replace("{n}", str(n))
     runs: dict[str, list[float]] = {"a": [], "b": []}
     for i in range(repeats):
         for side in ("a", "b") if i % 2 == 0 else ("b", "a"):
@@ -164,16 +186,18 @@ def main(argv: list[str] | None = None) -> int:
     ans = answers(args.repeats, args.n)
     rep = answers(args.repeats, args.n, report=True)
     dec = decisions(args.a, args.b, args.repeats, args.n // 4)
-    print(json.dumps({"answer": ans, "report_answer": rep, "decision": dec}))
+    sdk = decisions(args.a, args.b, args.repeats, args.n // 4, _SDK)
+    print(json.dumps({"answer": ans, "report_answer": rep, "decision": dec, "sdk": sdk}))
     for what, a in (("/select answer", ans), ("/report-latency answer", rep)):
         print(
             f"| {what} | {a['fstring_us']:.2f} | {a['encoder_us']:.2f} | "
             f"{a['extra_us']:+.2f} µs |"
         )
-    print(
-        f"| selector.choose | {dec['a_us']:.2f} | {dec['b_us']:.2f} | "
-        f"{dec['b_us'] - dec['a_us']:+.2f} µs ({dec['ratio_b_over_a']:.2f}x) |"
-    )
+    for what, d in (("selector.choose", dec), ("LocalTable.select (SDK, cached)", sdk)):
+        print(
+            f"| {what} | {d['a_us']:.2f} | {d['b_us']:.2f} | "
+            f"{d['b_us'] - d['a_us']:+.2f} µs ({d['ratio_b_over_a']:.2f}x) |"
+        )
     return 0
 
 
