@@ -8,6 +8,7 @@ module; each test sets its config, then uses its own topic and brokers.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.client import DetourClient, SelectedQueue
+from service.client import AsyncDetourClient, DetourClient, SelectedQueue
 from tests.procs import ServiceProcess, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -242,3 +243,32 @@ def test_fail_open_keeps_a_producer_off_its_own_suspected_broker() -> None:
     assert all(s.local for s in local)
     assert {s.broker_name for s in local} == {b}
     assert item is not None and [who for who, _ in item.suspects] == ["p1"]
+
+
+def test_the_async_client_decides_with_the_policy_too(
+    service: ServiceProcess, admin: httpx.Client
+) -> None:
+    """AsyncDetourClient, cached and remote: maxAvoidedPercent=0 and a sharding key."""
+    a, b = "aio-a", "aio-b"
+    setup_table(admin, {"maxAvoidedPercent": 0}, "aio-t", [a, b])
+    report(admin, a, 3000, True)
+    served = admin.post("/select", json={"topic": "aio-t", "shardingKey": "k1"}).json()
+
+    async def run() -> tuple[list[SelectedQueue], SelectedQueue, SelectedQueue]:
+        async with AsyncDetourClient(service.url, mode="cached", timeout=2.0) as cached_:
+            assert await cached_.wait_ready(10)
+            local = [await cached_.select("aio-t") for _ in range(SELECTS)]
+            keyed = await cached_.select("aio-t", sharding_key="k1")
+        async with AsyncDetourClient(service.url, timeout=2.0) as remote:
+            asked = await remote.select("aio-t", sharding_key="k1")
+        return local, keyed, asked
+
+    local, keyed, asked = asyncio.run(run())
+    assert {s.broker_name for s in local} == {a, b}
+    assert all(s.local and s.unenforced_brokers == (a,) for s in local)
+    for got in (keyed, asked):
+        assert (got.broker_name, got.queue_id, got.ordered) == (
+            served["brokerName"],
+            served["queueId"],
+            served["ordered"],
+        )
