@@ -30,8 +30,9 @@ NO_SCORES: Mapping[str, float] = MappingProxyType({})
 class Table(NamedTuple):
     """What one select reads of a replica's (or a producer's) copy of the table.
 
-    A NamedTuple, like ``Ask``: immutable, and built per select on the hot path in a
-    third of a frozen dataclass's time (bench/answers.py).
+    A NamedTuple, like ``Ask``: immutable and cheap to build on every select (as frozen
+    dataclasses, whose ``__init__`` sets each field through ``object.__setattr__``, they
+    made a select measurably slower: docs/BENCHMARKS.md, "One select everywhere").
     """
 
     route: Route

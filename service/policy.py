@@ -81,8 +81,8 @@ def ordered_pick(
 class Avoidance(NamedTuple):
     """Which of a route's brokers one select avoids, and why the others are not.
 
-    A NamedTuple, as ``Choice`` and ``strategy.Selection``: immutable, and built on every
-    select in a fraction of a frozen dataclass's time (bench/answers.py).
+    A NamedTuple, as ``Choice`` and ``strategy.Selection``: immutable and cheap to build
+    on every select (docs/BENCHMARKS.md, "One select everywhere").
     """
 
     #: brokers with an open window, for everyone or for this producer, in route order
