@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 ARGS ?=
 
 .PHONY: help setup setup-run run test pytest lint fmt typecheck system-deps bench bench-overload \
-	openapi sdk clean
+	openapi sdk vectors clean
 
 help:
 	@echo "make run     start Detour on 127.0.0.1:8080 with the memory store (ARGS='--redis-url ...')"
@@ -25,6 +25,7 @@ help:
 	@echo "make bench   throughput/latency and propagation benchmarks -> docs/BENCHMARKS.md"
 	@echo "make bench-overload  5x capacity: do answers stay fast and refusals come at once?"
 	@echo "make openapi regenerate openapi.yaml from the app"
+	@echo "make vectors regenerate docs/vectors/select.json (the select decision vectors)"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -98,6 +99,10 @@ bench-overload: setup system-deps
 
 openapi: setup
 	$(BIN)/python -m service.openapi > openapi.yaml
+
+# The decision vectors from the pure core (tests/test_vectors.py checks they are current).
+vectors: setup-run
+	$(BIN)/python -m service.vectors
 
 # Offline: the setuptools of the full setup builds it (see sdk/build.py).
 sdk: setup

@@ -15,6 +15,7 @@ import math
 import zlib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from service import strategy
 from service.model import Config, FaultItem, Queue, Route
@@ -77,9 +78,12 @@ def ordered_pick(
 # ---------------------------------------------------------------- which windows a select obeys
 
 
-@dataclass(frozen=True, slots=True)
-class Avoidance:
-    """Which of a route's brokers one select avoids, and why the others are not."""
+class Avoidance(NamedTuple):
+    """Which of a route's brokers one select avoids, and why the others are not.
+
+    A NamedTuple, as ``Choice`` and ``strategy.Selection``: immutable and cheap to build
+    on every select (docs/BENCHMARKS.md, "One select everywhere").
+    """
 
     #: brokers with an open window, for everyone or for this producer, in route order
     detected: tuple[str, ...]
@@ -130,17 +134,22 @@ def avoidance(
     least bad by pickOneAtLeast's ranking are served), then the panic threshold on
     what remains available.
     """
-    local = local or {}
-    brokers = list(route.by_broker)
-    detected = tuple(
-        b
-        for b in brokers
-        if ((item := faults.get(b)) is not None and now_ms < item.available_at)
-        or now_ms < local.get(b, 0)
-        or (item is not None and on_probation(item, now_ms, config))
-    )
-    if not detected:
+    brokers = route.by_broker
+    # A plain loop with on_probation inlined: this runs on every select. Detected: an
+    # open window, one that has ended on a broker still on probation, or this
+    # producer's own window.
+    probation = config.probe_on_expiry
+    found: list[str] = []
+    for b in brokers:
+        item = faults.get(b)
+        if (
+            item is not None and (now_ms < item.available_at or (probation and item.probation))
+        ) or (local and now_ms < local.get(b, 0)):
+            found.append(b)
+    if not found:
         return NOTHING_AVOIDED
+    detected = tuple(found)
+    local = local or {}
     if enforce_roll * 100 >= config.enforcement_percent:
         return Avoidance(detected, frozenset(), detected, dry_run=True)
     enforced = list(detected)
@@ -246,8 +255,9 @@ def p2c_pick(
 # ---------------------------------------------------------------- one select, every knob
 
 
-@dataclass(frozen=True, slots=True)
-class Choice:
+class Choice(NamedTuple):
+    """One select's outcome under the whole policy."""
+
     selection: strategy.Selection
     avoidance: Avoidance
     #: None for an unkeyed select; "home", "wait" or "remap" for a keyed one
@@ -297,14 +307,16 @@ def choose(
     local = producer_windows(faults, producer, config)
     av = avoidance(route, faults, now_ms, config, draws.enforce, local)
     if (
-        not av.detected
+        (not av.detected or (not local and not av.unenforced))
         and not probes
         and sharding_key is None
         and config.selection != "p2c-ewma"
         and not config.probe_on_expiry
     ):
-        # Nothing is avoided: exactly RocketMQ's walk, without the policy's bookkeeping.
+        # The common case, checked first because it runs on almost every select: nothing
+        # is avoided, or the table's windows alone decide; exactly RocketMQ's walk.
         return Choice(strategy.select(route, counter, faults, now_ms, last_broker, True), av)
+    # the avoided brokers in route order, for the answers built here (not the walk's)
     order = [b for b in av.detected if b in av.enforced]
     if probes:
         probe = _probe(route, counter, av, probes, last_broker, sharding_key, order)
@@ -328,7 +340,6 @@ def choose(
             sel = strategy.Selection(q2, strategy.Decision.AVAILABLE, avoided, counter + 1)
             return Choice(sel, av)
     if not local and not av.unenforced and not config.probe_on_expiry:
-        # The common case: the table's windows alone decide, exactly as RocketMQ would.
         return Choice(strategy.select(route, counter, faults, now_ms, last_broker, True), av)
     sel = strategy.select(
         route, counter, _with_local(faults, local), now_ms, last_broker, True, av.enforced

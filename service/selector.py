@@ -1,18 +1,50 @@
-"""A select against this replica's view: route lookup, the pure policy, the topic counter."""
+"""A select against a copy of the table: route lookup, the one decision, the topic counter.
+
+``choose`` is what ``POST /select`` runs on a replica's view; ``choose_on`` is the part
+after the route lookup, shared with the SDK's in-process selects (cached mode and
+fail-open), which keep the same kind of view. Both read the view here and decide in
+``service.decide``, so there is one decision, whoever makes it.
+"""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
 
-from service import policy
+from service.decide import NO_SCORES, Ask, Table, decide, draw
 from service.errors import NotFound
 from service.model import Queue, Route
+from service.policy import Choice
 from service.view import TableView
 
+#: The random source of the service's selects (the enforcement share, the p2c draws).
 _rng = random.Random()
-#: What a select gets when no rule of its config needs a random value.
-_NO_DRAWS = policy.Draws()
+
+
+def choose_on(view: TableView, route: Route, ask: Ask, rng: random.Random | None = None) -> Choice:
+    """Decide one select of ``route`` on ``view``, then advance the topic's counter and
+    note a probe handed out, as every decider does.
+
+    ``rng`` draws what the config needs (``decide.draw``); the module's own by default.
+    Raises ValueError when the route has no queue.
+    """
+    config = view.config
+    now = view.now_ms()
+    topic = route.topic
+    table = Table(
+        route,
+        config,
+        view.faults,
+        view.counter(topic),
+        now,
+        view.latency_scores if config.selection == "p2c-ewma" else NO_SCORES,
+        view.free_probes(now) if config.probe_on_expiry else (),
+    )
+    choice = decide(table, ask, draw(config, rng or _rng))
+    if choice.probe is not None:
+        view.probe_sent(choice.probe, now)
+    view.set_counter(topic, choice.selection.next_counter)
+    return choice
 
 
 def choose(
@@ -22,12 +54,8 @@ def choose(
     last_broker: str | None,
     producer: str | None = None,
     sharding_key: str | None = None,
-) -> tuple[Route, policy.Choice]:
-    """Raises NotFound when the topic has no route and no inline queues were given.
-
-    The random draws the policy may use (the enforcement share, the two p2c
-    choices) are made here, so ``service.policy`` stays deterministic.
-    """
+) -> tuple[Route, Choice]:
+    """Raises NotFound when the topic has no route and no inline queues were given."""
     if inline:
         route = Route.from_queues(topic, inline)
     else:
@@ -35,31 +63,4 @@ def choose(
         if found is None:
             raise NotFound(f"no route for topic {topic!r}", field="topic")
         route = found
-    config = view.config
-    now = view.now_ms()
-    draws = (
-        policy.Draws(
-            _rng.random() if config.enforcement_percent < 100 else 0.0,
-            _rng.getrandbits(32),
-            _rng.getrandbits(32),
-        )
-        if config.enforcement_percent < 100 or config.selection == "p2c-ewma"
-        else _NO_DRAWS
-    )
-    choice = policy.choose(
-        route,
-        view.counter(topic),
-        view.faults,
-        now,
-        last_broker,
-        config,
-        draws,
-        producer,
-        sharding_key,
-        view.latency_scores if config.selection == "p2c-ewma" else None,
-        view.free_probes(now) if config.probe_on_expiry else (),
-    )
-    if choice.probe is not None:
-        view.probe_sent(choice.probe, now)
-    view.set_counter(topic, choice.selection.next_counter)
-    return route, choice
+    return route, choose_on(view, route, Ask(last_broker, producer, sharding_key))

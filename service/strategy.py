@@ -17,8 +17,8 @@ Differences from RocketMQ 4.x, all deliberate (see docs/semantics.md):
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
 from enum import IntEnum, StrEnum
+from typing import NamedTuple
 
 from service.model import Config, FaultItem, Queue, Route
 
@@ -29,8 +29,9 @@ class Decision(StrEnum):
     ROUND_ROBIN = "round_robin"
 
 
-@dataclass(frozen=True, slots=True)
-class Selection:
+class Selection(NamedTuple):
+    """A queue chosen, and why (a NamedTuple: built on every select, cheaply)."""
+
     queue: Queue
     decision: Decision
     #: brokers passed over because their window is open, in the order met;

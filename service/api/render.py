@@ -38,10 +38,16 @@ def report_out(out: ReportOutcome) -> ReportResponse:
 
 
 def fault_event(broker: str, item: FaultItem | None) -> dict[str, object]:
+    """A fault item as the push stream sends it: everything a select reads of it, so a
+    cached client decides as the service does (service/client/wire.py reads it back)."""
     if item is None:
         return {"brokerName": broker, "deleted": True}
     return {
         "brokerName": broker,
         "currentLatencyMs": item.current_latency_ms,
         "availableAt": item.available_at,
+        "isolations": item.isolations,
+        "suspects": [[who, at] for who, at in item.suspects],
+        "probation": item.probation,
+        "reachable": item.reachable,
     }

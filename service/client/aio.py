@@ -196,12 +196,19 @@ class AsyncDetourClient:
         if self._flusher is not None:
             self._flusher.wake()
 
-    async def select(self, topic: str, last_broker: str | None = None) -> SelectedQueue:
+    async def select(
+        self, topic: str, last_broker: str | None = None, sharding_key: str | None = None
+    ) -> SelectedQueue:
         """The queue for one send attempt; as ``DetourClient.select``, same errors."""
-        return await self._select(topic, last_broker, None)
+        wire.check_sharding_key(sharding_key)
+        return await self._select(topic, last_broker, None, sharding_key)
 
     async def _select(
-        self, topic: str, last_broker: str | None, ends: float | None
+        self,
+        topic: str,
+        last_broker: str | None,
+        ends: float | None,
+        sharding_key: str | None = None,
     ) -> SelectedQueue:
         core = self._core
         if core.cached:
@@ -214,17 +221,19 @@ class AsyncDetourClient:
                         await stream.synced.wait()
                 except TimeoutError:
                     pass
-            return core.local_select(topic, last_broker, stream_connected=stream.connected)
+            return core.local_select(
+                topic, last_broker, stream_connected=stream.connected, sharding_key=sharding_key
+            )
         try:
             selected = await self._call(
                 "POST",
                 "/select",
-                wire.select_body(topic, last_broker),
+                wire.select_body(topic, last_broker, core.producer, sharding_key),
                 lambda body: wire.selected(body, topic),
                 ends,
             )
         except DetourUnavailable as exc:
-            return core.local_select(topic, last_broker, cause=exc)
+            return core.local_select(topic, last_broker, cause=exc, sharding_key=sharding_key)
         except DetourRequestError as exc:
             if exc.status == 404:
                 raise TopicNotFound(topic, exc.message) from None

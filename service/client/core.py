@@ -64,7 +64,7 @@ class ClientCore:
         #: cached mode: the longest event-stream line or event the reader takes (bytes).
         self.max_event_bytes = max_event_bytes
         self.service_clock = ServiceClock()
-        self.table = LocalTable(self.service_clock.now_ms if self.cached else wall_ms)
+        self.table = LocalTable(self.service_clock.now_ms if self.cached else wall_ms, producer)
         self.pending = PendingReports(max_pending)
         self.circuit = CircuitBreaker(backoff_initial, backoff_max)
         self.calls = Calls(timeout, MIN_BUDGET_SHARE * min(timeout, deadline), self.circuit)
@@ -81,13 +81,14 @@ class ClientCore:
         last_broker: str | None,
         cause: BaseException | None = None,
         stream_connected: bool = False,
+        sharding_key: str | None = None,
     ) -> SelectedQueue:
-        """Decide in-process.
+        """Decide in-process, as ``POST /select`` would (``LocalTable.select``).
 
         Raises TopicNotFound when the cached replica is connected and has no such
         route, DetourUnavailable when no route is known and Detour cannot be asked.
         """
-        sel = self.table.select(topic, last_broker)
+        sel = self.table.select(topic, last_broker, sharding_key)
         if sel is None:
             if self.cached and stream_connected:
                 raise TopicNotFound(topic)

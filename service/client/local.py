@@ -1,12 +1,14 @@
 """The client's own copy of the table, decided with the service's algorithm.
 
-A ``service.view.TableView`` plus ``service.strategy``: the same pure code the
-service runs, not a copy, so a local decision is the one Detour would make with
-the same table. The remote client fills it with its own reports and fetched
-routes and uses it only when Detour is unavailable (RocketMQ's producer-local
-table, on the process wall clock); the cached client keeps it current from the
-event stream and decides every select here, on its estimate of the service's
-clock.
+A ``service.view.TableView`` decided by ``service.selector.choose_on``, the code
+``POST /select`` runs (``service.decide``), not a copy: a local decision is the one
+Detour would make with the same table, config and random draws, every policy field
+included. Reports are applied with ``service.policy.apply``, the service's own rule
+(the isolation quorum, backoff, probation). The remote client fills the table with
+its own reports and the fetched routes and config and uses it only when Detour is
+unavailable (RocketMQ's producer-local table, on the process wall clock); the cached
+client keeps it current from the event stream and decides every select here, on its
+estimate of the service's clock.
 
 Thread-safe: producer threads select and report while a background thread
 applies stream events. Versions in the view are local sequence numbers: the
@@ -16,19 +18,26 @@ stream is ordered, so the newest thing applied always wins.
 from __future__ import annotations
 
 import math
+import random
 import threading
 from collections.abc import Callable, Iterable, Mapping
 
-from service import strategy
+from service import policy
 from service.client.values import SelectedQueue
+from service.decide import Ask
 from service.model import Config, FaultItem, Route
+from service.selector import choose_on
 from service.view import Snapshot, TableView
 
 
 class LocalTable:
-    def __init__(self, clock: Callable[[], int]) -> None:
-        """``clock``: epoch ms on the clock the table's windows are written in."""
+    def __init__(self, clock: Callable[[], int], producer: str | None = None) -> None:
+        """``clock``: epoch ms on the clock the table's windows are written in.
+        ``producer``: who this client is, for the windows of its own failures short of
+        the isolation quorum (Detour counts a producer by this id, by its token's name
+        when tokens are on)."""
         self.view = TableView(clock)
+        self.producer = producer
         self._lock = threading.Lock()
         self._version = 0
 
@@ -40,25 +49,25 @@ class LocalTable:
         return self.view.now_ms()
 
     # -- reads -----------------------------------------------------------------
-    def select(self, topic: str, last_broker: str | None) -> SelectedQueue | None:
+    def select(
+        self,
+        topic: str,
+        last_broker: str | None,
+        sharding_key: str | None = None,
+        rng: random.Random | None = None,
+    ) -> SelectedQueue | None:
         """Choose a queue for ``topic`` in-process, or None when its route is unknown.
 
-        Advances the topic's round-robin counter as ``POST /select`` does.
+        Decided as ``POST /select`` decides (``service.selector.choose_on``) and advances
+        the topic's round-robin counter as it does; ``rng`` makes the draws the config
+        needs (the selector's own generator by default).
         """
         with self._lock:
-            view = self.view
-            route = view.routes.get(topic)
+            route = self.view.routes.get(topic)
             if route is None:
                 return None
-            sel = strategy.select(
-                route,
-                view.counter(topic),
-                view.faults,
-                view.now_ms(),
-                last_broker,
-                view.config.send_latency_fault_enable,
-            )
-            view.set_counter(topic, sel.next_counter)
+            choice = choose_on(self.view, route, Ask(last_broker, self.producer, sharding_key), rng)
+        sel, av = choice.selection, choice.avoidance
         q = sel.queue
         return SelectedQueue(
             topic,
@@ -68,6 +77,11 @@ class LocalTable:
             sel.decision,
             sel.avoided_brokers,
             True,
+            panic=av.panic,
+            dry_run=av.dry_run,
+            unenforced_brokers=av.unenforced,
+            ordered=choice.ordered,
+            probe=choice.probe is not None,
         )
 
     def has_route(self, topic: str) -> bool:
@@ -90,17 +104,21 @@ class LocalTable:
             config = view.config
             if not config.send_latency_fault_enable:
                 return view.faults.get(broker_name)
-            duration = strategy.report_duration(config, latency, isolation)
-            item = strategy.apply_report(
+            now = view.now_ms()
+            applied = policy.apply(
                 view.faults.get(broker_name),
                 broker_name,
                 latency,
-                duration,
-                view.now_ms() - age_ms,
-                config.last_report_wins,
+                isolation,
+                None,
+                self.producer or "",
+                now - age_ms,
+                now,
+                config,
             )
-            view.apply_fault(broker_name, item, self._next_version())
-            return item
+            view.apply_fault(broker_name, applied.item, self._next_version())
+            view.observe_latency(broker_name, latency, now)
+            return applied.item
 
     # -- what the service says -------------------------------------------------
     def set_route(self, topic: str, route: Route | None) -> None:

@@ -204,36 +204,49 @@ class DetourClient:
         if flusher is not None:
             flusher.wake()
 
-    def select(self, topic: str, last_broker: str | None = None) -> SelectedQueue:
+    def select(
+        self, topic: str, last_broker: str | None = None, sharding_key: str | None = None
+    ) -> SelectedQueue:
         """The queue for one send attempt; ``last_broker`` is the broker of this message's
-        previous attempt (None for the first).
+        previous attempt (None for the first); ``sharding_key`` for ordered messages (the
+        key's queue, see ``orderedFallback`` in docs/policy.md).
 
         Remote mode asks Detour and falls back to the local table when it does not
         answer, rejects the call or answers something else; cached mode decides
         in-process. Raises TopicNotFound for an unknown topic, DetourRequestError for
         another 4xx from Detour, DetourUnavailable when Detour cannot be followed and
-        the topic's route has never been seen.
+        the topic's route has never been seen, ValueError for an invalid sharding key.
         """
-        return self._select(topic, last_broker, None)
+        wire.check_sharding_key(sharding_key)
+        return self._select(topic, last_broker, None, sharding_key)
 
-    def _select(self, topic: str, last_broker: str | None, ends: float | None) -> SelectedQueue:
+    def _select(
+        self,
+        topic: str,
+        last_broker: str | None,
+        ends: float | None,
+        sharding_key: str | None = None,
+    ) -> SelectedQueue:
         core = self._core
         if self._stream is not None:
             if not self._stream.synced.is_set():
                 self._stream.synced.wait(core.timeout)
             return core.local_select(
-                topic, last_broker, stream_connected=self._stream.connected.is_set()
+                topic,
+                last_broker,
+                stream_connected=self._stream.connected.is_set(),
+                sharding_key=sharding_key,
             )
         try:
             selected = self._call(
                 "POST",
                 "/select",
-                wire.select_body(topic, last_broker),
+                wire.select_body(topic, last_broker, core.producer, sharding_key),
                 lambda body: wire.selected(body, topic),
                 ends,
             )
         except DetourUnavailable as exc:
-            return core.local_select(topic, last_broker, cause=exc)
+            return core.local_select(topic, last_broker, cause=exc, sharding_key=sharding_key)
         except DetourRequestError as exc:
             if exc.status == 404:
                 raise TopicNotFound(topic, exc.message) from None

@@ -35,6 +35,17 @@ class SelectedQueue:
     #: brokers passed over because their window is open, in the order met.
     avoided_brokers: tuple[str, ...]
     local: bool
+    #: the rest of ``POST /select``'s answer (docs/policy.md): too few brokers were
+    #: available and avoidance was ignored (``panicThresholdPercent``) ...
+    panic: bool = False
+    #: ... open windows were counted but not obeyed (``enforcementPercent``) ...
+    dry_run: bool = False
+    #: ... brokers with an open window this select did not avoid ...
+    unenforced_brokers: tuple[str, ...] = ()
+    #: ... ``home``, ``wait`` or ``remap`` for a select with a sharding key, else None ...
+    ordered: str | None = None
+    #: ... and whether this select is the probe for a broker on probation: report it.
+    probe: bool = False
 
 
 @dataclass(frozen=True, slots=True)

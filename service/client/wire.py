@@ -52,8 +52,29 @@ def check_report(broker_name: str, latency_ms: float, age_ms: int = 0) -> None:
         raise ValueError(f"age_ms must be an int of ms, 0..{MAX_AGE_MS}, got {age_ms!r}")
 
 
-def select_body(topic: str, last_broker: str | None) -> Json:
-    return {"topic": topic, "lastBrokerName": last_broker}
+def select_body(
+    topic: str,
+    last_broker: str | None,
+    producer: str | None = None,
+    sharding_key: str | None = None,
+) -> Json:
+    """``POST /select``'s body; ``producer`` so Detour avoids this producer's own windows."""
+    body: Json = {"topic": topic, "lastBrokerName": last_broker}
+    if producer is not None:
+        body["producer"] = producer
+    if sharding_key is not None:
+        body["shardingKey"] = sharding_key
+    return body
+
+
+#: The longest sharding key Detour accepts (characters).
+MAX_SHARDING_KEY = 1024
+
+
+def check_sharding_key(key: str | None) -> None:
+    """Raises ValueError unless Detour would accept ``key`` (1..1024 characters)."""
+    if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= MAX_SHARDING_KEY):
+        raise ValueError(f"sharding_key must be 1..{MAX_SHARDING_KEY} characters, got {key!r}")
 
 
 #: The service's rule for a producer id.
@@ -103,19 +124,35 @@ def route(body: Mapping[str, Any]) -> Route:
 def config(body: Mapping[str, Any]) -> Config:
     """A ``Config`` from the camelCase body; omitted fields take their defaults.
 
-    Lenient: a field this SDK's rules refuse (a newer service's bounds or choices) takes
-    its default rather than failing the whole config, so a newer service does not stop
-    the cached client, whose local selects read only RocketMQ's fields.
+    Every field is read (local selects decide with the whole policy). Lenient: a field
+    this SDK's rules refuse (a newer service's bounds or choices) takes its default
+    rather than failing the whole config, so a newer service does not stop the cached
+    client.
     """
     return Config.from_wire(body, lenient=True)
 
 
 def fault(body: Mapping[str, Any]) -> FaultItem | None:
-    """A fault item from a stream entry, or None for ``{"brokerName", "deleted": true}``."""
+    """A fault item from a stream entry, or None for ``{"brokerName", "deleted": true}``.
+
+    Besides the window, what a select reads of it: ``probation`` (probeOnExpiry),
+    ``reachable`` (the active detector) and ``suspects`` (``[[producer, ms], ...]``,
+    failures short of the isolation quorum); a service that does not send them has
+    none of them set.
+    """
     if body.get("deleted"):
         return None
+    reachable = body.get("reachable")
+    if reachable is not None and not isinstance(reachable, bool):
+        raise TypeError(f"reachable must be a boolean or null, got {reachable!r}")
     return FaultItem(
-        str(body["brokerName"]), int(body["currentLatencyMs"]), int(body["availableAt"])
+        str(body["brokerName"]),
+        int(body["currentLatencyMs"]),
+        int(body["availableAt"]),
+        int(body.get("isolations", 0)),
+        tuple((str(who), int(at)) for who, at in body.get("suspects", ())),
+        bool(body.get("probation", False)),
+        reachable,
     )
 
 
@@ -135,18 +172,37 @@ def selected(body: Mapping[str, Any], topic: str | None = None) -> SelectedQueue
     address = body.get("address")
     if address is not None and not isinstance(address, str):
         raise TypeError(f"address must be a string or null, got {address!r}")
-    avoided = body.get("avoidedBrokers", [])
-    if not isinstance(avoided, list) or not all(isinstance(b, str) for b in avoided):
-        raise TypeError(f"avoidedBrokers must be a list of names, got {avoided!r}")
+    ordered = body.get("ordered")
+    if ordered not in (None, "home", "wait", "remap"):
+        raise ValueError(f"ordered must be home, wait, remap or null, got {ordered!r}")
     return SelectedQueue(
         topic=str(answered_topic),
         broker_name=broker,
         queue_id=queue_id,
         address=address,
         decision=Decision(body["decision"]),
-        avoided_brokers=tuple(avoided),
+        avoided_brokers=_names(body, "avoidedBrokers"),
         local=False,
+        panic=_flag(body, "panic"),
+        dry_run=_flag(body, "dryRun"),
+        unenforced_brokers=_names(body, "unenforcedBrokers"),
+        ordered=ordered,
+        probe=_flag(body, "probe"),
     )
+
+
+def _names(body: Mapping[str, Any], key: str) -> tuple[str, ...]:
+    names = body.get(key, [])
+    if not isinstance(names, list) or not all(isinstance(b, str) for b in names):
+        raise TypeError(f"{key} must be a list of names, got {names!r}")
+    return tuple(names)
+
+
+def _flag(body: Mapping[str, Any], key: str) -> bool:
+    value = body.get(key, False)
+    if not isinstance(value, bool):
+        raise TypeError(f"{key} must be a boolean, got {value!r}")
+    return value
 
 
 def error_fields(body: object) -> tuple[str, str, str | None]:
