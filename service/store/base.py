@@ -27,6 +27,12 @@ class ReportIn:
     #: who the isolation quorum counts this report as: the token's identity when tokens
     #: are on (so one token cannot vote as many producers); None = ``producer``
     voter: str | None = None
+    #: this replica's sequence number for the report (0 until the store gives it one): the
+    #: identity its journal replay is applied once by
+    seq: int = 0
+    #: the producer's own identity for the report ("" = none): a retried batch or an SDK's
+    #: replay carrying one already applied changes nothing
+    report_id: str = ""
 
     @property
     def voter_id(self) -> str:
@@ -55,6 +61,8 @@ class ReportOutcome:
     reporters: int = 1
     #: a report on a broker on probation: "passed", "failed" or None (policy.Applied.probe)
     probe: str | None = None
+    #: the report's identity had been applied already: nothing changed
+    duplicate: bool = False
 
 
 @dataclass(frozen=True, slots=True)
