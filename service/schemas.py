@@ -423,10 +423,13 @@ class EventOut(Body):
         "window ended early; `quorum`: opened because `isolationQuorum` producers agreed.",
         examples=["opened"],
     )
-    reason: Literal["isolation", "latency", "quorum", "success", "operator", "probe"] = Field(
+    reason: Literal[
+        "isolation", "latency", "quorum", "success", "operator", "probe", "recovery"
+    ] = Field(
         description="`isolation` (a failure), `latency` (a slow answer), `quorum`, `success` "
         "(a report under `lastReportWins` ended it), `operator` (`DELETE /fault-items`), "
-        "`probe` (a probe's success re-opened the broker, or its failure re-isolated it).",
+        "`probe` (a probe's success re-opened the broker, or its failure re-isolated it), "
+        "`recovery` (a replica wrote the window back into a Redis that had lost it).",
         examples=["isolation"],
     )
     broker_name: BrokerName

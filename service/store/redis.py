@@ -78,9 +78,10 @@ _QUORUM_STATES: tuple[str | None, ...] = (None, "suspected", "reached")
 _PROBE_STATES: tuple[str | None, ...] = (None, "passed", "failed")
 _SCRIPTS = ("report", "set_entry", "snapshot", "fault_items", "reach", "lease", "poll", "reseed")
 
-#: A replica's reports in flight at once stay below this: a sequence number this far below
-#: the high-water mark counts as applied (report.lua's anti-replay window).
-SEQ_WINDOW = 1024
+#: Gaps (sequence numbers below the high-water mark not applied yet: a call that failed or
+#: is still in flight) report.lua keeps per writer; an older gap counts as applied. A
+#: replica's calls in flight at once stay far below it.
+SEQ_WINDOW = 256
 #: How long and how many producer report ids are remembered (an SDK replays within minutes).
 REPORT_ID_WINDOW_MS = 15 * 60 * 1000
 REPORT_ID_CAP = 100_000
@@ -499,8 +500,16 @@ class RedisStore:
 
     # -- reads -------------------------------------------------------------
     async def fault_items(self) -> tuple[int, list[FaultItem]]:
-        now, flat = await self._eval("fault_items", (self._faults,), ())
-        return int(now), [codec.decode_fault(b, v) for b, v in codec.pairs(flat)]
+        """The table as Redis holds it; one that lost data is re-seeded before it is shown,
+        so the answer never leaves out a window a replica still holds."""
+        for _ in range(3):
+            now, flat, epoch, version, high_water = await self._eval(
+                "fault_items", (self._faults, self._meta, self._writers), (self._replica_id,)
+            )
+            if self._loss(epoch, int(high_water), int(version)) is None:
+                return int(now), [codec.decode_fault(b, v) for b, v in codec.pairs(flat)]
+            await self.resync()
+        raise StoreUnavailable("the table kept changing during the read; retry")
 
     # -- sync and recovery -------------------------------------------------
     async def _snapshot(self) -> tuple[Snapshot, SnapshotReply]:

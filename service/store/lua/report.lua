@@ -17,8 +17,9 @@
 -- ARGV[4] latency log length cap (approximate trim; 0 = no log)
 -- KEYS[5] window ends: sorted set broker -> availableAt, the eviction index (no scan of the
 --         table per report; rebuilt once from the hash when it holds fewer members)
--- KEYS[6] writers hash: writer -> its sequence high-water mark; and writer|seq -> 1 for every
---         sequence number applied in the writer's anti-replay window (hwm - window, hwm]
+-- KEYS[6] writers hash: writer -> its sequence high-water mark; writer|gaps -> the numbers
+--         below it not applied yet ("lo-hi,..." oldest first, at most seqWindow ranges: a
+--         number older than the oldest kept gap counts as applied)
 -- KEYS[7] writers seen: sorted set writer -> last write ms (bounds KEYS[6]: a writer silent
 --         longer than the longest a journal keeps a report is forgotten)
 -- KEYS[8] report ids: sorted set reportId -> first seen ms, the producers' own identities
@@ -147,17 +148,48 @@ if rule ~= 'off' then
 end
 local ends, versions, changes, quorums, durations, values, probes, dups =
   {}, {}, {}, {}, {}, {}, {}, {}
+-- The writer's sequence numbers below its high-water mark that were not applied (a call
+-- that failed, or one still in flight): inclusive ranges, oldest first, at most seq_window.
+local gaps = {}
+for lo, hi in string.gmatch(redis.call('HGET', KEYS[6], writer .. '|gaps') or '', '(%d+)-(%d+)') do
+  gaps[#gaps + 1] = {tonumber(lo), tonumber(hi)}
+end
 local top = hwm
 local function seen_before(seq, rid)
-  if seq > 0 then
-    if seq <= hwm - seq_window then
-      return true
+  if seq > 0 and seq <= top then
+    for _, gap in ipairs(gaps) do
+      if gap[1] <= seq and seq <= gap[2] then
+        return rid ~= '' and redis.call('ZSCORE', KEYS[8], rid) ~= false
+      end
     end
-    if redis.call('HEXISTS', KEYS[6], writer .. '|' .. seq) == 1 then
-      return true
-    end
+    return true
   end
   return rid ~= '' and redis.call('ZSCORE', KEYS[8], rid) ~= false
+end
+local function mark(seq)
+  if seq > top then
+    if seq > top + 1 then
+      gaps[#gaps + 1] = {top + 1, seq - 1}
+    end
+    top = seq
+  else
+    for j, gap in ipairs(gaps) do
+      if gap[1] <= seq and seq <= gap[2] then
+        local keep = {}
+        if gap[1] < seq then
+          keep[#keep + 1] = {gap[1], seq - 1}
+        end
+        if seq < gap[2] then
+          keep[#keep + 1] = {seq + 1, gap[2]}
+        end
+        table.remove(gaps, j)
+        for k = #keep, 1, -1 do
+          table.insert(gaps, j, keep[k])
+        end
+        break
+      end
+    end
+  end
 end
 for i = FIRST, #ARGV, STRIDE do
   local broker, latency = ARGV[i], ARGV[i + 1]
@@ -175,10 +207,7 @@ for i = FIRST, #ARGV, STRIDE do
     dups[#dups + 1] = 1
   else
   if seq > 0 then
-    redis.call('HSET', KEYS[6], writer .. '|' .. seq, 1)
-    if seq > top then
-      top = seq
-    end
+    mark(seq)
   end
   if rid ~= '' then
     redis.call('ZADD', KEYS[8], now, rid)
@@ -339,14 +368,20 @@ for i = FIRST, #ARGV, STRIDE do
   dups[#dups + 1] = 0
   end
 end
-if top > hwm then
-  -- The window moves up: forget the sequence numbers that fall out of it.
-  for s = math.max(hwm - seq_window + 1, top - seq_window - seq_window + 1), top - seq_window do
-    if s > 0 then
-      redis.call('HDEL', KEYS[6], writer .. '|' .. s)
-    end
+if top > 0 then
+  while #gaps > seq_window do
+    table.remove(gaps, 1)
   end
-  redis.call('HSET', KEYS[6], writer, top)
+  local parts = {}
+  for _, gap in ipairs(gaps) do
+    parts[#parts + 1] = string.format('%.0f-%.0f', gap[1], gap[2])
+  end
+  if #parts > 0 then
+    redis.call('HSET', KEYS[6], writer .. '|gaps', table.concat(parts, ','))
+  else
+    redis.call('HDEL', KEYS[6], writer .. '|gaps')
+  end
+  redis.call('HSET', KEYS[6], writer, string.format('%.0f', top))
 end
 if top > 0 then
   redis.call('ZADD', KEYS[7], now, writer)
@@ -358,11 +393,7 @@ if top > 0 then
     end
   end
   for _, w in ipairs(gone) do
-    local h = tonumber(redis.call('HGET', KEYS[6], w) or '0')
-    for s = math.max(1, h - seq_window + 1), h do
-      redis.call('HDEL', KEYS[6], w .. '|' .. s)
-    end
-    redis.call('HDEL', KEYS[6], w)
+    redis.call('HDEL', KEYS[6], w, w .. '|gaps')
     redis.call('ZREM', KEYS[7], w)
   end
 end
