@@ -1,0 +1,128 @@
+"""State integrity with real redis-server processes: an empty restart, a flush or a late reply
+never loses a route or a window, and no report is applied twice (docs/reliability.md)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.settings import Settings
+from tests.procs import RedisServer, ServiceProcess, wait_until
+from tests.proxy import DelayProxy
+
+pytestmark = [pytest.mark.integration]
+
+ROUTE = {"brokers": [{"brokerName": b, "writeQueueNums": 2} for b in "abc"]}
+ISOLATE_A = {"brokerName": "a", "latencyMs": 5, "isolation": True}
+FAST_SYNC = {"DETOUR_SYNC_INTERVAL_S": "0.2"}
+PREFIX = "detour:{default}"
+
+
+def metric(url: str, line_start: str) -> float:
+    """The value of the one sample whose line starts with ``line_start``."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    found = [ln for ln in text.splitlines() if ln.startswith(line_start + " ")]
+    assert len(found) == 1, line_start
+    return float(found[0].rsplit(" ", 1)[1])
+
+
+def reseed_count(url: str) -> float:
+    return sum(metric(url, f'detour_store_reseeds_total{{cause="{c}"}}')
+               for c in ("empty", "epoch", "behind", "failover"))
+
+
+def table(url: str) -> dict[str, dict[str, Any]]:
+    r = httpx.get(url + "/fault-items", timeout=10)
+    assert r.status_code == 200, r.text
+    return {i["brokerName"]: i for i in r.json()["items"]}
+
+
+def recovered(url: str) -> bool:
+    body = httpx.get(url + "/readyz", timeout=5).json()
+    return body["degraded"] is False
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    s = RedisServer()
+    yield s
+    s.stop()
+
+
+def kill_and_report_while_down(server: RedisServer, urls: list[str]) -> None:
+    """The issue's steps 4 and 5: SIGKILL, then ten isolations y1..y10 journaled."""
+    server.kill()
+    with httpx.Client(timeout=10) as c:
+        for i in range(1, 11):
+            url = urls[i % len(urls)]
+            r = c.post(url + "/report-latency",
+                       json={"brokerName": f"y{i}", "latencyMs": 5, "isolation": True})
+            assert r.status_code == 200 and r.json()["degraded"] is True, r.text
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_empty_restart_keeps_routes_windows_and_config(server: RedisServer,
+                                                       replicas: int) -> None:
+    """The issue's scenario exactly: route, a 600 s window, SIGKILL, ten journaled
+    isolations, an empty restart on the same port. Every replica re-seeds once."""
+    svcs = [ServiceProcess(redis_url=server.url, env=FAST_SYNC) for _ in range(replicas)]
+    restarted: RedisServer | None = None
+    try:
+        urls = [s.url for s in svcs]
+        with httpx.Client(base_url=urls[0], timeout=10) as c:
+            assert c.put("/routes/t", json=ROUTE).status_code == 200
+            assert c.put("/config", json={"maxAvoidedPercent": 90}).status_code == 200
+            r = c.post("/report-latency", json=ISOLATE_A)
+            assert r.status_code == 200 and r.json()["notAvailableDurationMs"] == 600_000
+            a_end = r.json()["availableAt"]
+        for url in urls:  # every replica holds a's window and the route before the crash
+            wait_until(lambda u=url: "a" in table(u), 10, "window in the table")
+            wait_until(lambda u=url: httpx.get(u + "/routes/t", timeout=5).status_code == 200,
+                       10, "route pushed")
+        kill_and_report_while_down(server, urls)
+        restarted = RedisServer(port=server.port)  # no persistence: an empty Redis
+        for url in urls:
+            wait_until(lambda u=url: recovered(u), 30, "recovered", interval_s=0.05)
+        raw = restarted.client()
+        for url in urls:
+            r = httpx.post(url + "/select", json={"topic": "t"}, timeout=5)
+            assert r.status_code == 200, r.text
+            assert r.json()["brokerName"] != "a"
+            items = table(url)
+            assert {f"y{i}" for i in range(1, 11)} | {"a"} <= items.keys()
+            assert items["a"]["availableAt"] == a_end  # not a millisecond shorter or longer
+            assert items["a"]["available"] is False
+        # Routes and config are back in Redis itself: a fresh replica sees them.
+        assert raw.hget(f"{PREFIX}:routes", "t") is not None
+        with ServiceProcess(redis_url=restarted.url) as fresh:
+            assert httpx.get(fresh.url + "/routes/t", timeout=5).status_code == 200
+            assert httpx.get(fresh.url + "/config", timeout=5).json()["maxAvoidedPercent"] \
+                == 90
+            assert table(fresh.url)["a"]["availableAt"] == a_end
+        # Each journaled report is in the new latency log once.
+        logged = [e["b"] for _, e in raw.xrange(f"{PREFIX}:latency-log")]
+        assert sorted(logged) == sorted(f"y{i}" for i in range(1, 11))
+        # The re-seed is counted and in the event log.
+        reseeds = [reseed_count(u) for u in urls]
+        assert all(1 <= n <= 2 for n in reseeds), reseeds
+        events = [e for _, e in raw.xrange(f"{PREFIX}:events") if e["r"] == "recovery"]
+        assert "a" in {e["b"] for e in events}
+        # No flapping: several poll intervals later nobody re-seeded again.
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            assert all(recovered(u) for u in urls)
+            time.sleep(0.1)  # watching that nothing happens over a span of time
+        assert [reseed_count(u) for u in urls] == reseeds
+    finally:
+        for s in svcs:
+            s.stop()
+        if restarted is not None:
+            restarted.stop()
