@@ -126,3 +126,68 @@ def test_empty_restart_keeps_routes_windows_and_config(server: RedisServer,
             s.stop()
         if restarted is not None:
             restarted.stop()
+
+
+def test_a_flush_is_noticed_by_the_first_write_after_it(redis_url: str,
+                                                         redis_server: RedisServer) -> None:
+    """FLUSHALL, then a report before any poll: the write reply carries the loss, the
+    replica re-seeds first (route, config, the open window) and only then writes."""
+    settings = Settings(redis_url=redis_url, sync_interval_s=60)  # no poll in this test
+    raw = redis_server.client()
+    with TestClient(create_app(settings)) as c:
+        c.put("/routes/t", json=ROUTE)
+        c.put("/config", json={"maxAvoidedPercent": 90})
+        a_end = c.post("/report-latency", json=ISOLATE_A).json()["availableAt"]
+        raw.flushall()
+        r = c.post("/report-latency", json={"brokerName": "b", "latencyMs": 5,
+                                             "isolation": True})
+        assert r.status_code == 200 and r.json()["degraded"] is False
+        assert raw.hget(f"{PREFIX}:routes", "t") is not None
+        assert '"maxAvoidedPercent":90' in raw.hget(f"{PREFIX}:meta", "config")
+        items = {i["brokerName"]: i for i in c.get("/fault-items").json()["items"]}
+        assert items["a"]["availableAt"] == a_end and "b" in items
+        assert raw.hget(f"{PREFIX}:meta", "epoch")
+        # A route write into a flushed table re-seeds first as well.
+        raw.flushall()
+        assert c.put("/routes/u", json=ROUTE).status_code == 200
+        assert {"t", "u"} <= set(raw.hkeys(f"{PREFIX}:routes"))
+        assert "a" in raw.hkeys(f"{PREFIX}:faults")
+
+
+def _reseed(raw: Any, writer: str, epoch: str, items: dict[str, str],
+            routes: dict[str, str]) -> list[Any]:
+    from importlib import resources
+
+    script = raw.register_script(
+        (resources.files("service.store") / "lua" / "reseed.lua").read_text())
+    keys = [f"{PREFIX}:{k}" for k in ("faults", "routes", "meta", "events", "ends", "writers",
+                                      "writers-seen")]
+    args: list[Any] = [f"{PREFIX}:changes", epoch, writer, 7, 100, "", len(routes)]
+    for topic, route in routes.items():
+        args += [topic, route]
+    for broker, value in items.items():
+        args += [broker, value]
+    return script(keys=keys, args=args)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("order", ["short-first", "long-first"])
+def test_reseeding_replicas_converge_and_no_window_shrinks(redis_url: str,
+                                                         redis_server: RedisServer,
+                                                         order: str) -> None:
+    """Two replicas hold different ends for the same broker and re-seed an emptied table
+    in either order: one epoch, the later end, both replicas' own brokers and routes."""
+    raw = redis_server.client()
+    far = int(time.time() * 1000) + 600_000
+    one = ("one", "e-one", {"a": f"5,{far - 500_000}", "b": f"5,{far}"}, {"t": '[["a",1,null]]'})
+    two = ("two", "e-two", {"a": f"5,{far}", "c": f"5,{far}"}, {"t": '[["a",1,null]]',
+                                                               "u": '[["c",1,null]]'})
+    runs = [one, two] if order == "short-first" else [two, one]
+    epochs = {_reseed(raw, *run)[0] for run in runs}
+    assert len(epochs) == 1 and raw.hget(f"{PREFIX}:meta", "epoch") in epochs
+    faults = raw.hgetall(f"{PREFIX}:faults")
+    assert faults == {"a": f"5,{far}", "b": f"5,{far}", "c": f"5,{far}"}
+    assert set(raw.hkeys(f"{PREFIX}:routes")) == {"t", "u"}
+    assert raw.zscore(f"{PREFIX}:ends", "a") == far  # the eviction index follows
+    assert raw.hget(f"{PREFIX}:writers", "one") == "7"
+    restored = [e["b"] for _, e in raw.xrange(f"{PREFIX}:events") if e["r"] == "recovery"]
+    assert sorted(set(restored)) == ["a", "b", "c"]

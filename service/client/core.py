@@ -9,6 +9,7 @@ once.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -56,6 +57,9 @@ class ClientCore:
         wire.check_producer(producer)
         #: sent with every report, for Detour's latency log
         self.producer = producer
+        #: this client's part of each report's ``reportId`` (the other: the report's seq), so
+        #: a batch Detour applied but whose reply was lost changes nothing when sent again
+        self.report_ids = uuid.uuid4().hex[:16]
         self.mode: Mode = mode
         self.cached = mode == "cached"
         self.timeout = timeout
@@ -152,7 +156,12 @@ class ClientCore:
         return {
             "reports": [
                 wire.batch_item(
-                    p.broker_name, p.latency_ms, p.isolation, p.age_ms(now), self.producer
+                    p.broker_name,
+                    p.latency_ms,
+                    p.isolation,
+                    p.age_ms(now),
+                    self.producer,
+                    f"{self.report_ids}-{p.seq}",
                 )
                 for p in batch
             ]

@@ -77,15 +77,23 @@ def report_body(
 
 
 def batch_item(
-    broker_name: str, latency_ms: float, isolation: bool, age_ms: int, producer: str | None = None
+    broker_name: str,
+    latency_ms: float,
+    isolation: bool,
+    age_ms: int,
+    producer: str | None = None,
+    report_id: str | None = None,
 ) -> Json:
-    """One entry of a batch (``age_ms``: how long ago the send completed).
+    """One entry of a batch (``age_ms``: how long ago the send completed; ``report_id``: the
+    report's identity, so Detour applies a batch sent twice once).
 
     The queue drops reports past Detour's age limit (a day) before they get here; the
     clamp only guards the boundary (a report that turned too old on the way).
     """
     item = report_body(broker_name, latency_ms, isolation, producer)
     item["ageMs"] = min(max(0, age_ms), MAX_AGE_MS)
+    if report_id is not None:
+        item["reportId"] = report_id
     return item
 
 

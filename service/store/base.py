@@ -10,6 +10,11 @@ from service.model import Config, FaultItem, Route
 from service.strategy import WindowChange
 from service.view import TableView
 
+#: How long and how many producer report ids a store remembers (an SDK replays within
+#: minutes; a retried batch within seconds): a report id seen within them is a duplicate.
+REPORT_ID_WINDOW_MS = 15 * 60 * 1000
+REPORT_ID_CAP = 100_000
+
 
 @dataclass(frozen=True, slots=True)
 class ReportIn:

@@ -55,7 +55,14 @@ from service.errors import StoreUnavailable, TableFull
 from service.model import MAX_REPORT_AGE_MS, Config, FaultItem, Route
 from service.settings import Settings
 from service.store import codec
-from service.store.base import Event, LogEntry, ReportIn, ReportOutcome
+from service.store.base import (
+    REPORT_ID_CAP,
+    REPORT_ID_WINDOW_MS,
+    Event,
+    LogEntry,
+    ReportIn,
+    ReportOutcome,
+)
 from service.store.connect import StoreClients, parse_redis_url
 from service.store.follower import Follower, FollowerTimes, RedisClock, mono_ms
 from service.store.journal import Journal, replay
@@ -82,9 +89,6 @@ _SCRIPTS = ("report", "set_entry", "snapshot", "fault_items", "reach", "lease", 
 #: is still in flight) report.lua keeps per writer; an older gap counts as applied. A
 #: replica's calls in flight at once stay far below it.
 SEQ_WINDOW = 256
-#: How long and how many producer report ids are remembered (an SDK replays within minutes).
-REPORT_ID_WINDOW_MS = 15 * 60 * 1000
-REPORT_ID_CAP = 100_000
 #: Writers remembered: a replica silent longer than a journal keeps a report is forgotten.
 WRITER_CAP = 10_000
 
@@ -382,7 +386,7 @@ class RedisStore:
             return ReportOutcome(
                 r.broker_name,
                 r.latency_ms,
-                0,
+                0 if t is None else config.not_available_duration[t],
                 reply.ends[i],
                 reply.now_ms,
                 r.isolation,
