@@ -151,6 +151,10 @@ class ClientCore:
         while Detour is down or older reports wait (so they reach Detour in order)."""
         return self.cached or self.circuit.is_open or len(self.pending) > 0
 
+    def report_id(self, p: Pending) -> str:
+        """The report's identity on the wire: the same on its first post and any replay."""
+        return f"{self.report_ids}-{p.seq}"
+
     def batch_body(self, batch: Iterable[Pending]) -> dict[str, Any]:
         now = mono_ms()
         return {
@@ -161,7 +165,7 @@ class ClientCore:
                     p.isolation,
                     p.age_ms(now),
                     self.producer,
-                    f"{self.report_ids}-{p.seq}",
+                    self.report_id(p),
                 )
                 for p in batch
             ]

@@ -68,11 +68,17 @@ def check_producer(producer: str | None) -> None:
 
 
 def report_body(
-    broker_name: str, latency_ms: float, isolation: bool, producer: str | None = None
+    broker_name: str,
+    latency_ms: float,
+    isolation: bool,
+    producer: str | None = None,
+    report_id: str | None = None,
 ) -> Json:
     body: Json = {"brokerName": broker_name, "latencyMs": latency_ms, "isolation": isolation}
     if producer is not None:
         body["producer"] = producer
+    if report_id is not None:
+        body["reportId"] = report_id
     return body
 
 
@@ -90,10 +96,8 @@ def batch_item(
     The queue drops reports past Detour's age limit (a day) before they get here; the
     clamp only guards the boundary (a report that turned too old on the way).
     """
-    item = report_body(broker_name, latency_ms, isolation, producer)
+    item = report_body(broker_name, latency_ms, isolation, producer, report_id)
     item["ageMs"] = min(max(0, age_ms), MAX_AGE_MS)
-    if report_id is not None:
-        item["reportId"] = report_id
     return item
 
 
