@@ -15,7 +15,6 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 from service.settings import Settings
 from tests.procs import RedisServer, ServiceProcess, wait_until
-from tests.proxy import DelayProxy
 
 pytestmark = [pytest.mark.integration]
 
@@ -191,3 +190,138 @@ def test_reseeding_replicas_converge_and_no_window_shrinks(redis_url: str,
     assert raw.hget(f"{PREFIX}:writers", "one") == "7"
     restored = [e["b"] for _, e in raw.xrange(f"{PREFIX}:events") if e["r"] == "recovery"]
     assert sorted(set(restored)) == ["a", "b", "c"]
+
+
+class Producer:
+    """One producer in a thread: a select and an isolation report for a new broker, in a loop."""
+
+    def __init__(self, url: str, name: str) -> None:
+        self.url, self.name = url, name
+        self.stop = threading.Event()
+        self.failures: list[str] = []
+        self.accepted: list[tuple[str, int, bool]] = []  # broker, availableAt, degraded
+        self.selects = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=10) as c:
+            for i in range(2000):  # bounded (the table cap is 10,000); stopped far earlier
+                if self.stop.is_set():
+                    return
+                try:
+                    s = c.post("/select", json={"topic": "t"})
+                    if s.status_code != 200:
+                        self.failures.append(f"select {s.status_code} {s.text}")
+                    self.selects += 1
+                    broker = f"{self.name}-{i}"
+                    r = c.post("/report-latency",
+                               json={"brokerName": broker, "latencyMs": 0, "isolation": True})
+                    if r.status_code != 200:
+                        self.failures.append(f"report {r.status_code} {r.text}")
+                        continue
+                    body: dict[str, Any] = r.json()
+                    self.accepted.append((broker, body["availableAt"], body["degraded"]))
+                except httpx.HTTPError as exc:
+                    self.failures.append(f"http {exc!r}")
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_empty_restart_under_load_loses_nothing(server: RedisServer) -> None:
+    svc = ServiceProcess(redis_url=server.url, env=FAST_SYNC)
+    restarted: RedisServer | None = None
+    producers = [Producer(svc.url, f"p{n}") for n in range(4)]
+
+    def accepted() -> list[tuple[str, int, bool]]:
+        return [a for p in producers for a in p.accepted]
+
+    try:
+        with httpx.Client(base_url=svc.url, timeout=10) as c:
+            assert c.put("/routes/t", json=ROUTE).status_code == 200
+            assert c.put("/config", json={"maxAvoidedPercent": 90}).status_code == 200
+        for p in producers:
+            p.thread.start()
+        wait_until(lambda: len(accepted()) >= 100, 30, "load before the crash")
+        server.kill()
+        at_kill = len(accepted())
+        wait_until(lambda: sum(d for _, _, d in accepted()) >= 40, 30,
+                   "journaled reports during the outage")
+        restarted = RedisServer(port=server.port)  # empty
+        wait_until(lambda: recovered(svc.url), 30, "recovered", interval_s=0.05)
+        at_return = len(accepted())
+        wait_until(lambda: len(accepted()) >= at_return + 100, 30, "load after the restart")
+        for p in producers:
+            p.stop.set()
+        for p in producers:
+            p.thread.join(15)
+        wait_until(lambda: recovered(svc.url), 30, "journal empty at the end", interval_s=0.05)
+
+        assert [f for p in producers for f in p.failures] == []
+        done = accepted()
+        assert at_kill >= 100 and len(done) >= at_return + 100
+        items = table(svc.url)
+        missing = [b for b, _, _ in done if b not in items]
+        assert missing == [], f"{len(missing)} of {len(done)} accepted reports lost"
+        drift = [abs(items[b]["availableAt"] - end) for b, end, _ in done]
+        assert max(drift) <= 1000, max(drift)
+        # Routes and config are in Redis itself: a fresh replica sees them.
+        with ServiceProcess(redis_url=restarted.url) as fresh:
+            assert httpx.get(fresh.url + "/routes/t", timeout=5).status_code == 200
+            assert httpx.get(fresh.url + "/config", timeout=5).json()["maxAvoidedPercent"] == 90
+            assert len(table(fresh.url)) >= len(done)
+        assert reseed_count(svc.url) >= 1
+    finally:
+        for p in producers:
+            p.stop.set()
+        svc.stop()
+        if restarted is not None:
+            restarted.stop()
+
+
+def test_a_table_of_ended_windows_at_the_cap_takes_a_new_broker_at_once(
+        redis_url: str, redis_server: RedisServer) -> None:
+    """10,000 ended windows, then a new broker: answered from Redis (no journal fallback),
+    one ended item dropped for it, no scan of the table, and the cap holds."""
+    raw = redis_server.client()
+    cap = 10_000
+    settings = Settings(redis_url=redis_url, max_brokers=cap, redis_call_timeout_s=5)
+    with TestClient(create_app(settings)) as c:
+        for start in range(0, cap, 1000):
+            batch = {"reports": [{"brokerName": f"old{i}", "latencyMs": 1}
+                                 for i in range(start, start + 1000)]}
+            assert c.post("/report-latency:batch", json=batch).status_code == 200
+        assert raw.hlen(f"{PREFIX}:faults") == cap
+        raw.config_resetstat()
+        raw.config_set("slowlog-log-slower-than", 0)
+        raw.config_set("slowlog-max-len", 1000)
+        raw.slowlog_reset()
+        for n in range(30):
+            r = c.post("/report-latency", json={"brokerName": f"new{n}", "latencyMs": 0,
+                                                 "isolation": True})
+            assert r.status_code == 200, r.text
+            assert r.json()["degraded"] is False
+        assert raw.hlen(f"{PREFIX}:faults") <= cap
+        assert raw.zcard(f"{PREFIX}:ends") == raw.hlen(f"{PREFIX}:faults")
+        stats: dict[str, Any] = raw.info("commandstats")
+        # The eviction read the index, never the whole table.
+        assert "cmdstat_hgetall" not in stats
+        assert stats["cmdstat_zrangebyscore"]["calls"] <= 60
+        # Redis's own measure of each report script (a scan of 10,000 items took 55 ms).
+        scripts = [e["duration"] for e in raw.slowlog_get(1000)
+                   if e["command"].startswith(b"EVALSHA") or
+                   str(e["command"]).startswith("EVALSHA")]
+        assert len(scripts) >= 30
+        assert max(scripts) < 10_000, max(scripts)  # microseconds
+        raw.config_set("slowlog-log-slower-than", 10_000)
+        items = {i["brokerName"]: i for i in c.get("/fault-items").json()["items"]}
+        assert {f"new{n}" for n in range(30)} <= items.keys()
+        assert all(not items[f"new{n}"]["available"] for n in range(30))
+        # Live windows filling the table are what refuses a new broker.
+        for start in range(0, cap - 30, 1000):  # the 30 new ones are live too
+            live = {"reports": [{"brokerName": f"live{i}", "latencyMs": 0, "isolation": True}
+                                for i in range(start, min(start + 1000, cap - 30))]}
+            assert c.post("/report-latency:batch", json=live).status_code == 200
+        refused = c.post("/report-latency", json={"brokerName": "late", "latencyMs": 0,
+                                                   "isolation": True})
+        assert refused.status_code == 409 and refused.json()["error"] == "TABLE_FULL"
+        assert raw.hlen(f"{PREFIX}:faults") <= cap
