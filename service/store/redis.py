@@ -53,7 +53,6 @@ from redis.exceptions import RedisClusterException, RedisError
 from service import metrics, policy, strategy
 from service.errors import StoreUnavailable, TableFull
 from service.model import MAX_REPORT_AGE_MS, Config, FaultItem, Route
-from service.settings import Settings
 from service.store import codec
 from service.store.base import (
     REPORT_ID_CAP,
@@ -67,6 +66,7 @@ from service.store.connect import StoreClients, parse_redis_url
 from service.store.follower import Follower, FollowerTimes, RedisClock, mono_ms
 from service.store.journal import Journal, replay
 from service.store.local import report_locally
+from service.store.options import StoreOptions
 from service.store.replies import (
     STALE_CONFIG,
     TABLE_FULL,
@@ -138,7 +138,8 @@ async def _wrap_errors() -> AsyncIterator[None]:
 class RedisStore:
     kind = "redis"
 
-    def __init__(self, settings: Settings, namespace: str | None = None) -> None:
+    def __init__(self, options: StoreOptions | object, namespace: str | None = None) -> None:
+        settings = StoreOptions.of(options)
         assert settings.redis_url
         self._settings = settings
         self.namespace = namespace or settings.namespace
