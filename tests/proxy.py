@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-import time
 
 from tests.procs import free_port
 
@@ -66,7 +65,11 @@ class DelayProxy:
                 if hold > 0:
                     with self._lock:
                         self.held += 1
-                    time.sleep(hold)  # the fault itself: the reply arrives late
+                    # The fault itself: the reply arrives late (or, when closed meanwhile,
+                    # never: what a link cut mid-stream loses).
+                    self._stop.wait(hold)
+                    if self._stop.is_set():
+                        break
                 dst.sendall(data)
         except OSError:
             pass
