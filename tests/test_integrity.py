@@ -64,6 +64,9 @@ def kill_and_report_while_down(server: RedisServer, urls: list[str]) -> None:
             r = c.post(url + "/report-latency",
                        json={"brokerName": f"y{i}", "latencyMs": 5, "isolation": True})
             assert r.status_code == 200 and r.json()["degraded"] is True, r.text
+        for url in urls:  # honest health: ready (it serves from its copy) but degraded
+            ready = c.get(url + "/readyz")
+            assert ready.status_code == 200 and ready.json()["degraded"] is True
 
 
 @pytest.mark.e2e
@@ -325,3 +328,24 @@ def test_a_table_of_ended_windows_at_the_cap_takes_a_new_broker_at_once(
                                                    "isolation": True})
         assert refused.status_code == 409 and refused.json()["error"] == "TABLE_FULL"
         assert raw.hlen(f"{PREFIX}:faults") <= cap
+
+
+def test_a_report_id_is_applied_once_on_every_store(client: TestClient) -> None:
+    """The behaviour on both stores: a report sent again with its reportId changes nothing,
+    alone or inside a batch, and is logged once; another id is a new report."""
+    first = client.post("/report-latency", json={"brokerName": "a", "latencyMs": 5,
+                                                  "isolation": True, "reportId": "p-1"})
+    assert first.status_code == 200
+    again = client.post("/report-latency:batch", json={"reports": [
+        {"brokerName": "a", "latencyMs": 5, "isolation": True, "reportId": "p-1"},
+        {"brokerName": "b", "latencyMs": 700, "reportId": "p-2"}]})
+    assert again.status_code == 200
+    dup, new = again.json()["results"]
+    assert dup["availableAt"] == first.json()["availableAt"]
+    assert dup["notAvailableDurationMs"] == 600_000
+    assert new["notAvailableDurationMs"] == 30_000
+    log = client.get("/latency-log").json()["entries"]
+    assert [e["brokerName"] for e in log] == ["a", "b"]
+    bad = client.post("/report-latency", json={"brokerName": "a", "latencyMs": 5,
+                                                "reportId": "x" * 65})
+    assert bad.status_code == 422 and bad.json()["field"] == "reportId"
