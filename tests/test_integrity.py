@@ -164,7 +164,7 @@ def _reseed(raw: Any, writer: str, epoch: str, items: dict[str, str],
         (resources.files("service.store") / "lua" / "reseed.lua").read_text())
     keys = [f"{PREFIX}:{k}" for k in ("faults", "routes", "meta", "events", "ends", "writers",
                                       "writers-seen")]
-    args: list[Any] = [f"{PREFIX}:changes", epoch, writer, 7, 100, "", len(routes)]
+    args: list[Any] = [f"{PREFIX}:changes", epoch, writer, 7, 100, 1, "", len(routes)]
     for topic, route in routes.items():
         args += [topic, route]
     for broker, value in items.items():

@@ -89,6 +89,8 @@ _SCRIPTS = ("report", "set_entry", "snapshot", "fault_items", "reach", "lease", 
 #: is still in flight) report.lua keeps per writer; an older gap counts as applied. A
 #: replica's calls in flight at once stay far below it.
 SEQ_WINDOW = 256
+#: Windows per re-seed call: a lost table of 10,000 goes back without holding Redis long.
+_RESEED_CHUNK = 200
 #: Writers remembered: a replica silent longer than a journal keeps a report is forgotten.
 WRITER_CAP = 10_000
 
@@ -591,24 +593,26 @@ class RedisStore:
         replica: what they lost is gone (counted).
         """
         view = self.view
-        args: list[Any] = [
+        head: list[Any] = [
             self._channel,
             uuid.uuid4().hex,
             self._replica_id,
             self._acked,
             self._events_max,
         ]
-        if cause is None:
-            args += ["", 0]
-        else:
+        first: list[Any] = ["", 0]
+        windows: list[list[str]] = []
+        if cause is not None:
             now = view.now_ms()
-            args.append(codec.encode_config(view.config) if view.config_version > 0 else "")
-            args.append(len(view.routes))
+            first = [codec.encode_config(view.config) if view.config_version > 0 else ""]
+            first.append(len(view.routes))
             for topic, route in view.routes.items():
-                args += [topic, codec.encode_route(route)]
-            for broker, item in view.faults.items():
-                if item.available_at > now:
-                    args += [broker, codec.encode_fault(item)]
+                first += [topic, codec.encode_route(route)]
+            windows = [
+                [broker, codec.encode_fault(item)]
+                for broker, item in list(view.faults.items())
+                if item.available_at > now
+            ]
         keys = (
             self._faults,
             self._routes,
@@ -618,21 +622,32 @@ class RedisStore:
             self._writers,
             self._writers_seen,
         )
-        reply = ReseedReply.decode(await self._eval("reseed", keys, args))
+        # Several calls for a large table (each call a few ms), the
+        # config and routes in the first, the other replicas told by the last.
+        chunks = [windows[i : i + _RESEED_CHUNK] for i in range(0, len(windows), _RESEED_CHUNK)]
+        written = [0, 0, 0]
+        for n, chunk in enumerate(chunks or [[]]):
+            last = n == max(len(chunks) - 1, 0)
+            args = [*head, int(last), *(first if n == 0 else ["", 0])]
+            for pair in chunk:
+                args += pair
+            reply = ReseedReply.decode(await self._eval("reseed", keys, args))
+            written = [
+                written[0] + reply.config,
+                written[1] + reply.routes,
+                written[2] + reply.windows,
+            ]
         self._merge_next = False
         if cause is None:
             return
         log.warning(
             "redis table lost data (%s): re-seeded config %d, routes %d, windows %d",
             cause,
-            reply.config,
-            reply.routes,
-            reply.windows,
+            *written,
         )
         metrics.RESEEDS.labels(cause).inc()
-        metrics.RESEEDED.labels("config").inc(reply.config)
-        metrics.RESEEDED.labels("route").inc(reply.routes)
-        metrics.RESEEDED.labels("window").inc(reply.windows)
+        for kind, count in zip(("config", "route", "window"), written, strict=True):
+            metrics.RESEEDED.labels(kind).inc(count)
         if cause in ("empty", "epoch"):
             metrics.UNRECOVERABLE.labels("latency_log").inc()
             metrics.UNRECOVERABLE.labels("events").inc()

@@ -8,10 +8,13 @@
 -- ARGV[3] the writer (replica id)   ARGV[4] its acked sequence number: the high-water mark
 --         is raised to it (the writer's own reports up to it are in what it re-seeds)
 -- ARGV[5] event log cap (0 = no events)
--- ARGV[6] config JSON ("" = none): written when the table has none
--- ARGV[7] n, the number of routes; ARGV[8 .. 7 + 2n] topic, route JSON: a topic the table
+-- ARGV[6] announce (0/1): push a "reseed" change so the other replicas resync and merge
+--         theirs (the last of a re-seed's calls: a large table goes back in several, so no
+--         one call holds Redis long)
+-- ARGV[7] config JSON ("" = none): written when the table has none
+-- ARGV[8] n, the number of routes; ARGV[9 .. 8 + 2n] topic, route JSON: a topic the table
 --         lacks is written (an operator's newer route wins)
--- ARGV[8 + 2n ..] broker, fault item (report.lua's format): written when the table lacks the
+-- ARGV[9 + 2n ..] broker, fault item (report.lua's format): written when the table lacks the
 --         broker or holds an earlier window end (extend-only), with an event (k=opened
 --         r=recovery) for each
 -- returns {epoch, version, config written (0/1), routes written, windows written}
@@ -28,20 +31,20 @@ local function push(kind, field, value)
   return v
 end
 local wrote_config, wrote_routes, wrote_faults = 0, 0, 0
-if ARGV[6] ~= '' and not redis.call('HGET', KEYS[3], 'config') then
-  redis.call('HSET', KEYS[3], 'config', ARGV[6])
-  redis.call('HSET', KEYS[3], 'config_version', push('config', 'config', ARGV[6]))
+if ARGV[7] ~= '' and not redis.call('HGET', KEYS[3], 'config') then
+  redis.call('HSET', KEYS[3], 'config', ARGV[7])
+  redis.call('HSET', KEYS[3], 'config_version', push('config', 'config', ARGV[7]))
   wrote_config = 1
 end
-local n = tonumber(ARGV[7])
-for i = 8, 7 + 2 * n, 2 do
+local n = tonumber(ARGV[8])
+for i = 9, 8 + 2 * n, 2 do
   if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1]) == 1 then
     push('route', ARGV[i], ARGV[i + 1])
     wrote_routes = wrote_routes + 1
   end
 end
 local event_cap = tonumber(ARGV[5])
-for i = 8 + 2 * n, #ARGV, 2 do
+for i = 9 + 2 * n, #ARGV, 2 do
   local broker, value = ARGV[i], ARGV[i + 1]
   local new_end = tonumber(string.match(value, '^%d+,(%d+)'))
   local old = redis.call('HGET', KEYS[1], broker)
@@ -63,5 +66,8 @@ if acked > tonumber(redis.call('HGET', KEYS[6], ARGV[3]) or '0') then
   redis.call('HSET', KEYS[6], ARGV[3], acked)
   redis.call('ZADD', KEYS[7], now, ARGV[3])
 end
-local version = push('reseed', '', epoch)
+local version = tonumber(redis.call('HGET', KEYS[3], 'version') or '0')
+if ARGV[6] == '1' then
+  version = push('reseed', '', epoch)
+end
 return {epoch, version, wrote_config, wrote_routes, wrote_faults}
