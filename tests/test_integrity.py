@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 from service.settings import Settings
 from tests.procs import RedisServer, ServiceProcess, wait_until
+from tests.proxy import DelayProxy
 
 pytestmark = [pytest.mark.integration]
 
@@ -349,3 +350,28 @@ def test_a_report_id_is_applied_once_on_every_store(client: TestClient) -> None:
     bad = client.post("/report-latency", json={"brokerName": "a", "latencyMs": 5,
                                                 "reportId": "x" * 65})
     assert bad.status_code == 422 and bad.json()["field"] == "reportId"
+
+
+def test_a_full_table_of_ended_windows_takes_a_new_broker_while_redis_is_late(
+        redis_server: RedisServer) -> None:
+    """The journal path too: TABLE_FULL only when live windows fill the table."""
+    proxy = DelayProxy(redis_server.port)
+    raw = redis_server.client()
+    raw.flushall()
+    settings = Settings(redis_url=proxy.url, max_brokers=20, redis_timeout_s=5,
+                        sync_interval_s=0.2)
+    try:
+        with TestClient(create_app(settings)) as c:
+            batch = {"reports": [{"brokerName": f"old{i}", "latencyMs": 1} for i in range(20)]}
+            assert c.post("/report-latency:batch", json=batch).status_code == 200
+            proxy.hold_s = 0.6  # the report's call times out: the journal takes it
+            r = c.post("/report-latency", json={"brokerName": "new", "latencyMs": 0,
+                                                 "isolation": True})
+            assert r.status_code == 200 and r.json()["degraded"] is True
+            proxy.hold_s = 0
+            wait_until(lambda: c.get("/readyz").json()["degraded"] is False, 30, "replayed",
+                       interval_s=0.05)
+            assert raw.hlen(f"{PREFIX}:faults") <= 20
+            assert "new" in raw.hkeys(f"{PREFIX}:faults")
+    finally:
+        proxy.close()

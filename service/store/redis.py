@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 import os
 import random
@@ -176,8 +177,10 @@ class RedisStore:
         self.view = TableView(self._clock.now_ms, self.namespace)
         self.synced = asyncio.Event()
         self._ever_synced = False
-        #: the epoch of the table this replica's view is a copy of ("" before the first sync)
+        #: the epoch of the table this replica's view is a copy of ("" until it has one: a
+        #: new table gets one with its first write, so an untouched namespace stays empty)
         self._epoch = ""
+        self._candidate = uuid.uuid4().hex
         #: this replica's last sequence number given, and the highest Redis confirmed applied
         self._seq = 0
         self._acked = 0
@@ -261,6 +264,15 @@ class RedisStore:
         finally:
             metrics.STORE_ROUNDTRIP.labels(name).observe(time.perf_counter() - start)
 
+    def _epoch_arg(self) -> str:
+        """The epoch the scripts check: the one held, or "+candidate" before there is one."""
+        return self._epoch or f"+{self._candidate}"
+
+    def _wrote(self) -> None:
+        """A script accepted the epoch argument: a table that had none now has the candidate."""
+        if not self._epoch:
+            self._epoch = self._candidate
+
     def _number(self, reports: Sequence[ReportIn]) -> list[ReportIn]:
         """Give each report this replica's next sequence number: its identity for replay."""
         out = []
@@ -289,9 +301,9 @@ class RedisStore:
         """Apply to this replica's view at once and journal for replay."""
         now = self.view.now_ms()
         new = {r.broker_name for r in reports} - self.view.faults.keys()
-        if new and len(self.view.faults) + len(new) > self._settings.max_brokers:
-            # No eviction here: dropping items is Redis's call once it is back.
-            raise TableFull(self.namespace, self._settings.max_brokers)
+        cap = self._settings.max_brokers
+        if new and len(self.view.faults) + len(new) > cap:
+            self._make_room_locally(len(self.view.faults) + len(new) - cap, now)
         received = mono_ms()
         out = []
         for r in reports:
@@ -299,6 +311,17 @@ class RedisStore:
             out.append(report_locally(self.view, r, now, self.view.set_local_fault, True))
             self.view.observe_latency(r.broker_name, r.latency_ms, now)
         return out
+
+    def _make_room_locally(self, needed: int, now: int) -> None:
+        """The copy is full: drop ``needed`` items whose window ended longest ago, as
+        report.lua will in Redis at replay; TABLE_FULL only when live windows fill it."""
+        ended = [(i.available_at, b) for b, i in self.view.faults.items() if i.available_at <= now]
+        if len(ended) < needed:
+            raise TableFull(self.namespace, self._settings.max_brokers)
+        for _, broker in heapq.nsmallest(needed, ended):
+            # An ended window avoids nothing: selects see no change, and the next snapshot
+            # brings the copy in line with Redis.
+            self.view.faults.pop(broker, None)
 
     async def replay_journal(self) -> None:
         """Hand journaled reports to Redis in order (their identities make it once only)."""
@@ -320,7 +343,7 @@ class RedisStore:
             self._log_max,
             self._settings.max_brokers,
             _policy_arg(config, self._events_max),
-            self._epoch,
+            self._epoch_arg(),
             self._replica_id,
             integrity_arg(self._acked),
         ]
@@ -370,6 +393,7 @@ class RedisStore:
                 continue
             if reply.extra:
                 metrics.EVICTED.labels(self.namespace).inc(int(reply.extra))
+            self._wrote()
             if reply.status == TABLE_FULL:
                 raise TableFull(self.namespace, self._settings.max_brokers)
             self._acked = max(self._acked, *(r.seq for r in reports))
@@ -460,10 +484,11 @@ class RedisStore:
                 field,
                 value,
                 self._events_max if events else 0,
-                self._epoch,
+                self._epoch_arg(),
             )
             version = int(await self._eval("set_entry", keys, args))
             if version >= 0:
+                self._wrote()
                 return version
             await self.resync()
         raise StoreUnavailable("the table kept changing during the write; retry")
@@ -555,6 +580,10 @@ class RedisStore:
     def table_lost(self, reply: PollReply) -> bool:
         """The follower's poll: does Redis's table lack what this replica holds?"""
         self._clock.set(reply.now_ms, mono_ms())
+        if not self._epoch and reply.epoch:
+            # Another replica's first write gave the table its epoch: this view, kept by
+            # its pushes, is a copy of that table now.
+            self._epoch = reply.epoch
         return self._loss(reply.epoch, reply.high_water, reply.version) is not None
 
     async def poll(self) -> PollReply:
@@ -565,7 +594,9 @@ class RedisStore:
         """Replace the view with Redis's table; a table that lost data is re-seeded first."""
         snap, reply = await self._snapshot()
         cause = self._loss(reply.epoch, reply.high_water, snap.version)
-        if cause is not None or not reply.epoch:
+        if cause is not None or (not reply.epoch and snap.version > 0):
+            # (a table written before epochs existed gets one now; a new one, with its
+            # first write)
             self._recovering = True
             try:
                 await self._reseed(cause)
@@ -587,10 +618,11 @@ class RedisStore:
         ``cause`` None: the table never had an epoch (a new one, or one written before
         epochs): only the epoch is set. Otherwise Redis lost data (a restart without
         persistence, a flush, a failover to a replica that missed writes): config,
-        routes and every open window this replica holds go back, merged in one script
-        with the extend-only rule, so replicas re-seeding at once converge and no
-        window gets shorter. The latency log and the event log are not held by any
-        replica: what they lost is gone (counted).
+        routes and every open window this replica holds go back, merged by reseed.lua
+        with the extend-only rule (calls of ``_RESEED_CHUNK`` windows, so none holds
+        Redis long), so replicas re-seeding at once converge and no window gets shorter.
+        The latency log and the event log are not held by any replica: what they lost
+        is gone (counted).
         """
         view = self.view
         head: list[Any] = [

@@ -31,7 +31,8 @@
 --         jitterPercent,jitterScale,maxSuspects,maxIsolations,eventLogCap,probeOnExpiry(0/1)"
 --         (eventLogCap 0 = no log)
 -- ARGV[7] the table epoch the caller holds: a table with another epoch (or none: emptied,
---         flushed, failed over) is not written (status -3)
+--         flushed, failed over) is not written (status -3). "+id": the caller holds no table
+--         yet (its first write to a new one): a table without an epoch takes id as its epoch
 -- ARGV[8] writer (the replica's id)
 -- ARGV[9] integrity: "acked,seqWindow,idWindowMs,idCap,writerKeepMs,writerCap": acked is the
 --         highest sequence number the writer saw applied; a stored high-water mark below it
@@ -68,7 +69,16 @@ end
 local acked, seq_window, id_window, id_cap, writer_keep, writer_cap =
   g[1], g[2], g[3], g[4], g[5], g[6]
 local hwm = tonumber(redis.call('HGET', KEYS[6], writer) or '0')
-if epoch ~= ARGV[7] or hwm < acked then
+local held = ARGV[7]
+if string.sub(held, 1, 1) == '+' then
+  -- The caller holds no table yet: a table without an epoch takes its candidate.
+  held = string.sub(held, 2)
+  if epoch == '' then
+    epoch = held
+    redis.call('HSET', KEYS[2], 'epoch', epoch)
+  end
+end
+if epoch ~= held or hwm < acked then
   local t0 = redis.call('TIME')
   return {-3, tonumber(t0[1]) * 1000 + math.floor(tonumber(t0[2]) / 1000), {}, {}, {}, epoch}
 end

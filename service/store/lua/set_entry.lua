@@ -8,10 +8,19 @@
 -- ARGV[5] event log cap (0 = no event): an operator's delete of a broker whose window was
 --         open is an event (k=ended r=operator, as report.lua's)
 -- ARGV[6] the table epoch the caller holds: a table with another one (or none) is not
---         written: it was lost, and the caller re-seeds it first
+--         written: it was lost, and the caller re-seeds it first. "+id": the caller holds no
+--         table yet: a table without an epoch takes id as its epoch (report.lua's ARGV[7])
 -- returns the new version, 0 when deleting a field that does not exist (nothing pushed),
 --   or -1 when the epoch differs (nothing written)
-if (redis.call('HGET', KEYS[2], 'epoch') or '') ~= ARGV[6] then
+local epoch, held = redis.call('HGET', KEYS[2], 'epoch') or '', ARGV[6]
+if string.sub(held, 1, 1) == '+' then
+  held = string.sub(held, 2)
+  if epoch == '' then
+    epoch = held
+    redis.call('HSET', KEYS[2], 'epoch', epoch)
+  end
+end
+if epoch ~= held then
   return -1
 end
 if ARGV[4] == '' then
