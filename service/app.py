@@ -26,7 +26,7 @@ from service.limits import AssumeJson, BodyLimit
 from service.schemas import ReportRequest, SelectRequest
 from service.settings import Settings
 from service.shedding import Shedder
-from service.store import FaultStore, open_store, with_redis_password
+from service.store import FaultStore, StoreOptions, open_store, with_redis_password
 from service.store.connect import describe_redis_url
 
 log = logging.getLogger("detour")
@@ -134,7 +134,7 @@ def create_app(settings: Settings | None = None, tokens: TokenTable | None = Non
         stores: dict[str, FaultStore] = {}
         try:
             for ns in namespaces:
-                stores[ns] = await open_store(settings, ns)
+                stores[ns] = await open_store(StoreOptions.of(settings), ns)
         except BaseException:
             for opened in stores.values():
                 await opened.close()

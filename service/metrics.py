@@ -154,7 +154,26 @@ SHED = Counter(
 RESYNCS = Counter("detour_view_resyncs_total", "Full resyncs of this replica's table copy.")
 RESEEDS = Counter(
     "detour_store_reseeds_total",
-    "Times this replica wrote its config and routes back to a Redis that had lost them.",
+    "Times this replica re-seeded a Redis table that had lost data (emptied, flushed, or a "
+    "failover to a replica that missed writes), by what gave the loss away.",
+    ["cause"],
+)
+RESEEDED = Counter(
+    "detour_store_reseeded_total",
+    "Entries this replica wrote back into a Redis table that had lost them, by kind "
+    "(config, route, window).",
+    ["kind"],
+)
+UNRECOVERABLE = Counter(
+    "detour_store_unrecoverable_total",
+    "Table losses that took data no replica holds with them: the latency log and the event "
+    "log (their entries before the loss are gone), by what was lost.",
+    ["what"],
+)
+DUPLICATE_REPORTS = Counter(
+    "detour_reports_duplicate_total",
+    "Reports whose identity Redis had applied already (a late reply replayed, a retried "
+    "batch, an SDK replay): skipped, nothing changed.",
 )
 JOURNAL_SIZE = Gauge(
     "detour_journal_reports",
@@ -172,6 +191,12 @@ JOURNAL_REPLAYED = Counter(
 )
 
 # Series that exist from the start, so rate() and increase() see their first event.
+for _cause in ("empty", "epoch", "behind", "failover"):
+    RESEEDS.labels(_cause)
+for _kind in ("config", "route", "window"):
+    RESEEDED.labels(_kind)
+for _what in ("latency_log", "events"):
+    UNRECOVERABLE.labels(_what)
 for _op in ("report", "set_entry", "snapshot", "fault_items", "sync"):
     STORE_ERRORS.labels(_op)
 for _reason in ("full", "expired", "table_full"):

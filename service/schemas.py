@@ -297,6 +297,17 @@ class ReportRequest(Body):
         "voter for `isolationQuorum` (reports without one vote as one anonymous producer).",
         examples=["spark-executor-3"],
     )
+    report_id: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_.:@%|/-]{1,64}$",
+        description="The report's identity, chosen by the producer (unique per report): a "
+        "report whose id was applied in the last 15 minutes is not applied again (a batch "
+        "retried after a lost reply, an SDK's replay). The answer then shows the window as it "
+        "is, with `notAvailableDurationMs` the window the report asked for.",
+        examples=["c0ffee12-42"],
+    )
 
 
 #: Most reports in one batch call.
@@ -423,10 +434,13 @@ class EventOut(Body):
         "window ended early; `quorum`: opened because `isolationQuorum` producers agreed.",
         examples=["opened"],
     )
-    reason: Literal["isolation", "latency", "quorum", "success", "operator", "probe"] = Field(
+    reason: Literal[
+        "isolation", "latency", "quorum", "success", "operator", "probe", "recovery"
+    ] = Field(
         description="`isolation` (a failure), `latency` (a slow answer), `quorum`, `success` "
         "(a report under `lastReportWins` ended it), `operator` (`DELETE /fault-items`), "
-        "`probe` (a probe's success re-opened the broker, or its failure re-isolated it).",
+        "`probe` (a probe's success re-opened the broker, or its failure re-isolated it), "
+        "`recovery` (a replica wrote the window back into a Redis that had lost it).",
         examples=["isolation"],
     )
     broker_name: BrokerName

@@ -103,8 +103,10 @@ def test_report_batch_is_split_by_a_thousand(front: FaultyFront, topic: str) -> 
     sent = bodies(front, "/report-latency:batch")
     assert [len(b["reports"]) for b in sent] == [1000, 1000, 500]  # type: ignore[arg-type]
     fourth = sent[0]["reports"][3]  # type: ignore[index]
-    assert fourth | {"ageMs": 0} == {"brokerName": f"{topic}-b3", "latencyMs": 3,
-                                     "isolation": False, "ageMs": 0}
+    assert fourth | {"ageMs": 0, "reportId": ""} == {"brokerName": f"{topic}-b3",
+                                                     "latencyMs": 3, "isolation": False,
+                                                     "ageMs": 0, "reportId": ""}
+    assert len({r["reportId"] for b in sent for r in b["reports"]}) == 2500  # type: ignore[index]
     assert 3 <= fourth["ageMs"] < 3 + 1000  # its age, plus the time until it left
 
 
@@ -136,9 +138,10 @@ def test_reports_carry_the_producer_id(front: FaultyFront, topic: str) -> None:
                       producer="host-1/exec-2/p3") as client:
         client.report(f"{topic}-a", 3)
         assert client.stats().sent_reports == 1  # Detour took it
-    assert bodies(front, "/report-latency") == [{
+    (body,) = bodies(front, "/report-latency")
+    assert body | {"reportId": ""} == {
         "brokerName": f"{topic}-a", "latencyMs": 3, "isolation": False,
-        "producer": "host-1/exec-2/p3"}]
+        "producer": "host-1/exec-2/p3", "reportId": ""}
     with pytest.raises(ValueError, match="producer"):
         DetourClient(front.url, producer="no spaces")
 

@@ -306,7 +306,9 @@ def test_cluster_keeps_a_namespace_on_one_node_and_replicas_follow_each_other(
                 holders[node.port] = keys
     # (the faults hash went away with its last entry)
     assert holders == {owner.port: ["detour:{default}:events", "detour:{default}:latency-log",
-                                    "detour:{default}:meta", "detour:{default}:routes"]}
+                                    "detour:{default}:meta", "detour:{default}:routes",
+                                    "detour:{default}:writers",
+                                    "detour:{default}:writers-seen"]}
 
 
 def test_cluster_subscription_moves_to_another_node(cluster: Cluster) -> None:

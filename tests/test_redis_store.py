@@ -17,7 +17,7 @@ from service.app import create_app
 from service.model import Config, FaultItem
 from service.settings import Settings
 from service.store import ReportIn, codec
-from service.store.redis import RedisStore, _policy_arg
+from service.store.redis import RedisStore, _policy_arg, integrity_arg
 from tests.procs import RedisServer, wait_until
 
 
@@ -58,8 +58,9 @@ def test_keys_share_one_hash_tag(redis_url: str, raw: redis.Redis) -> None:
         c.post("/report-latency", json={"brokerName": "a", "latencyMs": 0, "isolation": True})
         c.put("/config", json={})
     keys = sorted(raw.keys("*"))
-    assert keys == [f"{PREFIX}:events", f"{PREFIX}:faults", f"{PREFIX}:latency-log",
-                    f"{PREFIX}:meta", f"{PREFIX}:routes"]
+    assert keys == [f"{PREFIX}:ends", f"{PREFIX}:events", f"{PREFIX}:faults",
+                    f"{PREFIX}:latency-log", f"{PREFIX}:meta", f"{PREFIX}:routes",
+                    f"{PREFIX}:writers", f"{PREFIX}:writers-seen"]
     assert raw.hget(f"{PREFIX}:faults", "a") is not None
 
 
@@ -88,7 +89,8 @@ def test_one_round_trip_per_report_and_none_per_select(redis_url: str, raw: redi
     assert delta["evalsha"] == 20
     # Redis counts the script's own commands too; nothing else came from the client.
     assert {k for k, v in delta.items() if v} <= {"evalsha", "hget", "hset", "time", "hexists",
-                                                  "hlen", "hdel", "hincrby", "publish", "xadd"}
+                                                  "hlen", "hdel", "hincrby", "publish", "xadd",
+                                                      "zadd", "zcard", "zrangebyscore"}
     assert sum(after.values()) == sum(middle.values())
 
 
@@ -110,12 +112,14 @@ def _report_script(raw: redis.Redis) -> Any:
 def _run_reports(raw: redis.Redis, script: Any, rule: str,
                  reports: list[tuple[str, int, int, int]], config_version: int = 0) -> Any:
     args: list[Any] = [config_version, rule, f"{PREFIX}:changes", 1000, 10_000,
-                       _policy_arg(Config())]
+                       _policy_arg(Config()), "", "test", integrity_arg(0)]
     for broker, latency, duration, age in reports:
-        args += [broker, latency, duration, age, 0, "test", 0, 0, "", "test"]
-    return script(keys=[f"{PREFIX}:faults", f"{PREFIX}:meta", f"{PREFIX}:latency-log",
-                        f"{PREFIX}:events"],
-                  args=args)
+        args += [broker, latency, duration, age, 0, "test", 0, 0, "", "test", 0, ""]
+    return script(keys=REPORT_KEYS, args=args)
+
+
+REPORT_KEYS = [f"{PREFIX}:{k}" for k in ("faults", "meta", "latency-log", "events", "ends",
+                                         "writers", "writers-seen", "report-ids")]
 
 
 def test_report_lua_matches_the_python_rule(raw: redis.Redis) -> None:
@@ -180,7 +184,8 @@ def test_report_lua_matches_the_policy(raw: redis.Redis) -> None:
         )
         batch = []
         args: list[Any] = [0, "overwrite" if config.last_report_wins else "extend",
-                           f"{PREFIX}:changes", 1000, 10_000, _policy_arg(config)]
+                           f"{PREFIX}:changes", 1000, 10_000, _policy_arg(config), "",
+                           "test", integrity_arg(0)]
         for _ in range(rng.randint(1, 4)):
             isolation = rng.random() < 0.7
             report = (rng.choice("ab"), rng.choice([0, 10, 550, 15000]), isolation,
@@ -191,11 +196,10 @@ def test_report_lua_matches_the_policy(raw: redis.Redis) -> None:
             duration = strategy.report_duration(config, latency, isolation)
             args += [broker, latency, duration, age, int(isolation), producer,
                      int(policy.counts_toward_quorum(config, isolation, origin)), roll, "",
-                     producer]
+                     producer, 0, ""]
             batch.append(report)
-        reply = script(keys=[f"{PREFIX}:faults", f"{PREFIX}:meta", f"{PREFIX}:latency-log",
-                             f"{PREFIX}:events"], args=args)
-        status, now, ends, _, _, _, quorums, asked, values, probes = reply
+        reply = script(keys=REPORT_KEYS, args=args)
+        status, now, ends, _, _, _, quorums, asked, values, probes, _ = reply
         assert status == 1
         for (broker, latency, isolation, origin, producer, age, roll), end, q, d, value, pr in zip(
                 batch, ends, quorums, asked, values, probes, strict=True):

@@ -114,7 +114,8 @@ def test_flooding_one_namespace_leaves_the_other_alone(redis_url: str, tmp_path:
         assert set(raw.scan_iter("flood:*")) <= {
             "flood:{a}:faults", "flood:{a}:meta", "flood:{a}:latency-log", "flood:{a}:events",
             "flood:{b}:faults", "flood:{b}:meta", "flood:{b}:routes", "flood:{b}:latency-log",
-            "flood:{b}:events"}
+            "flood:{b}:events", "flood:{a}:ends", "flood:{b}:ends", "flood:{a}:writers",
+            "flood:{b}:writers", "flood:{a}:writers-seen", "flood:{b}:writers-seen"}
         assert raw.xlen("flood:{a}:events") < 10_000 + 1000  # the event log is bounded too
         assert raw.xlen("flood:{a}:latency-log") < 2000 + 1000  # approximate trim
         # The other namespace: same table, still served, still reporting.

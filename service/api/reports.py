@@ -80,6 +80,7 @@ async def report_latency(request: Request) -> Response:
         reporter_of(request, body.producer),
         body.origin,
         voter_of(request, body.producer),
+        report_id=body.report_id or "",
     )
     store = store_of(request)
     outcomes = await _apply(store, [report])
@@ -116,6 +117,7 @@ async def report_latency_batch(
             reporter_of(request, r.producer),
             r.origin,
             voter_of(request, r.producer),
+            report_id=r.report_id or "",
         )
         for r in body.reports
     ]

@@ -291,7 +291,9 @@ class AsyncDetourClient:
             await self._call(
                 "POST",
                 "/report-latency",
-                wire.report_body(broker_name, latency_ms, bool(isolation), core.producer),
+                wire.report_body(
+                    broker_name, latency_ms, bool(isolation), core.producer, core.report_id(p)
+                ),
                 ends=ends,
             )
         except DetourUnavailable:

@@ -9,6 +9,7 @@ once.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -56,6 +57,9 @@ class ClientCore:
         wire.check_producer(producer)
         #: sent with every report, for Detour's latency log
         self.producer = producer
+        #: this client's part of each report's ``reportId`` (the other: the report's seq), so
+        #: a batch Detour applied but whose reply was lost changes nothing when sent again
+        self.report_ids = uuid.uuid4().hex[:16]
         self.mode: Mode = mode
         self.cached = mode == "cached"
         self.timeout = timeout
@@ -148,12 +152,21 @@ class ClientCore:
         while Detour is down or older reports wait (so they reach Detour in order)."""
         return self.cached or self.circuit.is_open or len(self.pending) > 0
 
+    def report_id(self, p: Pending) -> str:
+        """The report's identity on the wire: the same on its first post and any replay."""
+        return f"{self.report_ids}-{p.seq}"
+
     def batch_body(self, batch: Iterable[Pending]) -> dict[str, Any]:
         now = mono_ms()
         return {
             "reports": [
                 wire.batch_item(
-                    p.broker_name, p.latency_ms, p.isolation, p.age_ms(now), self.producer
+                    p.broker_name,
+                    p.latency_ms,
+                    p.isolation,
+                    p.age_ms(now),
+                    self.producer,
+                    self.report_id(p),
                 )
                 for p in batch
             ]

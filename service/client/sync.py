@@ -306,7 +306,9 @@ class DetourClient:
             self._call(
                 "POST",
                 "/report-latency",
-                wire.report_body(broker_name, latency_ms, bool(isolation), core.producer),
+                wire.report_body(
+                    broker_name, latency_ms, bool(isolation), core.producer, core.report_id(p)
+                ),
                 ends=ends,
             )
         except DetourUnavailable:

@@ -89,23 +89,35 @@ def check_producer(producer: str | None) -> None:
 
 
 def report_body(
-    broker_name: str, latency_ms: float, isolation: bool, producer: str | None = None
+    broker_name: str,
+    latency_ms: float,
+    isolation: bool,
+    producer: str | None = None,
+    report_id: str | None = None,
 ) -> Json:
     body: Json = {"brokerName": broker_name, "latencyMs": latency_ms, "isolation": isolation}
     if producer is not None:
         body["producer"] = producer
+    if report_id is not None:
+        body["reportId"] = report_id
     return body
 
 
 def batch_item(
-    broker_name: str, latency_ms: float, isolation: bool, age_ms: int, producer: str | None = None
+    broker_name: str,
+    latency_ms: float,
+    isolation: bool,
+    age_ms: int,
+    producer: str | None = None,
+    report_id: str | None = None,
 ) -> Json:
-    """One entry of a batch (``age_ms``: how long ago the send completed).
+    """One entry of a batch (``age_ms``: how long ago the send completed; ``report_id``: the
+    report's identity, so Detour applies a batch sent twice once).
 
     The queue drops reports past Detour's age limit (a day) before they get here; the
     clamp only guards the boundary (a report that turned too old on the way).
     """
-    item = report_body(broker_name, latency_ms, isolation, producer)
+    item = report_body(broker_name, latency_ms, isolation, producer, report_id)
     item["ageMs"] = min(max(0, age_ms), MAX_AGE_MS)
     return item
 

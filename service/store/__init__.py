@@ -2,12 +2,14 @@
 
 from service.store.base import FaultStore, LogEntry, ReportIn, ReportOutcome
 from service.store.open import open_store, with_redis_password
+from service.store.options import StoreOptions
 
 __all__ = [
     "FaultStore",
     "LogEntry",
     "ReportIn",
     "ReportOutcome",
+    "StoreOptions",
     "open_store",
     "with_redis_password",
 ]

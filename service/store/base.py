@@ -10,6 +10,11 @@ from service.model import Config, FaultItem, Route
 from service.strategy import WindowChange
 from service.view import TableView
 
+#: How long and how many producer report ids a store remembers (an SDK replays within
+#: minutes; a retried batch within seconds): a report id seen within them is a duplicate.
+REPORT_ID_WINDOW_MS = 15 * 60 * 1000
+REPORT_ID_CAP = 100_000
+
 
 @dataclass(frozen=True, slots=True)
 class ReportIn:
@@ -27,6 +32,12 @@ class ReportIn:
     #: who the isolation quorum counts this report as: the token's identity when tokens
     #: are on (so one token cannot vote as many producers); None = ``producer``
     voter: str | None = None
+    #: this replica's sequence number for the report (0 until the store gives it one): the
+    #: identity its journal replay is applied once by
+    seq: int = 0
+    #: the producer's own identity for the report ("" = none): a retried batch or an SDK's
+    #: replay carrying one already applied changes nothing
+    report_id: str = ""
 
     @property
     def voter_id(self) -> str:
@@ -55,6 +66,8 @@ class ReportOutcome:
     reporters: int = 1
     #: a report on a broker on probation: "passed", "failed" or None (policy.Applied.probe)
     probe: str | None = None
+    #: the report's identity had been applied already: nothing changed
+    duplicate: bool = False
 
 
 @dataclass(frozen=True, slots=True)

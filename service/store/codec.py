@@ -64,6 +64,19 @@ def decode_route(topic: str, raw: str) -> Route:
     return Route.from_brokers(topic, brokers)
 
 
+def encode_fault(item: FaultItem) -> str:
+    """A fault item in the form report.lua writes it (decode_fault's inverse): the fields
+    past ``latencyMs,availableAt`` only as far as the item keeps more."""
+    if not item.isolations and not item.suspects and not item.probation and item.reachable is None:
+        return f"{item.current_latency_ms},{item.available_at}"
+    head = f"{item.current_latency_ms},{item.available_at},{item.isolations}"
+    if item.reachable is not None:
+        head += f",{int(item.probation)},{int(item.reachable)}"
+    elif item.probation:
+        head += ",1"
+    return head + "".join(f";{p}={a}" for p, a in item.suspects)
+
+
 def decode_fault(broker: str, raw: str) -> FaultItem:
     """A fault item as report.lua and reach.lua write it: ``latencyMs,availableAt``, then
     ``,isolations[,probation 1/0[,reachable 1/0]]`` and ``;producer=at`` per suspect, only

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+from typing import Any
 
 from service import metrics
+from service.errors import TableFull
 from service.model import MAX_REPORT_AGE_MS
 from service.store.base import ReportIn
+
+#: Journaled reports sent per script call on replay (the batch endpoint's cap).
+REPLAY_BATCH = 1000
+
+Send = Callable[[Sequence[ReportIn]], Awaitable[Any]]
 
 
 class Journal:
@@ -52,3 +60,29 @@ class Journal:
         for _ in range(min(n, len(self._items))):
             self._items.popleft()
         metrics.JOURNAL_SIZE.set(len(self._items))
+
+
+async def replay(journal: Journal, send: Send, now_mono_ms: Callable[[], float]) -> None:
+    """Hand journaled reports to the store in order, each dated from when it was accepted.
+
+    Each report keeps the sequence number it was given when first tried, so one that did
+    reach Redis before its reply was lost is skipped there, not applied twice.
+    """
+    while journal:
+        batch = journal.take(REPLAY_BATCH, now_mono_ms())
+        if batch:
+            try:
+                await send(batch)
+            except TableFull:
+                # The table filled while Redis was away: keep what still fits.
+                await _replay_one_by_one(batch, send)
+        journal.drop(len(batch))
+        metrics.JOURNAL_REPLAYED.inc(len(batch))
+
+
+async def _replay_one_by_one(batch: Sequence[ReportIn], send: Send) -> None:
+    for report in batch:
+        try:
+            await send([report])
+        except TableFull:
+            metrics.JOURNAL_DROPPED.labels("table_full").inc()

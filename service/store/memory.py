@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 
-from service import metrics, policy
+from service import metrics, policy, strategy
 from service.errors import TableFull
 from service.model import Config, FaultItem, Route
-from service.store.base import Event, LogEntry, ReportIn, ReportOutcome
+from service.store.base import (
+    REPORT_ID_CAP,
+    REPORT_ID_WINDOW_MS,
+    Event,
+    LogEntry,
+    ReportIn,
+    ReportOutcome,
+)
 from service.store.local import report_locally
 from service.view import TableView
 
@@ -45,6 +52,8 @@ class MemoryStore:
         self._event_seq = 0
         #: No item of a full table can have ended before this (ms): skip the scan until then.
         self._prune_at = 0
+        #: report id -> when first applied (ms): the bounded anti-replay window
+        self._report_ids: OrderedDict[str, int] = OrderedDict()
 
     def _next_version(self) -> int:
         self._version += 1
@@ -73,7 +82,13 @@ class MemoryStore:
         if self.view.config.send_latency_fault_enable:
             self._make_room({r.broker_name for r in reports}, now)
         out = []
+        self._forget_report_ids(now)
         for r in reports:
+            if r.report_id and r.report_id in self._report_ids:
+                out.append(self._duplicate(r, now))
+                continue
+            if r.report_id:
+                self._report_ids[r.report_id] = now
             self._log_report(r, now)
             outcome = report_locally(self.view, r, now, self._write)
             out.append(outcome)
@@ -92,6 +107,30 @@ class MemoryStore:
                 )
             self.view.observe_latency(r.broker_name, r.latency_ms, now)
         return out
+
+    def _forget_report_ids(self, now: int) -> None:
+        ids = self._report_ids
+        while ids and (
+            len(ids) > REPORT_ID_CAP or next(iter(ids.values())) <= now - REPORT_ID_WINDOW_MS
+        ):
+            ids.popitem(last=False)
+
+    def _duplicate(self, r: ReportIn, now: int) -> ReportOutcome:
+        """A report whose id was applied already: nothing changes; the window as it is."""
+        metrics.DUPLICATE_REPORTS.inc()
+        config = self.view.config
+        item = self.view.faults.get(r.broker_name)
+        tier = strategy.tier(config, r.latency_ms, r.isolation)
+        return ReportOutcome(
+            r.broker_name,
+            r.latency_ms,
+            0 if tier is None else config.not_available_duration[tier],
+            now if item is None else item.available_at,
+            now,
+            r.isolation,
+            None if tier is None else config.latency_max[tier],
+            duplicate=True,
+        )
 
     def _make_room(self, brokers: set[str], now: int) -> None:
         """The Redis script's cap rule (service/store/lua/report.lua), step for step."""

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
-from service.settings import Settings
+from typing import Any, Protocol, Self, TypeVar
+
 from service.store.base import FaultStore
 from service.store.connect import read_password_file, with_password
 from service.store.memory import MemoryStore
+from service.store.options import StoreOptions
 
 
-def with_redis_password(settings: Settings) -> Settings:
+class _RedisSettings(Protocol):
+    """The part of the app's Settings the password file concerns (pydantic's model_copy)."""
+
+    redis_url: str | None
+    redis_password_file: str | None
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Self: ...
+
+
+_S = TypeVar("_S", bound=_RedisSettings)
+
+
+def with_redis_password(settings: _S) -> _S:
     """The settings with ``redis_password_file``'s password in the Redis URL, read now.
 
     Called once at start (the process, then each worker's app); the copy has no file
@@ -29,8 +43,10 @@ def with_redis_password(settings: Settings) -> Settings:
     )
 
 
-async def open_store(settings: Settings, namespace: str | None = None) -> FaultStore:
-    """The store of one namespace (``settings.namespace`` when None)."""
+async def open_store(options: StoreOptions | object, namespace: str | None = None) -> FaultStore:
+    """The store of one namespace (``options.namespace`` when None); ``options``: a
+    StoreOptions, or the app's Settings it is built from."""
+    settings = StoreOptions.of(options)
     namespace = namespace or settings.namespace
     store: FaultStore
     if settings.redis_url:

@@ -5,33 +5,38 @@ Layout (all keys share the ``{namespace}`` hash tag, so one Cluster slot):
     {prefix}:{ns}:faults   hash broker -> "latencyMs,availableAt"
     {prefix}:{ns}:routes   hash topic  -> JSON [[brokerName, writeQueueNums, address], ...]
     {prefix}:{ns}:meta     hash version (bumped by every visible change),
-                                config_version (version that wrote config), config (JSON)
+                                config_version (version that wrote config), config (JSON),
+                                epoch (a random id the table got when it was first written)
+    {prefix}:{ns}:ends     sorted set broker -> availableAt: the eviction index
+    {prefix}:{ns}:writers  hash replica -> sequence high-water mark, and replica|seq -> 1 for
+                           the sequence numbers of its anti-replay window
+    {prefix}:{ns}:writers-seen  sorted set replica -> last write ms (bounds the writers)
+    {prefix}:{ns}:report-ids    sorted set reportId -> first seen ms (bounded window)
     {prefix}:{ns}:latency-log  stream: every report (broker, latency, isolation, producer,
                            time), trimmed to about ``latency_log_max`` entries
     {prefix}:{ns}:events   stream: the event log (windows opened, extended, ended early,
-                           opened by quorum), trimmed to about ``events_max`` entries
+                           opened by quorum, restored), trimmed to about ``events_max`` entries
     {prefix}:{ns}:changes  pub/sub channel: one message per visible change
 
 Writes are Lua scripts (one round trip, atomic, Redis's clock). A report that
-changes no window bumps nothing and pushes nothing, so thousands of sidecar
-replicas receive one message per window opened, moved or cleared. Each
-replica applies pushes in version order, resyncs from a snapshot on a gap or
-a reconnect, and polls the version every ``sync_interval_s`` as a safety net.
+changes no window bumps nothing and pushes nothing. This module holds the
+commands and the recovery of a lost table; ``follower`` keeps the view current,
+``topology`` knows Sentinel and Cluster, ``journal`` holds and replays reports
+taken while Redis did not answer, ``replies`` names the scripts' reply fields.
 
-The same code runs on one server, a Redis Cluster or a Sentinel-managed master
-(``service.store.connect`` reads the URL): every command names keys of the one
-slot, so a cluster routes it to that slot's node; the poll reads the version and
-the clock in one keyed script rather than a pipeline with the keyless TIME. The
-subscription is on the slot's node in a cluster (PUBLISH reaches every node, so
-after a failure the next attempt moves on to another node) and on the current
-master under Sentinel (resubscribing when the master moved).
+Integrity (docs/reliability.md): every write names the table's epoch and every
+report carries this replica's sequence number. A table without the epoch, or
+whose high-water mark for this replica is below what this replica saw applied,
+lost data: the replica re-seeds it (config, routes, every open window, merged
+extend-only) before writing into it. A report whose sequence number or id the
+table applied already changes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import heapq
 import logging
 import os
 import random
@@ -39,41 +44,56 @@ import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import replace
 from importlib import resources
 from typing import Any
 
-from redis.asyncio import Redis, RedisCluster
-from redis.asyncio.client import PubSub
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisClusterException, RedisError
 
 from service import metrics, policy, strategy
-from service.cancelling import honour_cancel
 from service.errors import StoreUnavailable, TableFull
-from service.model import Config, FaultItem, Route
-from service.settings import Settings
+from service.model import MAX_REPORT_AGE_MS, Config, FaultItem, Route
 from service.store import codec
-from service.store.base import Event, LogEntry, ReportIn, ReportOutcome
+from service.store.base import (
+    REPORT_ID_CAP,
+    REPORT_ID_WINDOW_MS,
+    Event,
+    LogEntry,
+    ReportIn,
+    ReportOutcome,
+)
 from service.store.connect import StoreClients, parse_redis_url
-from service.store.journal import Journal
+from service.store.follower import Follower, FollowerTimes, RedisClock, mono_ms
+from service.store.journal import Journal, replay
 from service.store.local import report_locally
+from service.store.options import StoreOptions
+from service.store.replies import (
+    STALE_CONFIG,
+    TABLE_FULL,
+    TABLE_LOST,
+    PollReply,
+    ReportReply,
+    ReseedReply,
+    SnapshotReply,
+)
+from service.store.topology import Topology
 from service.view import Snapshot, TableView
 
 log = logging.getLogger("detour.store")
 
-_MAX_BACKOFF_S = 5.0
-#: Journaled reports sent per script call on replay (the batch endpoint's cap).
-_REPLAY_BATCH = 1000
-#: The poll: the table version and Redis's clock in one round trip, routed by the
-#: meta key (a pipeline with TIME would send the keyless TIME to any cluster node).
-_POLL_LUA = """
-local t = redis.call('TIME')
-return {tonumber(redis.call('HGET', KEYS[1], 'version') or '0'), t[1], t[2]}
-"""
-
-
 _QUORUM_STATES: tuple[str | None, ...] = (None, "suspected", "reached")
 _PROBE_STATES: tuple[str | None, ...] = (None, "passed", "failed")
+_SCRIPTS = ("report", "set_entry", "snapshot", "fault_items", "reach", "lease", "poll", "reseed")
+
+#: Gaps (sequence numbers below the high-water mark not applied yet: a call that failed or
+#: is still in flight) report.lua keeps per writer; an older gap counts as applied. A
+#: replica's calls in flight at once stay far below it.
+SEQ_WINDOW = 256
+#: Windows per re-seed call: a lost table of 10,000 goes back without holding Redis long.
+_RESEED_CHUNK = 200
+#: Writers remembered: a replica silent longer than a journal keeps a report is forgotten.
+WRITER_CAP = 10_000
 
 
 def _policy_arg(config: Config, events_max: int = 0) -> str:
@@ -90,12 +110,23 @@ def _policy_arg(config: Config, events_max: int = 0) -> str:
     )
 
 
+def integrity_arg(acked: int) -> str:
+    """report.lua's ARGV[9]: what the writer saw applied, and the bounds of the identities."""
+    return ",".join(
+        str(x)
+        for x in (
+            acked,
+            SEQ_WINDOW,
+            REPORT_ID_WINDOW_MS,
+            REPORT_ID_CAP,
+            MAX_REPORT_AGE_MS,
+            WRITER_CAP,
+        )
+    )
+
+
 def _load_lua(name: str) -> str:
     return (resources.files("service.store") / "lua" / f"{name}.lua").read_text()
-
-
-def _mono_ms() -> float:
-    return time.monotonic_ns() / 1_000_000
 
 
 @contextlib.asynccontextmanager
@@ -110,7 +141,8 @@ async def _wrap_errors() -> AsyncIterator[None]:
 class RedisStore:
     kind = "redis"
 
-    def __init__(self, settings: Settings, namespace: str | None = None) -> None:
+    def __init__(self, options: StoreOptions | object, namespace: str | None = None) -> None:
+        settings = StoreOptions.of(options)
         assert settings.redis_url
         self._settings = settings
         self.namespace = namespace or settings.namespace
@@ -121,6 +153,10 @@ class RedisStore:
         self._log_max = settings.latency_log_max
         self._events = f"{base}:events"
         self._lease = f"{base}:detector"
+        self._ends = f"{base}:ends"
+        self._writers = f"{base}:writers"
+        self._writers_seen = f"{base}:writers-seen"
+        self._report_ids = f"{base}:report-ids"
         self._replica_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._events_max = settings.events_max
         # Reports are on the producers' send path: they get their own connections
@@ -132,21 +168,36 @@ class RedisStore:
         )
         self._client = self._conn.main
         self._scripts: dict[str, AsyncScript] = {
-            name: self._client.register_script(_load_lua(name))
-            for name in ("report", "set_entry", "snapshot", "fault_items", "reach", "lease")
+            name: self._client.register_script(_load_lua(name)) for name in _SCRIPTS
         }
-        self._poll_script = self._client.register_script(_POLL_LUA)
         self._fast = self._conn.fast
         self._fast_report = self._fast.register_script(self._scripts["report"].script)
-        #: Cluster only: how many subscriptions failed, so the next one tries another node.
-        self._pubsub_turn = 0
         self._journal = Journal(settings.journal_max)
-        # Until the first sync, the local wall clock stands in for Redis's.
-        self._offset_ms = time.time_ns() / 1_000_000 - _mono_ms()
-        self.view = TableView(lambda: int(_mono_ms() + self._offset_ms), self.namespace)
+        self._clock = RedisClock()
+        self.view = TableView(self._clock.now_ms, self.namespace)
         self.synced = asyncio.Event()
         self._ever_synced = False
-        self._resync_needed = False
+        #: the epoch of the table this replica's view is a copy of ("" until it has one: a
+        #: new table gets one with its first write, so an untouched namespace stays empty)
+        self._epoch = ""
+        self._candidate = uuid.uuid4().hex
+        #: this replica's last sequence number given, and the highest Redis confirmed applied
+        self._seq = 0
+        self._acked = 0
+        #: a re-seed is under way: the table in Redis may lack what this replica holds
+        self._recovering = False
+        #: the next resync merges this replica's table into Redis's whatever it finds
+        #: (Sentinel: a new master may be a replica that missed the last writes)
+        self._merge_next = False
+        self._topology = Topology(self._conn, settings.redis_timeout_s, self._meta)
+        self._follower = Follower(
+            self,
+            self._topology,
+            self._channel,
+            FollowerTimes(settings.sync_interval_s, settings.redis_timeout_s),
+            _wrap_errors,
+        )
+        self._follower.on_master_change = self._master_changed
         self._task: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------
@@ -158,12 +209,12 @@ class RedisStore:
         """
         try:
             async with _wrap_errors():
-                for script in (*self._scripts.values(), self._poll_script):
+                for script in self._scripts.values():
                     await self._client.script_load(script.script)
-                await self._resync()
+                await self.resync()
         except StoreUnavailable as exc:
             log.warning("redis not reachable at start, will retry: %s", exc.message)
-        self._task = asyncio.create_task(self._sync_forever(), name="detour-redis-sync")
+        self._task = asyncio.create_task(self._follower.run_forever(), name="detour-redis-sync")
 
     async def close(self) -> None:
         if self._task is not None:
@@ -174,15 +225,16 @@ class RedisStore:
             # Graceful stop: one bounded attempt to hand the journal to Redis.
             with contextlib.suppress(StoreUnavailable, TimeoutError):
                 async with asyncio.timeout(self._settings.redis_timeout_s * 2):
-                    await self._replay_journal()
+                    await self.replay_journal()
             if self._journal:
                 log.warning("stopping with %d journaled reports not in redis", len(self._journal))
         await self._conn.aclose()
 
     @property
     def degraded(self) -> bool:
-        """Redis is not answering, or reports taken meanwhile are not replayed yet."""
-        return not self.synced.is_set() or bool(self._journal)
+        """Redis is not answering, a lost table is being re-seeded, or reports taken
+        meanwhile are not replayed yet."""
+        return not self.synced.is_set() or self._recovering or bool(self._journal)
 
     @property
     def journal_size(self) -> int:
@@ -212,13 +264,33 @@ class RedisStore:
         finally:
             metrics.STORE_ROUNDTRIP.labels(name).observe(time.perf_counter() - start)
 
+    def _epoch_arg(self) -> str:
+        """The epoch the scripts check: the one held, or "+candidate" before there is one."""
+        return self._epoch or f"+{self._candidate}"
+
+    def _wrote(self) -> None:
+        """A script accepted the epoch argument: a table that had none now has the candidate."""
+        if not self._epoch:
+            self._epoch = self._candidate
+
+    def _number(self, reports: Sequence[ReportIn]) -> list[ReportIn]:
+        """Give each report this replica's next sequence number: its identity for replay."""
+        out = []
+        for r in reports:
+            if r.seq == 0:
+                self._seq += 1
+                r = replace(r, seq=self._seq)
+            out.append(r)
+        return out
+
     async def report_many(self, reports: Sequence[ReportIn]) -> list[ReportOutcome]:
         """One atomic script; when Redis does not answer in time, the journal takes them.
 
         While the journal holds reports, new ones queue behind them so Redis
         receives every report in the order this replica accepted it.
         """
-        if not self._journal and self.synced.is_set():
+        reports = self._number(reports)
+        if not self._journal and self.synced.is_set() and not self._recovering:
             try:
                 return await self._report_remote(reports, self._fast_report)
             except StoreUnavailable as exc:
@@ -229,10 +301,10 @@ class RedisStore:
         """Apply to this replica's view at once and journal for replay."""
         now = self.view.now_ms()
         new = {r.broker_name for r in reports} - self.view.faults.keys()
-        if new and len(self.view.faults) + len(new) > self._settings.max_brokers:
-            # No eviction here: dropping items is Redis's call once it is back.
-            raise TableFull(self.namespace, self._settings.max_brokers)
-        received = _mono_ms()
+        cap = self._settings.max_brokers
+        if new and len(self.view.faults) + len(new) > cap:
+            self._make_room_locally(len(self.view.faults) + len(new) - cap, now)
+        received = mono_ms()
         out = []
         for r in reports:
             self._journal.append(r, received)
@@ -240,107 +312,131 @@ class RedisStore:
             self.view.observe_latency(r.broker_name, r.latency_ms, now)
         return out
 
-    async def _replay_journal(self) -> None:
-        """Hand journaled reports to Redis in order, each dated from when it was accepted."""
-        while self._journal:
-            batch = self._journal.take(_REPLAY_BATCH, _mono_ms())
-            if batch:
-                try:
-                    await self._report_remote(batch)
-                except TableFull:
-                    # The table filled while Redis was away: keep what still fits.
-                    await self._replay_one_by_one(batch)
-            self._journal.drop(len(batch))
-            metrics.JOURNAL_REPLAYED.inc(len(batch))
+    def _make_room_locally(self, needed: int, now: int) -> None:
+        """The copy is full: drop ``needed`` items whose window ended longest ago, as
+        report.lua will in Redis at replay; TABLE_FULL only when live windows fill it."""
+        ended = [(i.available_at, b) for b, i in self.view.faults.items() if i.available_at <= now]
+        if len(ended) < needed:
+            raise TableFull(self.namespace, self._settings.max_brokers)
+        for _, broker in heapq.nsmallest(needed, ended):
+            # An ended window avoids nothing: selects see no change, and the next snapshot
+            # brings the copy in line with Redis.
+            self.view.faults.pop(broker, None)
 
-    async def _replay_one_by_one(self, batch: Sequence[ReportIn]) -> None:
-        for report in batch:
-            try:
-                await self._report_remote([report])
-            except TableFull:
-                metrics.JOURNAL_DROPPED.labels("table_full").inc()
+    async def replay_journal(self) -> None:
+        """Hand journaled reports to Redis in order (their identities make it once only)."""
+        await replay(self._journal, self._report_remote, mono_ms)
+
+    def _report_args(
+        self, reports: Sequence[ReportIn], config: Config
+    ) -> tuple[list[Any], list[int | None]]:
+        """report.lua's ARGV for ``reports`` under ``config``, and each report's tier."""
+        enabled = config.send_latency_fault_enable
+        rule = ("overwrite" if config.last_report_wins else "extend") if enabled else "off"
+        tiers = [
+            strategy.tier(config, r.latency_ms, r.isolation) if enabled else None for r in reports
+        ]
+        args: list[Any] = [
+            self.view.config_version,
+            rule,
+            self._channel,
+            self._log_max,
+            self._settings.max_brokers,
+            _policy_arg(config, self._events_max),
+            self._epoch_arg(),
+            self._replica_id,
+            integrity_arg(self._acked),
+        ]
+        for r, t in zip(reports, tiers, strict=True):
+            args += [
+                r.broker_name,
+                r.latency_ms,
+                0 if t is None else config.not_available_duration[t],
+                r.age_ms,
+                int(r.isolation),
+                r.producer,
+                int(policy.counts_toward_quorum(config, r.isolation, r.origin)),
+                random.randrange(policy.JITTER_SCALE) if config.jitter_percent else 0,
+                "" if t is None else config.latency_max[t],
+                r.voter_id,
+                r.seq,
+                r.report_id,
+            ]
+        return args, tiers
 
     async def _report_remote(
         self, reports: Sequence[ReportIn], script: AsyncScript | None = None
     ) -> list[ReportOutcome]:
         view = self.view
+        keys = (
+            self._faults,
+            self._meta,
+            self._log,
+            self._events,
+            self._ends,
+            self._writers,
+            self._writers_seen,
+            self._report_ids,
+        )
         for _ in range(3):
-            config, config_version = view.config, view.config_version
-            enabled = config.send_latency_fault_enable
-            rule = ("overwrite" if config.last_report_wins else "extend") if enabled else "off"
-            tiers = [
-                strategy.tier(config, r.latency_ms, r.isolation) if enabled else None
-                for r in reports
-            ]
-            durations = [0 if t is None else config.not_available_duration[t] for t in tiers]
-            args: list[str | int] = [
-                config_version,
-                rule,
-                self._channel,
-                self._log_max,
-                self._settings.max_brokers,
-                _policy_arg(config, self._events_max),
-            ]
-            for r, d, t in zip(reports, durations, tiers, strict=True):
-                args += [
-                    r.broker_name,
-                    r.latency_ms,
-                    d,
-                    r.age_ms,
-                    int(r.isolation),
-                    r.producer,
-                    int(policy.counts_toward_quorum(config, r.isolation, r.origin)),
-                    random.randrange(policy.JITTER_SCALE) if config.jitter_percent else 0,
-                    "" if t is None else config.latency_max[t],
-                    r.voter_id,
-                ]
-            keys = (self._faults, self._meta, self._log, self._events)
-            reply = await self._eval("report", keys, args, script)
-            if reply[0] == -1:
+            config = view.config
+            args, tiers = self._report_args(reports, config)
+            reply = ReportReply.decode(await self._eval("report", keys, args, script))
+            if reply.status == STALE_CONFIG:
                 # Another replica changed the config and its push has not
                 # arrived yet: take the table as it is now and recompute.
-                await self._resync()
+                await self.resync()
                 continue
-            extra = reply[5]
-            if extra:
-                metrics.EVICTED.labels(self.namespace).inc(int(extra))
-            if reply[0] == -2:
+            if reply.status == TABLE_LOST:
+                # The table is not the one this replica holds: re-seed it, then write.
+                await self.resync()
+                continue
+            if reply.extra:
+                metrics.EVICTED.labels(self.namespace).inc(int(reply.extra))
+            self._wrote()
+            if reply.status == TABLE_FULL:
                 raise TableFull(self.namespace, self._settings.max_brokers)
-            _, now, ends, versions, changes, _, quorums, asked, values, probes = reply
-            out = []
-            for r, t, d, end, version, change, q, value, probe in zip(
-                reports,
-                tiers,
-                asked,
-                ends,
-                versions,
-                changes,
-                quorums,
-                values,
-                probes,
-                strict=True,
-            ):
-                if version:
-                    view.apply_fault(
-                        r.broker_name, codec.decode_fault(r.broker_name, value), version
-                    )
-                out.append(
-                    ReportOutcome(
-                        r.broker_name,
-                        r.latency_ms,
-                        int(d),
-                        int(end),
-                        int(now),
-                        r.isolation,
-                        None if t is None else config.latency_max[t],
-                        strategy.WindowChange(int(change)),
-                        quorum=_QUORUM_STATES[int(q)],
-                        probe=_PROBE_STATES[int(probe)],
-                    )
-                )
-                view.observe_latency(r.broker_name, r.latency_ms, int(now))
-            return out
-        raise StoreUnavailable("config kept changing during the report; retry")
+            self._acked = max(self._acked, *(r.seq for r in reports))
+            return [
+                self._outcome(r, t, reply, i, config)
+                for i, (r, t) in enumerate(zip(reports, tiers, strict=True))
+            ]
+        raise StoreUnavailable("the table kept changing during the report; retry")
+
+    def _outcome(
+        self, r: ReportIn, t: int | None, reply: ReportReply, i: int, config: Config
+    ) -> ReportOutcome:
+        """One report's outcome from the script's reply; the view takes a changed item."""
+        view = self.view
+        if reply.duplicates[i]:
+            metrics.DUPLICATE_REPORTS.inc()
+            return ReportOutcome(
+                r.broker_name,
+                r.latency_ms,
+                0 if t is None else config.not_available_duration[t],
+                reply.ends[i],
+                reply.now_ms,
+                r.isolation,
+                None if t is None else config.latency_max[t],
+                duplicate=True,
+            )
+        if reply.versions[i]:
+            view.apply_fault(
+                r.broker_name, codec.decode_fault(r.broker_name, reply.values[i]), reply.versions[i]
+            )
+        view.observe_latency(r.broker_name, r.latency_ms, reply.now_ms)
+        return ReportOutcome(
+            r.broker_name,
+            r.latency_ms,
+            reply.durations[i],
+            reply.ends[i],
+            reply.now_ms,
+            r.isolation,
+            None if t is None else config.latency_max[t],
+            strategy.WindowChange(reply.changes[i]),
+            quorum=_QUORUM_STATES[reply.quorums[i]],
+            probe=_PROBE_STATES[reply.probes[i]],
+        )
 
     async def latency_log(self, after: str | None, limit: int) -> list[LogEntry]:
         async with _wrap_errors():
@@ -379,10 +475,23 @@ class RedisStore:
     async def _set_entry(
         self, key: str, kind: str, field: str, value: str, events: bool = False
     ) -> int:
-        keys = (key, self._meta, self._events) if events else (key, self._meta)
-        args = (self._channel, kind, field, value, *((self._events_max,) if events else ()))
-        version = await self._eval("set_entry", keys, args)
-        return int(version)
+        """One entry written into the table this replica holds (re-seeded first if lost)."""
+        keys = (key, self._meta, self._events, self._ends)
+        for _ in range(3):
+            args = (
+                self._channel,
+                kind,
+                field,
+                value,
+                self._events_max if events else 0,
+                self._epoch_arg(),
+            )
+            version = int(await self._eval("set_entry", keys, args))
+            if version >= 0:
+                self._wrote()
+                return version
+            await self.resync()
+        raise StoreUnavailable("the table kept changing during the write; retry")
 
     async def detector_lease(self, ttl_ms: int) -> bool:
         """One replica per namespace runs the detector: a lease it renews each round."""
@@ -423,243 +532,154 @@ class RedisStore:
 
     # -- reads -------------------------------------------------------------
     async def fault_items(self) -> tuple[int, list[FaultItem]]:
-        now, flat = await self._eval("fault_items", (self._faults,), ())
-        return int(now), [codec.decode_fault(b, v) for b, v in codec.pairs(flat)]
+        """The table as Redis holds it; one that lost data is re-seeded before it is shown,
+        so the answer never leaves out a window a replica still holds."""
+        for _ in range(3):
+            now, flat, epoch, version, high_water = await self._eval(
+                "fault_items", (self._faults, self._meta, self._writers), (self._replica_id,)
+            )
+            if self._loss(epoch, int(high_water), int(version)) is None:
+                return int(now), [codec.decode_fault(b, v) for b, v in codec.pairs(flat)]
+            await self.resync()
+        raise StoreUnavailable("the table kept changing during the read; retry")
 
-    # -- sync --------------------------------------------------------------
-    async def _snapshot(self) -> Snapshot:
-        version, config_version, config, now, faults, routes = await self._eval(
-            "snapshot", (self._faults, self._routes, self._meta), ()
+    # -- sync and recovery -------------------------------------------------
+    async def _snapshot(self) -> tuple[Snapshot, SnapshotReply]:
+        raw = await self._eval(
+            "snapshot", (self._faults, self._routes, self._meta, self._writers), (self._replica_id,)
         )
-        self._set_clock(int(now), _mono_ms())
-        return Snapshot(
-            version=int(version),
-            config=codec.decode_config(config),
-            config_version=int(config_version),
-            routes={t: codec.decode_route(t, r) for t, r in codec.pairs(routes)},
-            faults={b: codec.decode_fault(b, v) for b, v in codec.pairs(faults)},
+        reply = SnapshotReply.decode(raw)
+        self._clock.set(reply.now_ms, mono_ms())
+        snap = Snapshot(
+            version=reply.version,
+            config=codec.decode_config(reply.config),
+            config_version=reply.config_version,
+            routes={t: codec.decode_route(t, r) for t, r in codec.pairs(reply.routes)},
+            faults={b: codec.decode_fault(b, v) for b, v in codec.pairs(reply.faults)},
         )
+        return snap, reply
 
-    async def _resync(self) -> None:
-        snap = await self._snapshot()
-        lost = snap.version < self.view.version
-        if lost:
-            snap = await self._reseed(snap)
-        self.view.replace(snap, reset=lost)
-        self._resync_needed = False
+    def _loss(self, epoch: str, high_water: int, version: int) -> str | None:
+        """Why the table in Redis is not (all of) the one this replica holds, or None.
+
+        Version numbers alone cannot tell (a replay into an emptied table pushes the
+        version past this replica's): the epoch and this replica's own high-water mark can.
+        """
+        if not self._epoch:
+            return None  # the first sync: nothing held yet
+        if not epoch:
+            return "empty"
+        if epoch != self._epoch:
+            return "epoch"
+        if high_water < self._acked or version < self.view.version:
+            return "behind"
+        if self._merge_next:
+            return "failover"
+        return None
+
+    def table_lost(self, reply: PollReply) -> bool:
+        """The follower's poll: does Redis's table lack what this replica holds?"""
+        self._clock.set(reply.now_ms, mono_ms())
+        if not self._epoch and reply.epoch:
+            # Another replica's first write gave the table its epoch: this view, kept by
+            # its pushes, is a copy of that table now.
+            self._epoch = reply.epoch
+        return self._loss(reply.epoch, reply.high_water, reply.version) is not None
+
+    async def poll(self) -> PollReply:
+        raw = await self._eval("poll", (self._meta, self._writers), (self._replica_id,))
+        return PollReply.decode(raw)
+
+    async def resync(self) -> None:
+        """Replace the view with Redis's table; a table that lost data is re-seeded first."""
+        snap, reply = await self._snapshot()
+        cause = self._loss(reply.epoch, reply.high_water, snap.version)
+        if cause is not None or (not reply.epoch and snap.version > 0):
+            # (a table written before epochs existed gets one now; a new one, with its
+            # first write)
+            self._recovering = True
+            try:
+                await self._reseed(cause)
+            finally:
+                self._recovering = False
+            snap, reply = await self._snapshot()
+        self.view.replace(snap, reset=cause is not None)
+        self._epoch = reply.epoch
         self.synced.set()
         self._ever_synced = True
         metrics.RESYNCS.inc()
 
-    async def _reseed(self, snap: Snapshot) -> Snapshot:
-        """Redis lost its data (a restart without persistence, a flush): write back the
-        config and routes this replica holds, so producers keep their routes.
+    async def _master_changed(self) -> None:
+        self._merge_next = True
 
-        Every replica that notices does the same; the writes carry the same
-        content, so the outcome does not depend on which one wins.
+    async def _reseed(self, cause: str | None) -> None:
+        """Give the table an epoch and write back what this replica holds that it lacks.
+
+        ``cause`` None: the table never had an epoch (a new one, or one written before
+        epochs): only the epoch is set. Otherwise Redis lost data (a restart without
+        persistence, a flush, a failover to a replica that missed writes): config,
+        routes and every open window this replica holds go back, merged by reseed.lua
+        with the extend-only rule (calls of ``_RESEED_CHUNK`` windows, so none holds
+        Redis long), so replicas re-seeding at once converge and no window gets shorter.
+        The latency log and the event log are not held by any replica: what they lost
+        is gone (counted).
         """
         view = self.view
-        log.warning(
-            "redis table is older than this replica's (version %d < %d): re-seeding",
-            snap.version,
-            view.version,
+        head: list[Any] = [
+            self._channel,
+            uuid.uuid4().hex,
+            self._replica_id,
+            self._acked,
+            self._events_max,
+        ]
+        first: list[Any] = ["", 0]
+        windows: list[list[str]] = []
+        if cause is not None:
+            now = view.now_ms()
+            first = [codec.encode_config(view.config) if view.config_version > 0 else ""]
+            first.append(len(view.routes))
+            for topic, route in view.routes.items():
+                first += [topic, codec.encode_route(route)]
+            windows = [
+                [broker, codec.encode_fault(item)]
+                for broker, item in list(view.faults.items())
+                if item.available_at > now
+            ]
+        keys = (
+            self._faults,
+            self._routes,
+            self._meta,
+            self._events,
+            self._ends,
+            self._writers,
+            self._writers_seen,
         )
-        metrics.RESEEDS.inc()
-        if view.config_version > 0 and snap.config_version == 0:
-            await self._set_entry(self._meta, "config", "config", codec.encode_config(view.config))
-        for topic, route in view.routes.items():
-            if topic not in snap.routes:
-                await self._set_entry(self._routes, "route", topic, codec.encode_route(route))
-        return await self._snapshot()
-
-    def _set_clock(self, redis_now_ms: int, received_ms: float) -> None:
-        """Track Redis time against the local monotonic clock, erring early.
-
-        Redis read its clock somewhere during the round trip; pinning it to the
-        moment the reply was ``received`` makes this replica's estimate of Redis time a lower
-        bound, so it may see a window end up to one round trip late, never early:
-        a sick broker is avoided a little longer rather than retried too soon.
-        """
-        self._offset_ms = redis_now_ms - received_ms
-
-    async def _poll(self, pubsub: PubSub) -> None:
-        if self._conn.sentinel is not None:
-            await self._follow_master(pubsub)
-        raw_version, sec, usec = await self._poll_script(keys=[self._meta])
-        self._set_clock(int(sec) * 1000 + int(usec) // 1000, _mono_ms())
-        if int(raw_version or 0) > self.view.version:
-            # Pushes for that version may still be in flight: drain them first.
-            while (msg := await pubsub.get_message(ignore_subscribe_messages=True)) is not None:
-                self._on_message(msg)
-            if int(raw_version or 0) > self.view.version:
-                self._resync_needed = True
-        elif int(raw_version or 0) < self.view.version:
-            self._resync_needed = True  # Redis lost its data (restart, flush)
-
-    def _on_message(self, msg: dict[str, Any]) -> None:
-        if msg.get("type") != "message":
+        # Several calls for a large table (each call a few ms), the
+        # config and routes in the first, the other replicas told by the last.
+        chunks = [windows[i : i + _RESEED_CHUNK] for i in range(0, len(windows), _RESEED_CHUNK)]
+        written = [0, 0, 0]
+        for n, chunk in enumerate(chunks or [[]]):
+            last = n == max(len(chunks) - 1, 0)
+            args = [*head, int(last), *(first if n == 0 else ["", 0])]
+            for pair in chunk:
+                args += pair
+            reply = ReseedReply.decode(await self._eval("reseed", keys, args))
+            written = [
+                written[0] + reply.config,
+                written[1] + reply.routes,
+                written[2] + reply.windows,
+            ]
+        self._merge_next = False
+        if cause is None:
             return
-        change = json.loads(msg["data"])
-        version, kind, field, value = int(change["v"]), change["k"], change["f"], change["x"]
-        view = self.view
-        if kind == "fault":
-            view.apply_fault(field, codec.decode_fault(field, value) if value else None, version)
-        elif kind == "route":
-            view.apply_route(field, codec.decode_route(field, value) if value else None, version)
-        elif kind == "config":
-            view.apply_config(codec.decode_config(value), version)
-        if version == view.version + 1:
-            view.version = version
-        elif version > view.version + 1:
-            self._resync_needed = True
-
-    async def _wait_subscribed(self, pubsub: PubSub) -> None:
-        deadline = _mono_ms() + 1000 * self._settings.redis_timeout_s
-        while _mono_ms() < deadline:
-            honour_cancel()
-            msg = await pubsub.get_message(timeout=self._settings.redis_timeout_s)
-            if msg is not None and msg.get("type") == "subscribe":
-                return
-        raise StoreUnavailable("no subscribe confirmation from redis")
-
-    async def _find_master(self) -> None:
-        """Sentinel: ask where the master is now, before subscribing.
-
-        Each pool keeps the master it last found and drops its idle connections
-        to another one, so the subscription, the snapshot and the reports that
-        follow all go to the current master.
-        """
-        for pool in self._conn.sentinel_pools():
-            await pool.get_master_address()  # type: ignore[no-untyped-call]
-
-    async def _sentinel_says(self) -> tuple[str, int] | None:
-        """Sentinel: the master's address as one sentinel names it (one cheap query).
-
-        None when that sentinel does not answer (the next poll asks another):
-        sentinels being away does not make a healthy master unusable.
-        """
-        sentinel = self._conn.sentinel
-        assert sentinel is not None
-        first = sentinel.sentinels[0]
-        try:
-            async with asyncio.timeout(self._settings.redis_timeout_s):
-                reply = await first.execute_command(  # type: ignore[no-untyped-call]
-                    "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self._conn.target.service
-                )
-        except (TimeoutError, RedisError, OSError):
-            sentinel.sentinels.append(sentinel.sentinels.pop(0))
-            return None
-        if not reply:
-            return None
-        host, port = (x.decode() if isinstance(x, bytes) else str(x) for x in reply)
-        return host, int(port)
-
-    async def _follow_master(self, pubsub: PubSub) -> None:
-        """Sentinel: move to a new master as soon as the sentinels name one.
-
-        Connections to the old master keep working after a switchover
-        (``SENTINEL FAILOVER``) until the sentinels reconfigure it, about ten
-        seconds later: writes it accepts meanwhile are lost when it becomes a
-        replica. Asking every poll bounds that to one ``sync_interval_s``.
-        """
-        said = await self._sentinel_says()
-        if said is not None and any(
-            pool.master_address not in (None, said) for pool in self._conn.sentinel_pools()
-        ):
-            await self._find_master()  # the full check (the master is up) before moving
-        if self._master_moved(pubsub):
-            raise StoreUnavailable("the sentinel master moved: subscribing on the new one")
-
-    def _master_moved(self, pubsub: PubSub) -> bool:
-        """Sentinel: the subscription is on a server that is no longer the master.
-
-        A pool learns of a failover when it makes a connection (a report that
-        found its master gone or read-only, say). A subscription still open on a
-        demoted master would keep receiving pushes by replication, but only as
-        long as that server lives and replicates: it moves to the new master.
-        """
-        conn = pubsub.connection
-        if conn is None:
-            return False
-        return any(
-            pool.master_address not in (None, (conn.host, conn.port))
-            for pool in self._conn.sentinel_pools()
+        log.warning(
+            "redis table lost data (%s): re-seeded config %d, routes %d, windows %d",
+            cause,
+            *written,
         )
-
-    def _pubsub_nodes(self, cluster: RedisCluster) -> list[tuple[str, int]]:
-        """Cluster nodes to subscribe on: the namespace slot's node first.
-
-        Any node would do (a cluster delivers PUBLISH to every node), but the
-        slot's node is the one this replica depends on anyway: subscribing
-        there adds no node whose failure interrupts the pushes.
-        """
-        nodes: list[tuple[str, int]] = []
-        with contextlib.suppress(RedisClusterException, RedisError, KeyError):
-            owner = cluster.get_node_from_key(self._meta)
-            if owner is not None:
-                nodes.append((owner.host, int(owner.port)))
-        nodes += [(n.host, int(n.port)) for n in cluster.get_nodes()]
-        nodes += self._conn.target.hosts
-        return list(dict.fromkeys(nodes))
-
-    def _open_pubsub(self) -> tuple[PubSub, Redis | None]:
-        """A pub/sub connection for the changes channel, and the client to close with it."""
-        if isinstance(self._client, RedisCluster):
-            nodes = self._pubsub_nodes(self._client)
-            host, port = nodes[self._pubsub_turn % len(nodes)]
-            node = self._conn.node_client(host, port)
-            return node.pubsub(), node
-        return self._client.pubsub(), None
-
-    async def _follow(self) -> None:
-        """Subscribe, snapshot, then apply pushes until the connection fails."""
-        interval = self._settings.sync_interval_s
-        pubsub, pubsub_client = self._open_pubsub()
-        try:
-            async with _wrap_errors():
-                await self._find_master()
-                await pubsub.subscribe(self._channel)
-                # Snapshot only once Redis confirms, so no change falls between.
-                await self._wait_subscribed(pubsub)
-                await self._replay_journal()
-                await self._resync()
-                next_poll = _mono_ms() + interval * 1000
-                while True:
-                    honour_cancel()
-                    timeout = max(0.0, (next_poll - _mono_ms()) / 1000)
-                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=timeout)
-                    if msg is not None:
-                        self._on_message(msg)
-                    if _mono_ms() >= next_poll:
-                        await self._poll(pubsub)
-                        next_poll = _mono_ms() + interval * 1000
-                    if self._resync_needed:
-                        await self._resync()
-                    if self._journal:
-                        await self._replay_journal()
-        except StoreUnavailable:
-            self._pubsub_turn += 1
-            raise
-        finally:
-            self.synced.clear()
-            with contextlib.suppress(Exception):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
-            if pubsub_client is not None:
-                with contextlib.suppress(Exception):
-                    await pubsub_client.aclose()
-
-    async def _sync_forever(self) -> None:
-        backoff = 0.05
-        while True:
-            honour_cancel()
-            started = _mono_ms()
-            try:
-                await self._follow()
-            except StoreUnavailable as exc:
-                metrics.STORE_ERRORS.labels("sync").inc()
-                log.warning("redis sync lost: %s", exc.message)
-            if _mono_ms() - started > 10_000:
-                backoff = 0.05  # it was healthy for a while: start the backoff over
-            # Full jitter, so many replicas do not reconnect in step.
-            await asyncio.sleep(random.uniform(0, backoff))
-            backoff = min(backoff * 2, _MAX_BACKOFF_S)
+        metrics.RESEEDS.labels(cause).inc()
+        for kind, count in zip(("config", "route", "window"), written, strict=True):
+            metrics.RESEEDED.labels(kind).inc(count)
+        if cause in ("empty", "epoch"):
+            metrics.UNRECOVERABLE.labels("latency_log").inc()
+            metrics.UNRECOVERABLE.labels("events").inc()

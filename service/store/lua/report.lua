@@ -15,23 +15,39 @@
 --         4.x: at + duration) or "off" (avoidance disabled: the table is not written)
 -- ARGV[3] change channel
 -- ARGV[4] latency log length cap (approximate trim; 0 = no log)
+-- KEYS[5] window ends: sorted set broker -> availableAt, the eviction index (no scan of the
+--         table per report; rebuilt once from the hash when it holds fewer members)
+-- KEYS[6] writers hash: writer -> its sequence high-water mark; writer|gaps -> the numbers
+--         below it not applied yet ("lo-hi,..." oldest first, at most seqWindow ranges: a
+--         number older than the oldest kept gap counts as applied)
+-- KEYS[7] writers seen: sorted set writer -> last write ms (bounds KEYS[6]: a writer silent
+--         longer than the longest a journal keeps a report is forgotten)
+-- KEYS[8] report ids: sorted set reportId -> first seen ms, the producers' own identities
 -- ARGV[5] table cap: fault items the hash may hold. When the reports name brokers not in it
---         and it would overflow, every item whose window has ended is dropped (each pushed as
---         a delete); if still too full, nothing is written. After a scan that could not make
---         room, the next one waits until the earliest open window ends (meta field prune_at,
---         cleared whenever a new broker is added), so a table full of open windows costs O(1)
---         per refused report. A dropped item takes its isolation count and suspects with it.
+--         and it would overflow, items whose window has ended are dropped, oldest end first,
+--         found in KEYS[5] (each pushed as a delete); if live windows still fill it, nothing is
+--         written. A dropped item takes its isolation count and suspects with it.
 -- ARGV[6] policy: "quorum,quorumWindowMs,keepMs,repeat(0/1),maxIsolationMs,repeatDecayMs,
 --         jitterPercent,jitterScale,maxSuspects,maxIsolations,eventLogCap,probeOnExpiry(0/1)"
 --         (eventLogCap 0 = no log)
--- ARGV[7..] ten values per report, applied in order: broker, latency ms, the tier's window
+-- ARGV[7] the table epoch the caller holds: a table with another epoch (or none: emptied,
+--         flushed, failed over) is not written (status -3). "+id": the caller holds no table
+--         yet (its first write to a new one): a table without an epoch takes id as its epoch
+-- ARGV[8] writer (the replica's id)
+-- ARGV[9] integrity: "acked,seqWindow,idWindowMs,idCap,writerKeepMs,writerCap": acked is the
+--         highest sequence number the writer saw applied; a stored high-water mark below it
+--         means the table lost writes (status -3)
+-- ARGV[10..] twelve values per report, applied in order: broker, latency ms, the tier's window
 --         duration ms, age ms (the report happened at now - age), isolation (0/1), producer
 --         ("" = none), quorum (1: a failure that waits for the quorum), jitter roll
 --         (0..jitterScale-1), the tier's latencyMax ms ("" below every tier), voter (who the
---         quorum counts: the token's identity with tokens, else the producer)
+--         quorum counts: the token's identity with tokens, else the producer), the writer's
+--         sequence number (0 = none), report id ("" = none). A report whose sequence number
+--         or id was applied already changes nothing and is not logged again.
 -- returns {status, now ms, {availableAt}, {version}, {change}, evicted, {quorum}, {duration},
---   {value}, {probe}} with one entry per report; evicted: the number of items dropped to make
---   room; probe: 0 none, 1 passed (a success re-opened a broker on probation), 2 failed
+--   {value}, {probe}, {duplicate}} with one entry per report; evicted: the number of items
+--   dropped to make room; probe: 0 none, 1 passed (a success re-opened a broker on probation),
+--   2 failed; duplicate: 1 when the report had been applied already (nothing done)
 --   status 1: applied. version > 0: the report changed the window, the suspects or the
 --             probation and was
 --             pushed as {k="fault", v=version, f=broker, x=value};
@@ -41,6 +57,31 @@
 --   status -2: the table is full (nothing written): {} {} {} and evicted as the sixth element
 --   status -1: the caller's config is stale: nothing written; {} {} {} and the current config
 --             version as the sixth element
+--   status -3: the table is not the one the caller holds (lost): nothing written; {} {} {}
+--             and the table's epoch ("" = none) as the sixth element
+local FIRST, STRIDE = 10, 12
+local epoch = redis.call('HGET', KEYS[2], 'epoch') or ''
+local writer = ARGV[8]
+local g = {}
+for x in string.gmatch(ARGV[9], '[^,]+') do
+  g[#g + 1] = tonumber(x)
+end
+local acked, seq_window, id_window, id_cap, writer_keep, writer_cap =
+  g[1], g[2], g[3], g[4], g[5], g[6]
+local hwm = tonumber(redis.call('HGET', KEYS[6], writer) or '0')
+local held = ARGV[7]
+if string.sub(held, 1, 1) == '+' then
+  -- The caller holds no table yet: a table without an epoch takes its candidate.
+  held = string.sub(held, 2)
+  if epoch == '' then
+    epoch = held
+    redis.call('HSET', KEYS[2], 'epoch', epoch)
+  end
+end
+if epoch ~= held or hwm < acked then
+  local t0 = redis.call('TIME')
+  return {-3, tonumber(t0[1]) * 1000 + math.floor(tonumber(t0[2]) / 1000), {}, {}, {}, epoch}
+end
 local config_version = tonumber(redis.call('HGET', KEYS[2], 'config_version') or '0')
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -71,7 +112,7 @@ if rule ~= 'off' then
   local cap = tonumber(ARGV[5])
   local function count_new()
     local new, seen = 0, {}
-    for i = 7, #ARGV, 10 do
+    for i = FIRST, #ARGV, STRIDE do
       local broker = ARGV[i]
       if not seen[broker] then
         seen[broker] = true
@@ -86,39 +127,101 @@ if rule ~= 'off' then
   if new > 0 then
     local size = redis.call('HLEN', KEYS[1])
     if size + new > cap then
-      local prune_at = tonumber(redis.call('HGET', KEYS[2], 'prune_at') or '0')
-      if now >= prune_at then
+      if redis.call('ZCARD', KEYS[5]) < size then
+        -- A table written before the index existed: index it once.
         local all = redis.call('HGETALL', KEYS[1])
-        local next_end = nil
         for j = 1, #all, 2 do
-          local item_end = tonumber(string.match(all[j + 1], '^%d+,(%d+)'))
-          if item_end <= now then
-            redis.call('HDEL', KEYS[1], all[j])
-            local v = redis.call('HINCRBY', KEYS[2], 'version', 1)
-            redis.call('PUBLISH', ARGV[3], cjson.encode({k = 'fault', v = v, f = all[j], x = ''}))
-            evicted = evicted + 1
-          elseif next_end == nil or item_end < next_end then
-            next_end = item_end
-          end
+          redis.call('ZADD', KEYS[5], tonumber(string.match(all[j + 1], '^%d+,(%d+)')), all[j])
         end
-        size = size - evicted
+      end
+      -- The items whose window ended longest ago, as many as needed (and a few more, so
+      -- the next new brokers find room at once).
+      local ended = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0,
+        size + new - cap + 16)
+      for _, broker in ipairs(ended) do
+        redis.call('HDEL', KEYS[1], broker)
+        redis.call('ZREM', KEYS[5], broker)
+        local v = redis.call('HINCRBY', KEYS[2], 'version', 1)
+        redis.call('PUBLISH', ARGV[3], cjson.encode({k = 'fault', v = v, f = broker, x = ''}))
+        evicted = evicted + 1
+      end
+      size = size - evicted
+      if evicted > 0 then
         -- a broker of these reports may have been one of the dropped
         new = count_new()
-        if size + new > cap then
-          -- Nothing is added while refusing, so no item can end before next_end.
-          redis.call('HSET', KEYS[2], 'prune_at', string.format('%.0f', next_end or 0))
-        end
       end
       if size + new > cap then
         return {-2, now, {}, {}, {}, evicted}
       end
     end
-    redis.call('HDEL', KEYS[2], 'prune_at')
   end
 end
-local ends, versions, changes, quorums, durations, values, probes = {}, {}, {}, {}, {}, {}, {}
-for i = 7, #ARGV, 10 do
+local ends, versions, changes, quorums, durations, values, probes, dups =
+  {}, {}, {}, {}, {}, {}, {}, {}
+-- The writer's sequence numbers below its high-water mark that were not applied (a call
+-- that failed, or one still in flight): inclusive ranges, oldest first, at most seq_window.
+local gaps = {}
+for lo, hi in string.gmatch(redis.call('HGET', KEYS[6], writer .. '|gaps') or '', '(%d+)-(%d+)') do
+  gaps[#gaps + 1] = {tonumber(lo), tonumber(hi)}
+end
+local top = hwm
+local function seen_before(seq, rid)
+  if seq > 0 and seq <= top then
+    for _, gap in ipairs(gaps) do
+      if gap[1] <= seq and seq <= gap[2] then
+        return rid ~= '' and redis.call('ZSCORE', KEYS[8], rid) ~= false
+      end
+    end
+    return true
+  end
+  return rid ~= '' and redis.call('ZSCORE', KEYS[8], rid) ~= false
+end
+local function mark(seq)
+  if seq > top then
+    if seq > top + 1 then
+      gaps[#gaps + 1] = {top + 1, seq - 1}
+    end
+    top = seq
+  else
+    for j, gap in ipairs(gaps) do
+      if gap[1] <= seq and seq <= gap[2] then
+        local keep = {}
+        if gap[1] < seq then
+          keep[#keep + 1] = {gap[1], seq - 1}
+        end
+        if seq < gap[2] then
+          keep[#keep + 1] = {seq + 1, gap[2]}
+        end
+        table.remove(gaps, j)
+        for k = #keep, 1, -1 do
+          table.insert(gaps, j, keep[k])
+        end
+        break
+      end
+    end
+  end
+end
+for i = FIRST, #ARGV, STRIDE do
   local broker, latency = ARGV[i], ARGV[i + 1]
+  local seq, rid = tonumber(ARGV[i + 10]), ARGV[i + 11]
+  if seen_before(seq, rid) then
+    local cur = redis.call('HGET', KEYS[1], broker)
+    local cur_end = cur and tonumber(string.match(cur, '^%d+,(%d+)')) or now
+    ends[#ends + 1] = cur_end
+    versions[#versions + 1] = 0
+    changes[#changes + 1] = 0
+    quorums[#quorums + 1] = 0
+    durations[#durations + 1] = 0
+    probes[#probes + 1] = 0
+    values[#values + 1] = cur or ''
+    dups[#dups + 1] = 1
+  else
+  if seq > 0 then
+    mark(seq)
+  end
+  if rid ~= '' then
+    redis.call('ZADD', KEYS[8], now, rid)
+  end
   local at = now - tonumber(ARGV[i + 3])
   local isolation, producer, voter = ARGV[i + 4], ARGV[i + 5], ARGV[i + 9]
   local old = redis.call('HGET', KEYS[1], broker)
@@ -222,6 +325,7 @@ for i = 7, #ARGV, 10 do
       end
     end
     redis.call('HSET', KEYS[1], broker, value)
+    redis.call('ZADD', KEYS[5], new_end, broker)
     local was_open = old_end ~= nil and old_end > now
     local is_open = new_end > now
     if is_open and not was_open then
@@ -271,5 +375,51 @@ for i = 7, #ARGV, 10 do
   durations[#durations + 1] = duration
   probes[#probes + 1] = probe
   values[#values + 1] = value
+  dups[#dups + 1] = 0
+  end
 end
-return {1, now, ends, versions, changes, evicted, quorums, durations, values, probes}
+if top > 0 then
+  while #gaps > seq_window do
+    table.remove(gaps, 1)
+  end
+  local parts = {}
+  for _, gap in ipairs(gaps) do
+    parts[#parts + 1] = string.format('%.0f-%.0f', gap[1], gap[2])
+  end
+  if #parts > 0 then
+    redis.call('HSET', KEYS[6], writer .. '|gaps', table.concat(parts, ','))
+  else
+    redis.call('HDEL', KEYS[6], writer .. '|gaps')
+  end
+  redis.call('HSET', KEYS[6], writer, string.format('%.0f', top))
+end
+if top > 0 then
+  redis.call('ZADD', KEYS[7], now, writer)
+  local gone = redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', now - writer_keep, 'LIMIT', 0, 4)
+  local extra = redis.call('ZCARD', KEYS[7]) - writer_cap
+  if extra > 0 then
+    for _, w in ipairs(redis.call('ZRANGE', KEYS[7], 0, math.min(extra, 4) - 1)) do
+      gone[#gone + 1] = w
+    end
+  end
+  for _, w in ipairs(gone) do
+    redis.call('HDEL', KEYS[6], w, w .. '|gaps')
+    redis.call('ZREM', KEYS[7], w)
+  end
+end
+if ARGV[FIRST + 11] ~= nil then
+  local any_id = false
+  for i = FIRST, #ARGV, STRIDE do
+    if ARGV[i + 11] ~= '' then
+      any_id = true
+    end
+  end
+  if any_id then
+    redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now - id_window)
+    local ids = redis.call('ZCARD', KEYS[8])
+    if ids > id_cap then
+      redis.call('ZREMRANGEBYRANK', KEYS[8], 0, ids - id_cap - 1)
+    end
+  end
+end
+return {1, now, ends, versions, changes, evicted, quorums, durations, values, probes, dups}

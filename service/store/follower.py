@@ -1,0 +1,221 @@
+"""Keeping a replica's view current: pushes applied in order, a poll as a safety net, the clock.
+
+The follower subscribes to the namespace's change channel, takes a snapshot once
+Redis confirmed the subscription (so no change falls between), then applies each
+pushed change in version order. Every ``sync_interval_s`` it polls the table's
+identity (version, epoch, this writer's high-water mark) and Redis's clock in one
+keyed round trip: a gap, a lost table or a moved master sends it back to a full
+resync. The store does the resync and the replay; the follower decides when.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from redis.asyncio.client import PubSub
+
+from service import metrics
+from service.cancelling import honour_cancel
+from service.errors import StoreUnavailable
+from service.store import codec
+from service.store.replies import PollReply
+from service.store.topology import Topology
+from service.view import TableView
+
+log = logging.getLogger("detour.store")
+
+_MAX_BACKOFF_S = 5.0
+
+
+def mono_ms() -> float:
+    return time.monotonic_ns() / 1_000_000
+
+
+class RedisClock:
+    """Redis's time estimated from the local monotonic clock, erring early."""
+
+    def __init__(self) -> None:
+        # Until the first sync, the local wall clock stands in for Redis's.
+        self._offset_ms = time.time_ns() / 1_000_000 - mono_ms()
+
+    def now_ms(self) -> int:
+        return int(mono_ms() + self._offset_ms)
+
+    def set(self, redis_now_ms: int, received_ms: float) -> None:
+        """Track Redis time against the local monotonic clock, erring early.
+
+        Redis read its clock somewhere during the round trip; pinning it to the
+        moment the reply was ``received`` makes this replica's estimate of Redis time a lower
+        bound, so it may see a window end up to one round trip late, never early:
+        a sick broker is avoided a little longer rather than retried too soon.
+        """
+        self._offset_ms = redis_now_ms - received_ms
+
+
+class Followed(Protocol):
+    """What the follower needs from the store it keeps current."""
+
+    view: TableView
+    synced: asyncio.Event
+
+    @property
+    def journal_size(self) -> int: ...
+
+    async def resync(self) -> None: ...
+
+    async def replay_journal(self) -> None: ...
+
+    async def poll(self) -> PollReply: ...
+
+    def table_lost(self, reply: PollReply) -> bool: ...
+
+
+@dataclass
+class FollowerTimes:
+    """The follower's pacing: the poll interval and how long to wait for Redis."""
+
+    sync_interval_s: float
+    timeout_s: float
+
+
+class Follower:
+    """Runs the sync loop of one store until cancelled."""
+
+    def __init__(
+        self,
+        store: Followed,
+        topology: Topology,
+        channel: str,
+        times: FollowerTimes,
+        wrap_errors: Callable[[], contextlib.AbstractAsyncContextManager[None]],
+    ) -> None:
+        self._store = store
+        self._topology = topology
+        self._channel = channel
+        self._times = times
+        self._wrap_errors = wrap_errors
+        self.resync_needed = False
+        #: called after a (re)subscription on a master other than the last one (Sentinel)
+        self.on_master_change: Callable[[], Awaitable[None]] | None = None
+        self._last_master: tuple[str, int] | None = None
+
+    async def _poll(self, pubsub: PubSub) -> None:
+        if self._topology.sentinel:
+            await self._topology.follow_master(pubsub)
+        store = self._store
+        reply = await store.poll()
+        if store.table_lost(reply):
+            self.resync_needed = True  # Redis lost its data (restart, flush, failover)
+        elif reply.version > store.view.version:
+            # Pushes for that version may still be in flight: drain them first.
+            while (msg := await pubsub.get_message(ignore_subscribe_messages=True)) is not None:
+                self.on_message(msg)
+            if reply.version > store.view.version:
+                self.resync_needed = True
+        elif reply.version < store.view.version:
+            self.resync_needed = True
+
+    def on_message(self, msg: dict[str, Any]) -> None:
+        if msg.get("type") != "message":
+            return
+        change = json.loads(msg["data"])
+        version, kind, field, value = int(change["v"]), change["k"], change["f"], change["x"]
+        view = self._store.view
+        if kind == "fault":
+            view.apply_fault(field, codec.decode_fault(field, value) if value else None, version)
+        elif kind == "route":
+            view.apply_route(field, codec.decode_route(field, value) if value else None, version)
+        elif kind == "config":
+            view.apply_config(codec.decode_config(value), version)
+        elif kind == "reseed":
+            # Another replica re-seeded a lost table: merge what this one holds too.
+            self.resync_needed = True
+            return
+        if version == view.version + 1:
+            view.version = version
+        elif version > view.version + 1:
+            self.resync_needed = True
+
+    async def _wait_subscribed(self, pubsub: PubSub) -> None:
+        deadline = mono_ms() + 1000 * self._times.timeout_s
+        while mono_ms() < deadline:
+            honour_cancel()
+            msg = await pubsub.get_message(timeout=self._times.timeout_s)
+            if msg is not None and msg.get("type") == "subscribe":
+                return
+        raise StoreUnavailable("no subscribe confirmation from redis")
+
+    async def _check_master(self) -> None:
+        """Sentinel: a new master may be a replica that missed the last writes."""
+        master = self._topology.master_address()
+        moved = self._last_master is not None and master != self._last_master
+        self._last_master = master
+        if moved and self.on_master_change is not None:
+            await self.on_master_change()
+
+    async def follow(self) -> None:
+        """Subscribe, snapshot, then apply pushes until the connection fails."""
+        interval = self._times.sync_interval_s
+        store = self._store
+        pubsub, pubsub_client = self._topology.open_pubsub()
+        try:
+            async with self._wrap_errors():
+                await self._topology.find_master()
+                await self._check_master()
+                await pubsub.subscribe(self._channel)
+                # Snapshot only once Redis confirms, so no change falls between.
+                await self._wait_subscribed(pubsub)
+                # The resync first: it notices a lost table and re-seeds it before the
+                # journal's reports land in it (their replies carry the epoch too).
+                await store.resync()
+                self.resync_needed = False
+                await store.replay_journal()
+                next_poll = mono_ms() + interval * 1000
+                while True:
+                    honour_cancel()
+                    timeout = max(0.0, (next_poll - mono_ms()) / 1000)
+                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=timeout)
+                    if msg is not None:
+                        self.on_message(msg)
+                    if mono_ms() >= next_poll:
+                        await self._poll(pubsub)
+                        next_poll = mono_ms() + interval * 1000
+                    if self.resync_needed:
+                        await store.resync()
+                        self.resync_needed = False
+                    if store.journal_size:
+                        await store.replay_journal()
+        except StoreUnavailable:
+            self._topology.subscription_failed()
+            raise
+        finally:
+            store.synced.clear()
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
+            if pubsub_client is not None:
+                with contextlib.suppress(Exception):
+                    await pubsub_client.aclose()
+
+    async def run_forever(self) -> None:
+        backoff = 0.05
+        while True:
+            honour_cancel()
+            started = mono_ms()
+            try:
+                await self.follow()
+            except StoreUnavailable as exc:
+                metrics.STORE_ERRORS.labels("sync").inc()
+                log.warning("redis sync lost: %s", exc.message)
+            if mono_ms() - started > 10_000:
+                backoff = 0.05  # it was healthy for a while: start the backoff over
+            # Full jitter, so many replicas do not reconnect in step.
+            await asyncio.sleep(random.uniform(0, backoff))
+            backoff = min(backoff * 2, _MAX_BACKOFF_S)

@@ -1,0 +1,32 @@
+"""What the stores need to know, as a value of their own: the stores never read Settings.
+
+The app builds it from its Settings (``StoreOptions.of(settings)``), so the store layer
+depends on no configuration machinery and a test can build one directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True, slots=True)
+class StoreOptions:
+    """The Settings fields the stores read (same names, same meaning, same defaults)."""
+
+    redis_url: str | None = None
+    redis_prefix: str = "detour"
+    namespace: str = "default"
+    redis_timeout_s: float = 1.0
+    redis_call_timeout_s: float = 0.05
+    journal_max: int = 100_000
+    latency_log_max: int = 100_000
+    events_max: int = 10_000
+    max_brokers: int = 10_000
+    sync_interval_s: float = 1.0
+
+    @classmethod
+    def of(cls, source: object) -> StoreOptions:
+        """The options from any object with these attributes (the app's Settings)."""
+        if isinstance(source, StoreOptions):
+            return source
+        return cls(**{f.name: getattr(source, f.name) for f in fields(cls)})

@@ -1,0 +1,117 @@
+"""The Lua scripts' positional replies, decoded into named fields in one place.
+
+Each script's header (``store/lua/*.lua``) documents its reply; the classes here
+mirror those headers, so the store reads ``reply.ends`` rather than ``reply[2]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: report.lua's statuses
+APPLIED, STALE_CONFIG, TABLE_FULL, TABLE_LOST = 1, -1, -2, -3
+
+
+def _text(x: Any) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+@dataclass(frozen=True, slots=True)
+class ReportReply:
+    """report.lua's reply: a status, Redis's clock, and one entry per report in each list."""
+
+    status: int
+    now_ms: int
+    ends: list[int]
+    versions: list[int]
+    changes: list[int]
+    #: status 1/-2: items evicted to make room; -1: the current config version; -3: the
+    #: table's epoch ("" = none)
+    extra: Any
+    quorums: list[int]
+    durations: list[int]
+    values: list[str]
+    probes: list[int]
+    duplicates: list[bool]
+
+    @classmethod
+    def decode(cls, raw: Sequence[Any]) -> ReportReply:
+        status, now, ends, versions, changes, extra, *rest = raw
+        quorums, durations, values, probes, dups = rest if rest else ([], [], [], [], [])
+        return cls(
+            int(status),
+            int(now),
+            [int(x) for x in ends],
+            [int(x) for x in versions],
+            [int(x) for x in changes],
+            extra,
+            [int(x) for x in quorums],
+            [int(x) for x in durations],
+            [_text(x) for x in values],
+            [int(x) for x in probes],
+            [int(x) == 1 for x in dups],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotReply:
+    """snapshot.lua's reply: the whole table at one version, with its identity."""
+
+    version: int
+    config_version: int
+    config: str
+    now_ms: int
+    faults: list[str]
+    routes: list[str]
+    epoch: str
+    #: this writer's sequence high-water mark in the table
+    high_water: int
+
+    @classmethod
+    def decode(cls, raw: Sequence[Any]) -> SnapshotReply:
+        version, config_version, config, now, faults, routes, epoch, high_water = raw
+        return cls(
+            int(version),
+            int(config_version),
+            _text(config),
+            int(now),
+            list(faults),
+            list(routes),
+            _text(epoch),
+            int(high_water),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PollReply:
+    """poll.lua's reply: the table's version and identity, and Redis's clock."""
+
+    version: int
+    now_ms: int
+    epoch: str
+    high_water: int
+
+    @classmethod
+    def decode(cls, raw: Sequence[Any]) -> PollReply:
+        version, sec, usec, epoch, high_water = raw
+        return cls(
+            int(version or 0), int(sec) * 1000 + int(usec) // 1000, _text(epoch), int(high_water)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ReseedReply:
+    """reseed.lua's reply: the epoch the table has now and what was written back."""
+
+    epoch: str
+    version: int
+    config: int
+    routes: int
+    windows: int
+
+    @classmethod
+    def decode(cls, raw: Sequence[Any]) -> ReseedReply:
+        epoch, version, config, routes, windows = raw
+        return cls(_text(epoch), int(version), int(config), int(routes), int(windows))

@@ -1,0 +1,151 @@
+"""Late replies caused on purpose: a TCP proxy holds Redis's (or Detour's) reply past the
+caller's timeout after the command ran. After recovery every report is in the latency log
+exactly once and no window end has moved."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.client import DetourClient
+from service.settings import Settings
+from tests.procs import RedisServer, ServiceProcess, wait_until
+from tests.proxy import DelayProxy
+
+pytestmark = [pytest.mark.integration]
+
+PREFIX = "detour:{default}"
+#: well past redis_call_timeout_s (0.05 s) and the SDK's timeout below, far below the
+#: sync connections' timeout: only the calls meant to time out do
+HOLD_S = 0.6
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    s = RedisServer()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def raw(server: RedisServer) -> Iterator[redis.Redis]:
+    with server.client() as c:
+        yield c
+
+
+def logged(raw: redis.Redis, broker: str) -> int:
+    return sum(1 for _, e in raw.xrange(f"{PREFIX}:latency-log") if e["b"] == broker)
+
+
+def duplicates(c: TestClient) -> float:
+    line = next(ln for ln in c.get("/metrics").text.splitlines()
+                if ln.startswith("detour_reports_duplicate_total "))
+    return float(line.split()[1])
+
+
+def stored(raw: redis.Redis, broker: str) -> str | None:
+    return raw.hget(f"{PREFIX}:faults", broker)  # type: ignore[return-value]
+
+
+def late(server: RedisServer) -> tuple[DelayProxy, Settings]:
+    proxy = DelayProxy(server.port)
+    return proxy, Settings(redis_url=proxy.url, sync_interval_s=0.2, redis_timeout_s=5)
+
+
+def warm(c: TestClient) -> None:
+    """One report on the fast connection first: the late reply must be a command's, not the
+    connection handshake's (a handshake that times out never sends the command)."""
+    r = c.post("/report-latency", json={"brokerName": "warm", "latencyMs": 1})
+    assert r.status_code == 200 and r.json()["degraded"] is False
+
+
+def recover(c: TestClient, proxy: DelayProxy) -> None:
+    proxy.hold_s = 0
+    wait_until(lambda: c.get("/readyz").json()["degraded"] is False, 30,
+               "journal replayed", interval_s=0.05)
+
+
+def test_a_report_whose_reply_came_late_is_applied_once(server: RedisServer,
+                                                       raw: redis.Redis) -> None:
+    proxy, settings = late(server)
+    try:
+        with TestClient(create_app(settings)) as c:
+            before = duplicates(c)
+            warm(c)
+            proxy.hold_s = HOLD_S
+            r = c.post("/report-latency",
+                       json={"brokerName": "a", "latencyMs": 5, "isolation": True})
+            assert r.status_code == 200 and r.json()["degraded"] is True  # timed out: journaled
+            assert proxy.held > 0
+            wait_until(lambda: stored(raw, "a") is not None, 10, "redis ran the report")
+            first = stored(raw, "a")
+            recover(c, proxy)
+            assert logged(raw, "a") == 1
+            assert stored(raw, "a") == first  # the window end did not move
+            assert duplicates(c) - before == 1
+    finally:
+        proxy.close()
+
+
+def test_a_batch_retried_after_a_late_reply_is_applied_once(server: RedisServer,
+                                                          raw: redis.Redis) -> None:
+    batch: dict[str, Any] = {"reports": [
+        {"brokerName": f"b{i}", "latencyMs": 700 * i, "isolation": i == 0, "reportId": f"r-{i}"}
+        for i in range(5)]}
+    proxy, settings = late(server)
+    try:
+        with TestClient(create_app(settings)) as c:
+            warm(c)
+            proxy.hold_s = HOLD_S
+            first = c.post("/report-latency:batch", json=batch)
+            assert first.status_code == 200
+            assert all(x["degraded"] for x in first.json()["results"])
+            wait_until(lambda: stored(raw, "b4") is not None, 10, "redis ran the batch")
+            table = raw.hgetall(f"{PREFIX}:faults")
+            # The producer did not get its answer either and sends the batch again.
+            again = c.post("/report-latency:batch", json=batch)
+            assert again.status_code == 200
+            recover(c, proxy)
+            # And once more after recovery, straight to Redis.
+            third = c.post("/report-latency:batch", json=batch).json()["results"]
+            assert [x["degraded"] for x in third] == [False] * 5
+            assert [x["availableAt"] for x in third] == \
+                [int(table[f"b{i}"].split(",")[1]) for i in range(5)]
+            for i in range(5):
+                assert logged(raw, f"b{i}") == 1
+            assert raw.hgetall(f"{PREFIX}:faults") == table
+    finally:
+        proxy.close()
+
+
+@pytest.mark.e2e
+def test_the_sdk_replay_of_a_report_detour_applied_is_applied_once(
+        server: RedisServer, raw: redis.Redis) -> None:
+    """The late reply is Detour's own, to the SDK: it times out, queues the report and
+    replays it with the same reportId."""
+    with ServiceProcess(redis_url=server.url) as svc:
+        proxy = DelayProxy(int(svc.url.rsplit(":", 1)[1]))
+        client = DetourClient(f"http://127.0.0.1:{proxy.port}", timeout=0.2, retries=1,
+                              deadline=1.0)
+        try:
+            proxy.hold_s = HOLD_S
+            client.report("sdk-a", 5, isolation=True)
+            assert proxy.held > 0
+            wait_until(lambda: stored(raw, "sdk-a") is not None, 10, "detour applied it")
+            first = stored(raw, "sdk-a")
+            assert client.stats().pending_reports >= 1  # the SDK did not hear back: queued
+            proxy.hold_s = 0
+            assert client.flush(20)
+            assert logged(raw, "sdk-a") == 1
+            assert stored(raw, "sdk-a") == first
+            metrics = httpx.get(svc.url + "/metrics", timeout=10).text
+            assert "detour_reports_duplicate_total 0.0" not in metrics
+        finally:
+            client.close()
+            proxy.close()

@@ -1,0 +1,25 @@
+"""The stores' own options mirror the Settings fields they stand for."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import pytest
+
+from service.settings import Settings
+from service.store import StoreOptions
+
+pytestmark = pytest.mark.unit
+
+
+def test_store_options_have_the_settings_names_and_defaults() -> None:
+    defaults = Settings()
+    for f in fields(StoreOptions):
+        assert getattr(StoreOptions(), f.name) == getattr(defaults, f.name), f.name
+
+
+def test_store_options_are_built_from_settings() -> None:
+    s = Settings(redis_url="redis://127.0.0.1:1/0", namespace="blue", max_brokers=7)
+    o = StoreOptions.of(s)
+    assert (o.redis_url, o.namespace, o.max_brokers) == ("redis://127.0.0.1:1/0", "blue", 7)
+    assert StoreOptions.of(o) is o
