@@ -10,12 +10,21 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
 
 from service.errors import DetourError, error_body
+from service.limits import BadBody
 
 log = logging.getLogger("detour")
 
-_HTTP_CODES = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 413: "PAYLOAD_TOO_LARGE"}
+_HTTP_CODES = {
+    404: "NOT_FOUND",
+    405: "METHOD_NOT_ALLOWED",
+    413: "PAYLOAD_TOO_LARGE",
+    415: "UNSUPPORTED_MEDIA_TYPE",
+    422: "VALIDATION_ERROR",
+}
 
 
 def field_path(loc: Sequence[int | str]) -> str:
@@ -61,6 +70,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        if isinstance(exc, BadBody):
+            code = _HTTP_CODES.get(exc.status_code, "HTTP_ERROR")
+            return JSONResponse(error_body(code, exc.detail, exc.field), exc.status_code)
         if exc.status_code == 400:
             # The framework's answer to a body json.loads choked on in a way it does
             # not classify (a 5,000-digit number, nesting past the recursion limit).
@@ -74,6 +86,11 @@ def install_error_handlers(app: FastAPI) -> None:
             headers=exc.headers,
         )
 
+    async def on_disconnect(_: Request, exc: Exception) -> Response:
+        # The client left (or the body deadline closed it) while its body was read:
+        # nobody is there to answer, and it is no error of Detour's.
+        return Response(status_code=499)
+
     async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
         # Never leak a traceback; the log has it.
         log.exception("unhandled error", exc_info=exc)
@@ -82,4 +99,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(DetourError, on_detour_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(ClientDisconnect, on_disconnect)
     app.add_exception_handler(Exception, on_unexpected)
