@@ -354,3 +354,50 @@ def test_configured_host_names_are_served() -> None:
                 b"HTTP/1.1 200 "), host
         assert raw_request(proc.port, b"other.example", b"GET", b"/config").startswith(
             b"HTTP/1.1 421 ")
+
+
+# -- cursors ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module", params=["memory", "redis"])
+def any_store(request: pytest.FixtureRequest) -> Iterator[ServiceProcess]:
+    redis_url = None
+    if request.param == "redis":
+        server = request.getfixturevalue("redis_server")
+        with server.client() as c:
+            c.flushall()
+        redis_url = server.url
+    with ServiceProcess(redis_url=redis_url) as proc:
+        r = httpx.post(proc.url + "/report-latency", timeout=10,
+                       json={"brokerName": "broker-a", "latencyMs": 3001, "isolation": True})
+        r.raise_for_status()
+        yield proc
+
+
+@pytest.mark.parametrize(("path", "field", "cursor"), [
+    ("/latency-log", "after", "99999999999999999999-0"),
+    ("/events", "since", "18446744073709551615-18446744073709551615"),
+    ("/latency-log", "after", "6-38485044565832630671"),
+    ("/events", "since", "18446744073709551616-0"),
+    ("/latency-log", "after", "1-"),
+    ("/events", "since", "-1-0"),
+    ("/latency-log", "after", "1.0-0"),
+])
+def test_a_bad_cursor_is_422_naming_it_on_both_stores(
+    any_store: ServiceProcess, path: str, field: str, cursor: str
+) -> None:
+    r = httpx.get(any_store.url + path, params={field: cursor}, timeout=10)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"] == "VALIDATION_ERROR" and r.json()["field"] == field
+
+
+@pytest.mark.parametrize(("path", "field", "key"), [
+    ("/latency-log", "after", "entries"), ("/events", "since", "events")])
+def test_the_largest_cursor_is_an_empty_page_on_both_stores(
+    any_store: ServiceProcess, path: str, field: str, key: str
+) -> None:
+    url = any_store.url + path
+    assert httpx.get(url, timeout=10).json()[key], "the log has an entry"
+    r = httpx.get(url, params={field: "9999999999999999999-9999999999999999999"}, timeout=10)
+    assert r.status_code == 200 and r.json() == {key: [], "next": None}
+    first = httpx.get(url, params={field: "0-0"}, timeout=10).json()
+    assert first[key]

@@ -47,6 +47,13 @@ BrokerPath = Annotated[
     ),
 ]
 
+#: A log position (``after``, ``since``): a Redis stream id is two unsigned 64-bit
+#: integers, ``ms-seq``. At most 19 digits each keeps both in range (2**64 - 1 has 20),
+#: and leaves room after the largest, so a read "after" it is a valid range on both
+#: stores; the ids Detour hands out (epoch ms) have 13. A longer one is a 422 naming the
+#: parameter, not a store error.
+STREAM_ID_PATTERN = r"^[0-9]{1,19}-[0-9]{1,19}$"
+
 #: Error responses every route may give, for the OpenAPI document.
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {
