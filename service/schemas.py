@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    create_model,
+    field_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from service.model import CONFIG_FIELDS, MAX_LATENCY_MS, MAX_REPORT_AGE_MS, ConfigField
@@ -33,6 +41,19 @@ Topic = Annotated[
     ),
 ]
 EpochMs = Annotated[int, Field(description="Epoch milliseconds on the store's clock.")]
+
+
+def _whole(value: Any) -> Any:
+    """``4.0`` is the integer 4: JSON has one number type, and JSON Schema's ``integer``
+    matches any number without a fraction. A fraction (``4.5``) stays a float and is
+    refused, as are strings and booleans (the models are strict)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: An integer field of a request body: a whole number, whether written ``4`` or ``4.0``.
+WholeInt = Annotated[int, BeforeValidator(_whole)]
 
 
 class Body(BaseModel):
@@ -85,7 +106,7 @@ def _config_field(f: ConfigField) -> tuple[Any, Any]:
     """A pydantic (type, Field) for one Config field, from its declaration in service.model."""
     if f.kind is tuple:
         default = list(f.default)
-        entries = list[Annotated[int, Field(ge=f.ge, le=f.le)]]
+        entries = list[Annotated[int, Field(ge=f.ge, le=f.le), BeforeValidator(_whole)]]
         return entries, Field(
             default_factory=lambda: list(default),
             min_length=1,
@@ -95,6 +116,8 @@ def _config_field(f: ConfigField) -> tuple[Any, Any]:
             examples=[default],
         )
     kind: Any = Literal.__getitem__(f.choices) if f.choices else f.kind
+    if kind is int:
+        kind = WholeInt
     return kind, Field(
         f.default, ge=f.ge, le=f.le, alias=f.wire, description=f.description, examples=[f.default]
     )
@@ -117,7 +140,7 @@ else:
 
 class BrokerSpec(Body):
     broker_name: BrokerName
-    write_queue_nums: int = Field(
+    write_queue_nums: WholeInt = Field(
         ge=1, le=1024, description="Number of write queues on this broker, 1..1024.", examples=[4]
     )
     address: str | None = Field(
@@ -180,7 +203,7 @@ class RoutesOut(Body):
 
 class QueueRef(Body):
     broker_name: BrokerName
-    queue_id: int = Field(ge=0, le=1023, description="Queue id on that broker.", examples=[0])
+    queue_id: WholeInt = Field(ge=0, le=1023, description="Queue id on that broker.", examples=[0])
 
 
 class SelectRequest(Body):
@@ -304,7 +327,7 @@ MAX_BATCH = 1000
 
 
 class BatchReport(ReportRequest):
-    age_ms: int = Field(
+    age_ms: WholeInt = Field(
         0,
         ge=0,
         le=MAX_REPORT_AGE_MS,
