@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
+from starlette.routing import Match
 
 from service.errors import DetourError, error_body
 from service.limits import BadBody
@@ -44,6 +45,22 @@ def field_path(loc: Sequence[int | str]) -> str:
     return out or "body"
 
 
+#: The methods Detour's routes use (Starlette adds HEAD to every GET).
+_METHODS = ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT")
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method some route serves at this path, for ``Allow`` on a 405 (RFC 9110:
+    all of them, where the router names only those of the first route it met)."""
+    routes = request.app.router.routes
+    allowed = []
+    for method in _METHODS:
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] == Match.FULL for route in routes):
+            allowed.append(method)
+    return ", ".join(allowed)
+
+
 def _validation_message(err: dict[str, Any]) -> str:
     if err.get("type") == "json_invalid":
         return "request body is not valid JSON"
@@ -68,7 +85,7 @@ def install_error_handlers(app: FastAPI) -> None:
             status_code=422,
         )
 
-    async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         if isinstance(exc, BadBody):
             code = _HTTP_CODES.get(exc.status_code, "HTTP_ERROR")
@@ -80,10 +97,13 @@ def install_error_handlers(app: FastAPI) -> None:
             return JSONResponse(body, status_code=422)
         code = _HTTP_CODES.get(exc.status_code, "HTTP_ERROR")
         field = "body" if exc.status_code == 413 else None
+        headers = exc.headers
+        if exc.status_code == 405:
+            headers = {**(headers or {}), "Allow": allowed_methods(request)}
         return JSONResponse(
             error_body(code, str(exc.detail), field),
             status_code=exc.status_code,
-            headers=exc.headers,
+            headers=headers,
         )
 
     async def on_disconnect(_: Request, exc: Exception) -> Response:
