@@ -148,7 +148,9 @@ class BrokerSpec(Body):
         None,
         min_length=3,
         max_length=255,
-        pattern=r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$",
+        # The port 1..65535 in the pattern itself, so that the contract says it too.
+        pattern=r"^[A-Za-z0-9.\-\[\]:]+:(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}"
+        r"|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])$",
         description="The broker's `host:port`, returned with a select; optional.",
         examples=["10.0.0.5:10911"],
     )

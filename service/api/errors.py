@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,7 +13,6 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
-from starlette.routing import Match
 
 from service.errors import DetourError, error_body
 from service.limits import BadBody
@@ -45,20 +45,23 @@ def field_path(loc: Sequence[int | str]) -> str:
     return out or "body"
 
 
-#: The methods Detour's routes use (Starlette adds HEAD to every GET).
-_METHODS = ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT")
+_TEMPLATE_PARAM = re.compile(r"\\\{[^/]+?\\\}")
 
 
 def allowed_methods(request: Request) -> str:
-    """Every method some route serves at this path, for ``Allow`` on a 405 (RFC 9110:
-    all of them, where the router names only those of the first route it met)."""
-    routes = request.app.router.routes
-    allowed = []
-    for method in _METHODS:
-        scope = {**request.scope, "method": method}
-        if any(route.matches(scope)[0] == Match.FULL for route in routes):
-            allowed.append(method)
-    return ", ".join(allowed)
+    """The methods the API documents at this path, for ``Allow`` on a 405: all of them
+    (RFC 9110), where the router names only those of the first route it met. Matched as
+    OpenAPI does: a concrete path (``/fault-items/stream``) before templated ones
+    (``/fault-items/{brokerName}``)."""
+    path = request.scope["path"]
+    paths: dict[str, dict[str, Any]] = request.app.openapi()["paths"]
+    item = paths.get(path)
+    if item is None:
+        for template, candidate in paths.items():
+            if re.fullmatch(_TEMPLATE_PARAM.sub("[^/]+", re.escape(template)), path):
+                item = candidate
+                break
+    return ", ".join(sorted(m.upper() for m in item or {} if m != "parameters"))
 
 
 def _validation_message(err: dict[str, Any]) -> str:
