@@ -18,11 +18,10 @@ predict (and why); tests/schemathesis_hooks.py keeps the detector off.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import httpx
 import pytest
