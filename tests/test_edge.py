@@ -401,3 +401,21 @@ def test_the_largest_cursor_is_an_empty_page_on_both_stores(
     assert r.status_code == 200 and r.json() == {key: [], "next": None}
     first = httpx.get(url, params={field: "0-0"}, timeout=10).json()
     assert first[key]
+
+
+@pytest.mark.parametrize(("body", "path"), [
+    (b'{"a":1,"a":2}', "a"),
+    (b'{"a":{"b":1,"b":2}}', "a.b"),
+    (b'{"r":[{"a":1},{"a":2}]}', None),  # the same key in two objects is no repeat
+    (b'{"r":[{"a":1},{"a":2,"a":3}]}', "r[1].a"),
+    (b'{"a":1,"\\u0061":2}', "a"),  # an escaped spelling of the same key
+    (b'{"a" : 1, "a"\n:2}', "a"),
+    (b'{"x":"a","a":1}', None),  # a value equal to a key
+    (b'{"a":"b\\":","b":1}', None),  # a value that looks like a key
+    (b"not json", None),
+    (b"[" * 5000, None),
+])
+def test_repeated_keys_are_found_by_path(body: bytes, path: str | None) -> None:
+    from service.limits import duplicate_key
+
+    assert duplicate_key(body) == path
