@@ -149,8 +149,10 @@ class EdgeProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         phase = self._phase
-        if phase == _BODY and self.cycle is not None and not self._refused:
-            self._start_awaiting_body()
+        cycle = self.cycle
+        if phase == _BODY and cycle is not None and not cycle.response_complete:
+            if not self._refused:
+                self._start_awaiting_body()
         if phase == _IDLE:
             self._disarm()  # between requests: uvicorn's keep-alive timeout applies
         elif self._deadline_phase != phase:
@@ -221,6 +223,12 @@ class EdgeProtocol(HttpToolsProtocol):
         self._stop_awaiting_body()
         if not self._refused:
             super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        # Answered (a 401 or 413 may come before the body is read): no longer a request
+        # of the app's waiting for its body, so it stops being left out of in flight.
+        self._stop_awaiting_body()
+        super().on_response_complete()
 
     # Bounds --------------------------------------------------------------------------
 
