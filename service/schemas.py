@@ -110,6 +110,9 @@ def _config_field(f: ConfigField) -> tuple[Any, Any]:
         entries = list[Annotated[int, Field(ge=f.ge, le=f.le), BeforeValidator(_whole)]]
         return entries, Field(
             default_factory=lambda: list(default),
+            # The rules across the lists hold for a default too (latencyMax alone, of
+            # another length than the default notAvailableDuration, is a 422, not a 500).
+            validate_default=True,
             min_length=1,
             max_length=f.max_items,
             alias=f.wire,

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic.alias_generators import to_camel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
@@ -41,6 +42,9 @@ def field_path(loc: Sequence[int | str]) -> str:
         if isinstance(p, int):
             out += f"[{p}]"
         else:
+            # A default that failed a rule across fields is located by its Python name:
+            # say its wire name (every body field is the camelCase of its name).
+            p = to_camel(p) if "_" in p else p
             out += f".{p}" if out else str(p)
     return out or "body"
 
