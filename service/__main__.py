@@ -143,9 +143,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         host=settings.host,
         port=settings.port,
         workers=settings.workers,
-        # uvicorn's httptools protocol, stamping when each request began to arrive so
-        # the shedder can refuse requests that waited too long (service/shedding.py).
-        http="service.shedding:TimedHttpToolsProtocol",
+        # uvicorn's httptools protocol with the edge's bounds (head size and count, read
+        # deadlines, open connections, Host names) and the shedder's refusals
+        # (service/protocol.py). It subclasses uvicorn's: pyproject pins uvicorn's minor.
+        http="service.protocol:EdgeProtocol",
         log_level=settings.log_level,
         access_log=False,
         proxy_headers=False,

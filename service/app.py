@@ -22,7 +22,8 @@ from service.api.fast import mount_fast
 from service.api.guard import Guard
 from service.api.telemetry import RequestTimer, prepare_namespaces
 from service.auth import Principal, Role, TokenTable, load_tokens, requires_token
-from service.limits import AssumeJson, BodyLimit
+from service.limits import BodyLimit, HostNames, JsonBodies, connection_bound
+from service.protocol import Edge, EdgeLimits
 from service.schemas import ReportRequest, SelectRequest
 from service.settings import Settings
 from service.shedding import Shedder
@@ -37,6 +38,9 @@ class State(TypedDict):
     store: FaultStore
     #: Every namespace's store, by namespace.
     stores: dict[str, FaultStore]
+    #: The server protocol's bounds and the shedder (service/protocol.py reads it as
+    #: ``EDGE_STATE``).
+    edge: Edge
 
 
 def _describe(settings: Settings) -> str:
@@ -127,6 +131,15 @@ def create_app(settings: Settings | None = None, tokens: TokenTable | None = Non
     settings = with_redis_password(settings or Settings())
     tokens = load_tokens(settings) if tokens is None else tokens
     namespaces = tokens.namespaces if tokens else [settings.namespace]
+    # Outermost: a refused request costs as little as possible and is not timed. The
+    # protocol reaches it through the lifespan state.
+    shedder = Shedder(
+        None,
+        max_in_flight=settings.max_in_flight,
+        max_queue_wait_ms=settings.max_queue_wait_ms,
+        turn_budget_ms=settings.turn_budget_ms,
+    )
+    edge = Edge(_edge_limits(settings, bool(tokens)), shedder)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[State]:
@@ -163,7 +176,7 @@ def create_app(settings: Settings | None = None, tokens: TokenTable | None = Non
         # enables it; one replica at a time checks, by a lease in the store).
         detectors = [asyncio.create_task(detector.run(s)) for s in stores.values()]
         try:
-            yield {"store": stores[namespaces[0]], "stores": stores}
+            yield {"store": stores[namespaces[0]], "stores": stores, "edge": edge}
         finally:
             for task in detectors:
                 task.cancel()
@@ -180,15 +193,13 @@ def create_app(settings: Settings | None = None, tokens: TokenTable | None = Non
         "send went (`POST /report-latency`); brokers that were slow or failed are avoided for "
         "a while, for every producer that shares the table. See docs/semantics.md.",
         lifespan=lifespan,
-        # Producers in any language post JSON; a body without the header is JSON too.
-        strict_content_type=False,
     )
     _document_extra_schemas(app, (SelectRequest, ReportRequest))
     install_error_handlers(app)
     for module in (select, reports, routes, stream, admin, events, health, status):
         app.include_router(module.router)
     mount_fast(app, (("/select", select.select), ("/report-latency", reports.report_latency)))
-    app.add_middleware(AssumeJson)
+    app.add_middleware(JsonBodies)
     app.add_middleware(RequestTimer)
     app.add_middleware(
         BodyLimit,
@@ -198,11 +209,19 @@ def create_app(settings: Settings | None = None, tokens: TokenTable | None = Non
     if tokens:
         # Before the body is read: a request without a valid token costs one hash.
         app.add_middleware(Guard, tokens=tokens)
-    # Outermost: a refused request costs as little as possible and is not timed.
-    app.add_middleware(
-        Shedder,
-        max_in_flight=settings.max_in_flight,
-        max_queue_wait_ms=settings.max_queue_wait_ms,
-        turn_budget_ms=settings.turn_budget_ms,
-    )
+    app.add_middleware(shedder.wrap)
     return app
+
+
+def _edge_limits(settings: Settings, has_tokens: bool) -> EdgeLimits:
+    """The protocol's bounds. Host names are checked on an open Detour (a rebinding page
+    could drive it), and with tokens only when configured (a page cannot present one)."""
+    check_hosts = not has_tokens or settings.allowed_hosts is not None
+    return EdgeLimits(
+        max_header_bytes=settings.max_header_bytes,
+        max_headers=settings.max_headers,
+        header_timeout_s=settings.header_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
+        max_connections=connection_bound(settings.max_connections),
+        hosts=HostNames.parse(settings.allowed_hosts, settings.host) if check_hosts else None,
+    )

@@ -151,6 +151,12 @@ SHED = Counter(
     "Requests refused at once to bound the work in flight.",
     ["reason"],
 )
+EDGE_REFUSED = Counter(
+    "detour_edge_refused_total",
+    "Requests or connections the HTTP edge refused before Detour's app: reason=connections, "
+    "headers_too_large, too_many_headers, header_timeout, body_timeout, host.",
+    ["reason"],
+)
 RESYNCS = Counter("detour_view_resyncs_total", "Full resyncs of this replica's table copy.")
 RESEEDS = Counter(
     "detour_store_reseeds_total",
@@ -203,3 +209,12 @@ for _reason in ("full", "expired", "table_full"):
     JOURNAL_DROPPED.labels(_reason)
 for _reason in ("in_flight", "turn_budget", "queue_wait"):
     SHED.labels(_reason)
+for _reason in (
+    "connections",
+    "headers_too_large",
+    "too_many_headers",
+    "header_timeout",
+    "body_timeout",
+    "host",
+):
+    EDGE_REFUSED.labels(_reason)

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    create_model,
+    field_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from service.model import CONFIG_FIELDS, MAX_LATENCY_MS, MAX_REPORT_AGE_MS, ConfigField
@@ -35,6 +43,19 @@ Topic = Annotated[
 EpochMs = Annotated[int, Field(description="Epoch milliseconds on the store's clock.")]
 
 
+def _whole(value: Any) -> Any:
+    """``4.0`` is the integer 4: JSON has one number type, and JSON Schema's ``integer``
+    matches any number without a fraction. A fraction (``4.5``) stays a float and is
+    refused, as are strings and booleans (the models are strict)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: An integer field of a request body: a whole number, whether written ``4`` or ``4.0``.
+WholeInt = Annotated[int, BeforeValidator(_whole)]
+
+
 class Body(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -50,7 +71,8 @@ class ErrorBody(Body):
 
     error: str = Field(
         description="Stable machine-readable code: VALIDATION_ERROR, NOT_FOUND, "
-        "PAYLOAD_TOO_LARGE, METHOD_NOT_ALLOWED, UNAUTHORIZED, FORBIDDEN, TABLE_FULL, "
+        "PAYLOAD_TOO_LARGE, UNSUPPORTED_MEDIA_TYPE, METHOD_NOT_ALLOWED, UNAUTHORIZED, "
+        "FORBIDDEN, HOST_NOT_ALLOWED, HEADERS_TOO_LARGE, REQUEST_TIMEOUT, TABLE_FULL, "
         "STORE_UNAVAILABLE, SYSTEM_BUSY, INTERNAL.",
         examples=["VALIDATION_ERROR"],
     )
@@ -85,9 +107,12 @@ def _config_field(f: ConfigField) -> tuple[Any, Any]:
     """A pydantic (type, Field) for one Config field, from its declaration in service.model."""
     if f.kind is tuple:
         default = list(f.default)
-        entries = list[Annotated[int, Field(ge=f.ge, le=f.le)]]
+        entries = list[Annotated[int, Field(ge=f.ge, le=f.le), BeforeValidator(_whole)]]
         return entries, Field(
             default_factory=lambda: list(default),
+            # The rules across the lists hold for a default too (latencyMax alone, of
+            # another length than the default notAvailableDuration, is a 422, not a 500).
+            validate_default=True,
             min_length=1,
             max_length=f.max_items,
             alias=f.wire,
@@ -95,6 +120,8 @@ def _config_field(f: ConfigField) -> tuple[Any, Any]:
             examples=[default],
         )
     kind: Any = Literal.__getitem__(f.choices) if f.choices else f.kind
+    if kind is int:
+        kind = WholeInt
     return kind, Field(
         f.default, ge=f.ge, le=f.le, alias=f.wire, description=f.description, examples=[f.default]
     )
@@ -117,14 +144,16 @@ else:
 
 class BrokerSpec(Body):
     broker_name: BrokerName
-    write_queue_nums: int = Field(
+    write_queue_nums: WholeInt = Field(
         ge=1, le=1024, description="Number of write queues on this broker, 1..1024.", examples=[4]
     )
     address: str | None = Field(
         None,
         min_length=3,
         max_length=255,
-        pattern=r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$",
+        # The port 1..65535 in the pattern itself, so that the contract says it too.
+        pattern=r"^[A-Za-z0-9.\-\[\]:]+:(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}"
+        r"|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])$",
         description="The broker's `host:port`, returned with a select; optional.",
         examples=["10.0.0.5:10911"],
     )
@@ -180,7 +209,7 @@ class RoutesOut(Body):
 
 class QueueRef(Body):
     broker_name: BrokerName
-    queue_id: int = Field(ge=0, le=1023, description="Queue id on that broker.", examples=[0])
+    queue_id: WholeInt = Field(ge=0, le=1023, description="Queue id on that broker.", examples=[0])
 
 
 class SelectRequest(Body):
@@ -315,7 +344,7 @@ MAX_BATCH = 1000
 
 
 class BatchReport(ReportRequest):
-    age_ms: int = Field(
+    age_ms: WholeInt = Field(
         0,
         ge=0,
         le=MAX_REPORT_AGE_MS,

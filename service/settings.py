@@ -78,3 +78,24 @@ class Settings(BaseSettings):
     #: Fault items one namespace's table may hold. A report for a new broker when it is
     #: full first drops items whose window has ended; if none has, it is refused (409).
     max_brokers: int = Field(10_000, ge=1, le=1_000_000)
+
+    # The HTTP edge: bounds on what a client can hold or send before Detour's app runs,
+    # as nginx and Envoy bound them (docs/security.md, "The HTTP edge").
+    #: Request line plus headers (bytes): past it, 431 and the connection closed (nginx
+    #: allows 4 x 8 KiB, Envoy 60 KiB).
+    max_header_bytes: int = Field(32 * 1024, ge=1024, le=1024 * 1024)
+    #: Headers in one request: past it, 431 (Envoy's default, 100).
+    max_headers: int = Field(100, ge=8, le=10_000)
+    #: Seconds a request's head may take from its first byte (or the connection's
+    #: opening) to its end: past it, 408 and close (Envoy's request_headers_timeout).
+    header_timeout_s: float = Field(5.0, gt=0, le=300)
+    #: Seconds a request's body may take from the end of its head: past it, 408 and close.
+    body_timeout_s: float = Field(5.0, gt=0, le=300)
+    #: Open connections per process: one past it is closed when accepted (clamped below
+    #: the process's open-file limit).
+    max_connections: int = Field(512, ge=1, le=100_000)
+    #: Host names (comma-separated, no port) requests may name besides loopback names
+    #: and IP literals; ``*`` allows any. Against DNS rebinding: a web page that makes its
+    #: own name resolve to 127.0.0.1 still sends that name as Host. Checked on an open
+    #: Detour always, with tokens only when set (a page cannot present a token).
+    allowed_hosts: str | None = None

@@ -9,6 +9,8 @@ with 503 ``{"error": "SYSTEM_BUSY"}`` and ``Retry-After`` and counted in
   Redis makes reports pile up; a burst fills the event loop). The server protocol
   checks this as soon as a request's headers are read and writes the refusal itself,
   without a task or Detour's app: a few µs, in the loop turn that read the request.
+  A request whose body is still arriving is not in flight (the protocol says which):
+  slow bodies are bounded by the body deadline and the connection bound instead.
 * ``turn_budget``: while the service is shedding (from any refusal until a second
   after the last), one turn of the event loop starts only as many requests as keep
   its CPU time near ``turn_budget_ms`` (``TurnBudget``). A refusal waits for at most
@@ -17,8 +19,9 @@ with 503 ``{"error": "SYSTEM_BUSY"}`` and ``Retry-After`` and counted in
 * ``queue_wait``: the request waited longer than ``max_queue_wait_ms`` between
   being read off the socket and being served — the event loop is behind, like a
   send request that sat in RocketMQ's queue past ``waitTimeMillsInSendQueue``.
-  The arrival time comes from ``TimedHttpToolsProtocol`` (uvicorn's protocol,
-  stamping the scope when a request begins); without it only the first rule acts.
+  The arrival time comes from ``EdgeProtocol`` (service/protocol.py, uvicorn's
+  protocol stamping the scope when a request begins); without it only the first
+  rule acts.
 
 Probes and scrapes (``/healthz``, ``/readyz``, ``/metrics``) and the endless push
 stream are never shed and not counted as in flight. docs/reliability.md, "Overload".
@@ -30,10 +33,8 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from typing import Any, cast
 
 from starlette.types import ASGIApp, Receive, Scope, Send
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service import metrics
 from service.errors import error_body
@@ -42,57 +43,7 @@ from service.errors import error_body
 ARRIVED = "detour.arrived_ns"
 #: Probes, scrapes and the push stream: never shed, never counted.
 _EXEMPT = frozenset({"/healthz", "/readyz", "/metrics", "/fault-items/stream"})
-_EXEMPT_RAW = frozenset(p.encode() for p in _EXEMPT)
-
-
-class TimedHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, noting when each request began to arrive and
-    refusing at once, before Detour's app runs, when too many are being handled."""
-
-    #: The Shedder of the app this process serves (set when the app is built).
-    shedder: Shedder | None = None
-    _refused = False
-
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self._refused = False
-        cast(dict[str, Any], self.scope)[ARRIVED] = time.monotonic_ns()
-
-    def on_headers_complete(self) -> None:
-        shedder = TimedHttpToolsProtocol.shedder
-        if shedder is None or self.url.partition(b"?")[0] in _EXEMPT_RAW:
-            super().on_headers_complete()
-            return
-        reason = shedder.refusal()
-        if reason is None:
-            super().on_headers_complete()
-            return
-        if self.cycle is None or self.cycle.response_complete:
-            # Nothing of this connection is being answered: write the refusal now,
-            # in this loop turn, without a task; the body, if any, is read and dropped.
-            self._refused = True
-            shedder.count_refusal(reason)
-            self.transport.write(shedder.busy_response)
-            if self.parser.should_keep_alive():
-                self.on_response_complete()
-            else:
-                self.transport.close()
-            return
-        # A pipelined request behind one being answered: refuse in order, through
-        # uvicorn's own queue, with a refusing app in place of Detour's.
-        app, self.app = self.app, shedder.refusing_app(reason)
-        try:
-            super().on_headers_complete()
-        finally:
-            self.app = app
-
-    def on_body(self, body: bytes) -> None:
-        if not self._refused:
-            super().on_body(body)
-
-    def on_message_complete(self) -> None:
-        if not self._refused:
-            super().on_message_complete()
+EXEMPT_RAW = frozenset(p.encode() for p in _EXEMPT)
 
 
 class TurnBudget:
@@ -140,23 +91,32 @@ class TurnBudget:
         return self.started < self.limit
 
 
+async def _no_app(scope: Scope, receive: Receive, send: Send) -> None:
+    raise RuntimeError("Shedder.wrap was not called")
+
+
 class Shedder:
     """The outermost middleware, and the state the protocol consults: in flight,
     the turn being read, and whether the service is shedding."""
 
     def __init__(
         self,
-        app: ASGIApp,
+        app: ASGIApp | None,
         max_in_flight: int,
         max_queue_wait_ms: float,
         turn_budget_ms: float = 0.0,
         shedding_hold_s: float = 1.0,
     ) -> None:
-        self.app = app
+        #: The app it guards; None until ``wrap`` (the app's middleware stack is built
+        #: after the shedder, which the protocol reaches through the lifespan state).
+        self.app: ASGIApp = app or _no_app
         self.max_in_flight = max_in_flight
         self.max_wait_ns = int(max_queue_wait_ms * 1_000_000)
         #: Requests inside Detour's app (started, not finished).
         self.in_flight = 0
+        #: Of those, requests whose body is still arriving (kept by the protocol): not
+        #: counted as in flight, so that slow bodies cannot fill the bound.
+        self.awaiting_body = 0
         #: The turn being read: how many requests it started, and the per-turn limit
         #: (a 0 ms budget: no limit, the in-flight bound alone).
         self.turns = TurnBudget(turn_budget_ms, max_in_flight)
@@ -164,7 +124,6 @@ class Shedder:
         #: Shedding lasts until this long after the last refusal (monotonic ns).
         self.hold_ns = int(shedding_hold_s * 1_000_000_000)
         self.shedding_until = 0
-        TimedHttpToolsProtocol.shedder = self
         body = json.dumps(error_body("SYSTEM_BUSY", "overloaded: retry shortly or decide locally"))
         self._body = body.encode()
         #: The whole HTTP/1.1 answer, for refusals written by the protocol itself.
@@ -177,6 +136,11 @@ class Shedder:
             r: metrics.SHED.labels(r) for r in ("in_flight", "turn_budget", "queue_wait")
         }
 
+    def wrap(self, app: ASGIApp) -> ASGIApp:
+        """Guard ``app`` (a middleware factory for ``add_middleware``)."""
+        self.app = app
+        return self
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in _EXEMPT:
             await self.app(scope, receive, send)
@@ -188,7 +152,7 @@ class Shedder:
                 self.shedding_until = now + self.hold_ns
                 await self._refuse(send, "queue_wait")
                 return
-        if self.in_flight >= self.max_in_flight:
+        if self.in_flight - self.awaiting_body >= self.max_in_flight:
             # Only without the protocol's check (another server): shed the same way.
             self.shedding_until = time.monotonic_ns() + self.hold_ns
             await self._refuse(send, "in_flight")
@@ -213,7 +177,7 @@ class Shedder:
             self._turn_open = True
             asyncio.get_running_loop().call_soon(self._close_turn)
             turns.begin()
-        if self.in_flight + turns.started >= self.max_in_flight:
+        if self.in_flight - self.awaiting_body + turns.started >= self.max_in_flight:
             self.shedding_until = time.monotonic_ns() + self.hold_ns
             return "in_flight"
         if not turns.may_start():

@@ -360,10 +360,10 @@ def test_latency_log_records_every_report_in_order(client: TestClient) -> None:
     assert bad.status_code == 422 and bad.json()["field"] == "after"
 
 
-@pytest.mark.parametrize("content_type", [None, "application/x-www-form-urlencoded",
-                                          "text/plain", "application/json; charset=utf-8"])
-def test_bodies_are_json_whatever_the_header(client: TestClient, content_type: str | None) -> None:
-    headers = {"content-type": content_type} if content_type else {}
+@pytest.mark.parametrize("content_type", ["application/json", "application/json; charset=utf-8",
+                                          "Application/JSON"])
+def test_json_bodies_are_served(client: TestClient, content_type: str) -> None:
+    headers = {"content-type": content_type}
     r = client.put("/routes/t", content=b'{"brokers":[{"brokerName":"a","writeQueueNums":1}]}',
                    headers=headers)
     assert r.status_code == 200, r.text

@@ -217,7 +217,7 @@ def test_jitter_lengthens_isolation_windows(client: TestClient) -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [("selection", "random"), ("orderedFallback", "drop"), ("maxAvoidedPercent", 101),
-     ("panicThresholdPercent", -1), ("enforcementPercent", 100.0), ("isolationQuorum", 0),
+     ("panicThresholdPercent", -1), ("enforcementPercent", 99.5), ("isolationQuorum", 0),
      ("isolationQuorum", 65), ("quorumWindowMs", 0), ("repeatMultiplier", "yes"),
      ("maxIsolationMs", 86_400_001), ("repeatDecayMs", 0), ("jitterPercent", 101),
      ("probeOnExpiry", 1), ("probeTimeoutMs", 0), ("detectorEnable", "on"),
@@ -414,3 +414,22 @@ def test_with_tokens_the_quorum_counts_tokens_not_producer_ids(settings: Setting
         assert others == {"a", "b"}
         # A second token makes it.
         assert failure("p2", "exec-0") == 600000
+
+
+def test_integer_valued_numbers_are_integers(client: TestClient) -> None:
+    """``100.0`` is the integer 100, as JSON Schema's ``integer`` says; a fraction is not."""
+    r = client.put("/config", json={"enforcementPercent": 100.0, "isolationQuorum": 2.0,
+                                    "latencyMax": [50.0, 100], "notAvailableDuration": [0, 1e3]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["enforcementPercent"] == 100 and body["isolationQuorum"] == 2
+    assert body["latencyMax"] == [50, 100] and body["notAvailableDuration"] == [0, 1000]
+    assert isinstance(body["notAvailableDuration"][1], int)
+
+
+def test_a_tier_list_of_another_length_than_the_default_windows_is_422(
+    client: TestClient,
+) -> None:
+    r = client.put("/config", json={"latencyMax": [39]})
+    assert r.status_code == 422 and r.json()["field"] == "notAvailableDuration", r.text
+    assert client.get("/config").json() == DEFAULT_CONFIG

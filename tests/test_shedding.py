@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import select
+import signal
 import socket
 import time
 from typing import Any
@@ -13,7 +14,7 @@ import httpx
 import pytest
 
 from service.shedding import ARRIVED, Shedder, TurnBudget
-from tests.procs import ServiceProcess, wait_until
+from tests.procs import RedisServer, ServiceProcess, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -118,16 +119,18 @@ def test_the_server_stamps_arrival_so_queue_wait_sheds_end_to_end() -> None:
 
 
 def hold_a_slot(port: int, body: bytes, probe: Any) -> socket.socket:
-    """A report whose body is still arriving, inside the app: a connection holding one
-    in-flight slot. The request before it may still be finishing (a handler returns a
-    moment after its answer went out), and then this report is the one refused: send it
-    again on a new connection. Held once ``probe()`` (another request) is refused."""
-    head = (b"POST /report-latency HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
-            b"\r\ncontent-length: %d\r\n\r\n" % len(body))
+    """A report waiting on a Redis the caller has stopped (SIGSTOP), inside the app: a
+    connection holding one in-flight slot. (A body still arriving no longer holds one:
+    the protocol does not count it as in flight.) The request before it may still be
+    finishing (a handler returns a moment after its answer went out), and then this report
+    is the one refused: send it again on a new connection. Held once ``probe()`` (another
+    request) is refused."""
+    request = (b"POST /report-latency HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json"
+               b"\r\ncontent-length: %d\r\n\r\n" % len(body)) + body
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         slow = socket.create_connection(("127.0.0.1", port), timeout=5)
-        slow.sendall(head + body[:5])
+        slow.sendall(request)
         while time.monotonic() < deadline:
             if probe().status_code == 503:
                 return slow
@@ -138,39 +141,52 @@ def hold_a_slot(port: int, body: bytes, probe: Any) -> socket.socket:
     raise TimeoutError("no slot held within 10 s")
 
 
+#: A Redis call that waits as long as the test needs: a report on a stopped Redis stays in
+#: the app (and the once-a-minute sync does not notice the stop meanwhile).
+HOLD_ENV = {"DETOUR_REDIS_CALL_TIMEOUT_S": "30", "DETOUR_SYNC_INTERVAL_S": "60"}
+
+
 @pytest.mark.e2e
 def test_the_server_refuses_past_the_in_flight_bound_before_the_app_runs() -> None:
-    """A report whose body is still arriving holds the one slot of a bound of 1: the
+    """A report waiting on a stopped Redis holds the one slot of a bound of 1: the
     next requests are refused by the protocol itself, at once, on a connection that
-    stays usable; once the body is complete the held report is answered and requests
-    pass again."""
+    stays usable; once Redis answers the held report is answered and requests pass
+    again."""
     body = json.dumps({"brokerName": "a", "latencyMs": 1}).encode()
     # A queue-wait budget no loaded machine reaches: every refusal here is the bound's.
-    env = {"DETOUR_MAX_IN_FLIGHT": "1", "DETOUR_MAX_QUEUE_WAIT_MS": "60000"}
-    with ServiceProcess(env=env) as svc, httpx.Client(base_url=svc.url, timeout=5) as c:
-        c.put("/routes/t", json={"brokers": [{"brokerName": "a", "writeQueueNums": 1}]})
-        with hold_a_slot(svc.port, body,
-                         lambda: c.post("/select", json={"topic": "t"})) as slow:
-            for _ in range(20):
-                start = time.perf_counter()
-                r = c.post("/select", json={"topic": "t"})
-                assert time.perf_counter() - start < 0.05
-                assert r.status_code == 503 and r.json()["error"] == "SYSTEM_BUSY"
-                assert r.headers["retry-after"] == "1"
-            # A body the app never reads does not break the connection.
-            big = c.post("/report-latency:batch", content=b'{"reports": [' + b" " * 50_000 + b"]}",
-                         headers={"content-type": "application/json"})
-            assert big.status_code == 503
-            assert c.get("/healthz").status_code == 200  # same connection; probes never shed
-            slow.sendall(body[5:])
-            answer = slow.recv(4096)
-            assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
-            # The slot frees when the held request's task ends, just after its answer.
-            wait_until(lambda: c.post("/select", json={"topic": "t"}).status_code == 200,
-                       10, "the slot freed")
-        shed = [ln for ln in c.get("/metrics").text.splitlines()
-                if ln.startswith('detour_requests_shed_total{reason="in_flight"}')]
-        assert len(shed) == 1 and float(shed[0].split()[-1]) >= 22
+    env = {"DETOUR_MAX_IN_FLIGHT": "1", "DETOUR_MAX_QUEUE_WAIT_MS": "60000", **HOLD_ENV}
+    redis = RedisServer()
+    try:
+        with ServiceProcess(redis_url=redis.url, env=env) as svc, \
+                httpx.Client(base_url=svc.url, timeout=5) as c:
+            c.put("/routes/t", json={"brokers": [{"brokerName": "a", "writeQueueNums": 1}]})
+            redis.proc.send_signal(signal.SIGSTOP)
+            with hold_a_slot(svc.port, body,
+                             lambda: c.post("/select", json={"topic": "t"})) as slow:
+                for _ in range(20):
+                    start = time.perf_counter()
+                    r = c.post("/select", json={"topic": "t"})
+                    assert time.perf_counter() - start < 0.05
+                    assert r.status_code == 503 and r.json()["error"] == "SYSTEM_BUSY"
+                    assert r.headers["retry-after"] == "1"
+                # A body the app never reads does not break the connection.
+                big = c.post("/report-latency:batch",
+                             content=b'{"reports": [' + b" " * 50_000 + b"]}",
+                             headers={"content-type": "application/json"})
+                assert big.status_code == 503
+                assert c.get("/healthz").status_code == 200  # same connection; never shed
+                redis.proc.send_signal(signal.SIGCONT)
+                answer = slow.recv(4096)
+                assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+                # The slot frees when the held request's task ends, just after its answer.
+                wait_until(lambda: c.post("/select", json={"topic": "t"}).status_code == 200,
+                           10, "the slot freed")
+            shed = [ln for ln in c.get("/metrics").text.splitlines()
+                    if ln.startswith('detour_requests_shed_total{reason="in_flight"}')]
+            assert len(shed) == 1 and float(shed[0].split()[-1]) >= 22
+    finally:
+        redis.proc.send_signal(signal.SIGCONT)
+        redis.stop()
 
 
 def test_a_request_counts_from_the_turn_that_starts_it_until_its_app_call_returns() -> None:
@@ -286,38 +302,46 @@ def read_responses(sock: socket.socket, n: int) -> list[bytes]:
 
 @pytest.mark.e2e
 def test_the_server_refuses_past_the_turn_limit_while_shedding() -> None:
-    """The real server: two reports whose bodies are still arriving hold two of four
+    """The real server: two reports waiting on a stopped Redis hold two of four
     slots; three pipelined selects in one write overflow the bound (shedding begins);
     with a budget every turn exceeds, the limit is one start per turn, so of the next
     two pipelined selects the second is refused for the turn, in order, at once."""
-    select = (b"POST /select HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    select = (b"POST /select HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
               b"content-length: 13\r\n\r\n{\"topic\":\"t\"}")
     report = json.dumps({"brokerName": "a", "latencyMs": 1}).encode()
     env = {"DETOUR_MAX_IN_FLIGHT": "4", "DETOUR_TURN_BUDGET_MS": "0.000001",
-           "DETOUR_MAX_QUEUE_WAIT_MS": "60000"}
-    with ServiceProcess(env=env) as svc, httpx.Client(base_url=svc.url, timeout=5) as c:
-        c.put("/routes/t", json={"brokers": [{"brokerName": "a", "writeQueueNums": 1}]})
-        holders = []
-        for _ in range(2):
-            h = socket.create_connection(("127.0.0.1", svc.port), timeout=5)
-            h.sendall(b"POST /report-latency HTTP/1.1\r\nhost: x\r\ncontent-type: "
-                      b"application/json\r\ncontent-length: %d\r\n\r\n" % len(report)
-                      + report[:5])
-            holders.append(h)
-        with socket.create_connection(("127.0.0.1", svc.port), timeout=5) as pipe:
-            def third_refused() -> bool:
-                # Once both holders are inside the app, a burst of three is one too many.
-                pipe.sendall(select * 3)
-                return read_responses(pipe, 3)[2].startswith(b"HTTP/1.1 503")
+           "DETOUR_MAX_QUEUE_WAIT_MS": "60000", **HOLD_ENV}
+    redis = RedisServer()
+    try:
+        with ServiceProcess(redis_url=redis.url, env=env) as svc, \
+                httpx.Client(base_url=svc.url, timeout=5) as c:
+            c.put("/routes/t", json={"brokers": [{"brokerName": "a", "writeQueueNums": 1}]})
+            redis.proc.send_signal(signal.SIGSTOP)  # the two reports wait inside the app
+            holders = []
+            for _ in range(2):
+                h = socket.create_connection(("127.0.0.1", svc.port), timeout=5)
+                h.sendall(b"POST /report-latency HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: "
+                          b"application/json\r\ncontent-length: %d\r\n\r\n" % len(report)
+                          + report)
+                holders.append(h)
+            with socket.create_connection(("127.0.0.1", svc.port), timeout=5) as pipe:
+                def third_refused() -> bool:
+                    # Once both holders are inside the app, a burst of three is one too many.
+                    pipe.sendall(select * 3)
+                    return read_responses(pipe, 3)[2].startswith(b"HTTP/1.1 503")
 
-            wait_until(third_refused, 10, "the holders in flight")
-            pipe.sendall(select * 2)
-            assert [r[:12] for r in read_responses(pipe, 2)] == [b"HTTP/1.1 200", b"HTTP/1.1 503"]
-        for h in holders:
-            h.sendall(report[5:])
-            assert read_responses(h, 1)[0].startswith(b"HTTP/1.1 200")
-            h.close()
-        shed = {ln.split('reason="')[1].split('"')[0]: float(ln.split()[-1])
-                for ln in c.get("/metrics").text.splitlines()
-                if ln.startswith("detour_requests_shed_total{")}
-        assert shed["turn_budget"] == 1 and shed["in_flight"] >= 1
+                wait_until(third_refused, 10, "the holders in flight")
+                pipe.sendall(select * 2)
+                assert [r[:12] for r in read_responses(pipe, 2)] == [b"HTTP/1.1 200",
+                                                                    b"HTTP/1.1 503"]
+            redis.proc.send_signal(signal.SIGCONT)
+            for h in holders:
+                assert read_responses(h, 1)[0].startswith(b"HTTP/1.1 200")
+                h.close()
+            shed = {ln.split('reason="')[1].split('"')[0]: float(ln.split()[-1])
+                    for ln in c.get("/metrics").text.splitlines()
+                    if ln.startswith("detour_requests_shed_total{")}
+            assert shed["turn_budget"] == 1 and shed["in_flight"] >= 1
+    finally:
+        redis.proc.send_signal(signal.SIGCONT)
+        redis.stop()

@@ -47,6 +47,13 @@ BrokerPath = Annotated[
     ),
 ]
 
+#: A log position (``after``, ``since``): a Redis stream id is two unsigned 64-bit
+#: integers, ``ms-seq``. At most 19 digits each keeps both in range (2**64 - 1 has 20),
+#: and leaves room after the largest, so a read "after" it is a valid range on both
+#: stores; the ids Detour hands out (epoch ms) have 13. A longer one is a 422 naming the
+#: parameter, not a store error.
+STREAM_ID_PATTERN = r"^[0-9]{1,19}-[0-9]{1,19}$"
+
 #: Error responses every route may give, for the OpenAPI document.
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {
@@ -58,8 +65,31 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         "description": "The token's role may not do this, or "
         "`X-Detour-Namespace` names another namespace than the token's.",
     },
-    413: {"model": ErrorBody, "description": "Body larger than the limit."},
-    422: {"model": ErrorBody, "description": "A field failed validation; `field` names it."},
+    413: {
+        "model": ErrorBody,
+        "description": "PAYLOAD_TOO_LARGE: the body is over `DETOUR_MAX_BODY_BYTES` (64 KiB; "
+        "256 KiB for the batch).",
+    },
+    415: {
+        "model": ErrorBody,
+        "description": "UNSUPPORTED_MEDIA_TYPE: a body without `Content-Type: application/json`.",
+    },
+    421: {
+        "model": ErrorBody,
+        "description": "HOST_NOT_ALLOWED: the Host is not a loopback name, an IP literal or one "
+        "of `DETOUR_ALLOWED_HOSTS` (DNS rebinding); the connection is closed.",
+    },
+    422: {
+        "model": ErrorBody,
+        "description": "A field failed validation, or a JSON object repeats a key; `field` "
+        "names it.",
+    },
+    431: {
+        "model": ErrorBody,
+        "description": "HEADERS_TOO_LARGE: request line and headers over "
+        "`DETOUR_MAX_HEADER_BYTES`, or more than `DETOUR_MAX_HEADERS` headers; the connection "
+        "is closed.",
+    },
 }
 UNAVAILABLE: dict[int | str, dict[str, Any]] = {
     503: {

@@ -3,19 +3,30 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic.alias_generators import to_camel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
 
 from service.errors import DetourError, error_body
+from service.limits import BadBody
 
 log = logging.getLogger("detour")
 
-_HTTP_CODES = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 413: "PAYLOAD_TOO_LARGE"}
+_HTTP_CODES = {
+    404: "NOT_FOUND",
+    405: "METHOD_NOT_ALLOWED",
+    413: "PAYLOAD_TOO_LARGE",
+    415: "UNSUPPORTED_MEDIA_TYPE",
+    422: "VALIDATION_ERROR",
+}
 
 
 def field_path(loc: Sequence[int | str]) -> str:
@@ -31,8 +42,30 @@ def field_path(loc: Sequence[int | str]) -> str:
         if isinstance(p, int):
             out += f"[{p}]"
         else:
+            # A default that failed a rule across fields is located by its Python name:
+            # say its wire name (every body field is the camelCase of its name).
+            p = to_camel(p) if "_" in p else p
             out += f".{p}" if out else str(p)
     return out or "body"
+
+
+_TEMPLATE_PARAM = re.compile(r"\\\{[^/]+?\\\}")
+
+
+def allowed_methods(request: Request) -> str:
+    """The methods the API documents at this path, for ``Allow`` on a 405: all of them
+    (RFC 9110), where the router names only those of the first route it met. Matched as
+    OpenAPI does: a concrete path (``/fault-items/stream``) before templated ones
+    (``/fault-items/{brokerName}``)."""
+    path = request.scope["path"]
+    paths: dict[str, dict[str, Any]] = request.app.openapi()["paths"]
+    item = paths.get(path)
+    if item is None:
+        for template, candidate in paths.items():
+            if re.fullmatch(_TEMPLATE_PARAM.sub("[^/]+", re.escape(template)), path):
+                item = candidate
+                break
+    return ", ".join(sorted(m.upper() for m in item or {} if m != "parameters"))
 
 
 def _validation_message(err: dict[str, Any]) -> str:
@@ -59,8 +92,11 @@ def install_error_handlers(app: FastAPI) -> None:
             status_code=422,
         )
 
-    async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        if isinstance(exc, BadBody):
+            code = _HTTP_CODES.get(exc.status_code, "HTTP_ERROR")
+            return JSONResponse(error_body(code, exc.detail, exc.field), exc.status_code)
         if exc.status_code == 400:
             # The framework's answer to a body json.loads choked on in a way it does
             # not classify (a 5,000-digit number, nesting past the recursion limit).
@@ -68,11 +104,19 @@ def install_error_handlers(app: FastAPI) -> None:
             return JSONResponse(body, status_code=422)
         code = _HTTP_CODES.get(exc.status_code, "HTTP_ERROR")
         field = "body" if exc.status_code == 413 else None
+        headers = exc.headers
+        if exc.status_code == 405:
+            headers = {**(headers or {}), "Allow": allowed_methods(request)}
         return JSONResponse(
             error_body(code, str(exc.detail), field),
             status_code=exc.status_code,
-            headers=exc.headers,
+            headers=headers,
         )
+
+    async def on_disconnect(_: Request, exc: Exception) -> Response:
+        # The client left (or the body deadline closed it) while its body was read:
+        # nobody is there to answer, and it is no error of Detour's.
+        return Response(status_code=499)
 
     async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
         # Never leak a traceback; the log has it.
@@ -82,4 +126,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(DetourError, on_detour_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(ClientDisconnect, on_disconnect)
     app.add_exception_handler(Exception, on_unexpected)

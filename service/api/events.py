@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from service.api.deps import ERRORS, UNAVAILABLE, StoreDep
+from service.api.deps import ERRORS, STREAM_ID_PATTERN, UNAVAILABLE, StoreDep
 from service.schemas import EventOut, EventsOut
 
 router = APIRouter(tags=["admin"])
@@ -23,7 +23,7 @@ async def events(
     since: Annotated[
         str | None,
         Query(
-            pattern=r"^[0-9]{1,20}-[0-9]{1,20}$",
+            pattern=STREAM_ID_PATTERN,
             description="Read events after this id.",
             examples=["1763791234567-0"],
         ),

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 from pydantic import TypeAdapter
 
 from service import metrics
-from service.api.deps import ERRORS, UNAVAILABLE, StoreDep
+from service.api.deps import ERRORS, STREAM_ID_PATTERN, UNAVAILABLE, StoreDep
 from service.api.fast import (
     json_response,
     parse,
@@ -136,7 +136,7 @@ async def latency_log(
     after: Annotated[
         str | None,
         Query(
-            pattern=r"^[0-9]{1,20}-[0-9]{1,20}$",
+            pattern=STREAM_ID_PATTERN,
             description="Read entries after this id.",
             examples=["1763791234567-0"],
         ),

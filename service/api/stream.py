@@ -18,6 +18,17 @@ from service.api.render import config_out, fault_event, route_out
 from service.model import Config, FaultItem, Route
 from service.view import ChangeKind, TableView
 
+SSE_EVENT: dict[str, object] = {
+    "type": "object",
+    "properties": {
+        "event": {"type": "string", "description": "`snapshot`, then one per change."},
+        "data": {"type": "string", "description": "The event's JSON document."},
+        "id": {"type": "string"},
+        "retry": {"type": "integer"},
+    },
+    "required": ["data"],
+}
+
 router = APIRouter(tags=["admin"])
 
 #: Changes a slow reader may fall behind by before it gets a fresh snapshot instead.
@@ -84,7 +95,8 @@ def _change(view: TableView, kind: ChangeKind, key: str, value: object, version:
     responses={
         200: {
             "description": "An endless `text/event-stream`.",
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            # Each event, as SSE parsers read it (``event``, and ``data``: a JSON text).
+            "content": {"text/event-stream": {"schema": SSE_EVENT}},
         }
     },
 )

@@ -1,0 +1,325 @@
+"""The HTTP/1.1 protocol Detour runs under uvicorn: its httptools protocol, bounded at the edge.
+
+uvicorn's httptools protocol (the fast one; h11's is the other) has no limit on a
+request's head and no read deadline: a 20 MB head is parsed into memory, and a client
+that sends one byte a second holds its connection for ever. This subclass adds what
+nginx and Envoy have (docs/security.md, "The HTTP edge"), each a setting:
+
+* **Head size and count** (``DETOUR_MAX_HEADER_BYTES``, ``DETOUR_MAX_HEADERS``): the
+  bytes of a request line plus headers are counted *before* they reach the parser
+  (httptools buffers a header whole before handing it over), and past the bound the
+  request is answered ``431`` and the connection closed. Memory per connection stays
+  within about twice the bound, whatever the client sends.
+* **Read deadlines** (``DETOUR_HEADER_TIMEOUT_S``, ``DETOUR_BODY_TIMEOUT_S``): a head
+  must arrive whole within its deadline from its first byte (or from the connection's
+  opening), a body within its own from the end of the head; else ``408`` and close.
+* **Open connections** (``DETOUR_MAX_CONNECTIONS``): a connection past the bound is
+  closed as soon as it is accepted, like Envoy's listener ``max_connections``.
+* **A body still arriving is not in flight**: the shedder's in-flight bound counts
+  requests that work, so slow bodies cannot fill it (they are bounded by the body
+  deadline and the connection bound instead).
+
+It also keeps what shedding needs (service/shedding.py): each request's arrival time in
+its scope, and the shedder's refusals written before Detour's app runs. The shedder and
+the limits come from the app's lifespan state (``EDGE_STATE``), so the protocol has no
+global of its own; without them it behaves as uvicorn's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, cast
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from service import metrics
+from service.errors import error_body
+from service.limits import HostNames
+from service.shedding import ARRIVED, EXEMPT_RAW, Shedder
+
+#: Paths any Host may reach: the probes (kubelet sends the pod's address, and they tell
+#: nothing and change nothing).
+_ANY_HOST = frozenset({b"/healthz", b"/readyz"})
+#: The lifespan state key holding this process's ``Edge`` (set by service/app.py).
+EDGE_STATE = "edge"
+
+# Where a connection is in its current request.
+_IDLE, _HEAD, _BODY = 0, 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeLimits:
+    """The protocol's bounds (the settings of the same names)."""
+
+    max_header_bytes: int = 32 * 1024
+    max_headers: int = 100
+    header_timeout_s: float = 5.0
+    body_timeout_s: float = 5.0
+    max_connections: int = 512
+    #: The Host names requests may carry; None: any (not checked).
+    hosts: HostNames | None = None
+
+
+@dataclass(slots=True)
+class Edge:
+    """What the protocol reads from the lifespan state: the limits and the shedder."""
+
+    limits: EdgeLimits
+    shedder: Shedder | None = None
+
+
+def _answer(status: bytes, code: str, message: str, field: str | None) -> bytes:
+    """A whole HTTP/1.1 error answer in the Error schema, closing the connection."""
+    body = json.dumps(error_body(code, message, field)).encode()
+    return (
+        b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+        b"connection: close\r\n\r\n%s" % (status, len(body), body)
+    )
+
+
+class EdgeProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the edge's bounds and the shedder's refusals."""
+
+    _edge: Edge | None = None
+    _phase = _IDLE
+    #: Bytes of the current head read so far (counted before parsing).
+    _head_bytes = 0
+    _headers_seen = 0
+    _too_many = False
+    _completed = False
+    _deadline: asyncio.TimerHandle | None = None
+    _deadline_phase = -1
+    #: This connection's request counts as waiting for its body (not in flight).
+    _awaiting_body = False
+    _refused = False
+
+    # Connection --------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        edge = self.app_state.get(EDGE_STATE)
+        self._edge = edge if isinstance(edge, Edge) else None
+        if self._edge is None:
+            return
+        if len(self.connections) > self._edge.limits.max_connections:
+            metrics.EDGE_REFUSED.labels("connections").inc()
+            transport.close()
+            return
+        # A connection that never sends a byte is bounded too.
+        self._arm(_IDLE)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        self._stop_awaiting_body()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        edge = self._edge
+        if edge is None:
+            super().data_received(data)
+            return
+        limit = edge.limits.max_header_bytes
+        while data:
+            if self._phase == _BODY:
+                super().data_received(data)
+                break
+            room = limit - self._head_bytes
+            if room <= 0:
+                self._refuse_head("headers_too_large")
+                return
+            if len(data) > room:
+                piece, data = data[:room], data[room:]
+            else:
+                piece, data = data, b""
+            self._completed = False
+            super().data_received(piece)
+            if self.transport.is_closing():
+                return
+            if self._too_many:
+                self._refuse_head("too_many_headers")
+                return
+            if self._phase == _HEAD and not self._completed:
+                # The whole piece belonged to this head. (A piece in which a request
+                # completed is not counted: the next head's share of it is at most
+                # ``room``, so a head is still cut within twice the bound.)
+                self._head_bytes += len(piece)
+        if self.transport.is_closing():
+            return
+        phase = self._phase
+        cycle = self.cycle
+        if phase == _BODY and cycle is not None and not cycle.response_complete:
+            if not self._refused:
+                self._start_awaiting_body()
+        if phase == _IDLE:
+            self._disarm()  # between requests: uvicorn's keep-alive timeout applies
+        elif self._deadline_phase != phase:
+            self._arm(phase)
+
+    # Parser callbacks ----------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._phase = _HEAD
+        self._headers_seen = 0
+        self._too_many = False
+        self._refused = False
+        cast(dict[str, Any], self.scope)[ARRIVED] = time.monotonic_ns()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers_seen += 1
+        edge = self._edge
+        if edge is not None and self._headers_seen > edge.limits.max_headers:
+            self._too_many = True
+            return
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._phase = _BODY
+        self._head_bytes = 0
+        if self._too_many:
+            self._refused = True  # answered 431 once the parser returns
+            return
+        edge = self._edge
+        if edge is not None and edge.limits.hosts is not None and not self._host_allowed(edge):
+            self._refused = True
+            return
+        shedder = edge.shedder if edge is not None else None
+        if shedder is None or self.url.partition(b"?")[0] in EXEMPT_RAW:
+            super().on_headers_complete()
+            return
+        reason = shedder.refusal()
+        if reason is None:
+            super().on_headers_complete()
+            return
+        if self.cycle is None or self.cycle.response_complete:
+            # Nothing of this connection is being answered: write the refusal now,
+            # in this loop turn, without a task; the body, if any, is read and dropped.
+            self._refused = True
+            shedder.count_refusal(reason)
+            self.transport.write(shedder.busy_response)
+            if self.parser.should_keep_alive():
+                self.on_response_complete()
+            else:
+                self.transport.close()
+            return
+        # A pipelined request behind one being answered: refuse in order, through
+        # uvicorn's own queue, with a refusing app in place of Detour's.
+        app, self.app = self.app, shedder.refusing_app(reason)
+        try:
+            super().on_headers_complete()
+        finally:
+            self.app = app
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._phase = _IDLE
+        self._completed = True
+        self._stop_awaiting_body()
+        if not self._refused:
+            super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        # Answered (a 401 or 413 may come before the body is read): no longer a request
+        # of the app's waiting for its body, so it stops being left out of in flight.
+        self._stop_awaiting_body()
+        super().on_response_complete()
+
+    # Bounds --------------------------------------------------------------------------
+
+    def _refuse_head(self, reason: str) -> None:
+        """431 for a head over the bounds, then close (nginx and Envoy close too)."""
+        metrics.EDGE_REFUSED.labels(reason).inc()
+        if self.cycle is None or self.cycle.response_complete:
+            edge = self._edge
+            assert edge is not None
+            what = (
+                f"more than {edge.limits.max_headers} headers"
+                if reason == "too_many_headers"
+                else f"request line and headers over {edge.limits.max_header_bytes} bytes"
+            )
+            status = b"431 Request Header Fields Too Large"
+            self.transport.write(_answer(status, "HEADERS_TOO_LARGE", what, "headers"))
+        self._close()
+
+    def _host_allowed(self, edge: Edge) -> bool:
+        """Whether the Host is allowed; if not, answers 421 and closes (DNS rebinding)."""
+        hosts = edge.limits.hosts
+        assert hosts is not None
+        for name, value in self.headers:
+            if name == b"host":
+                if hosts.allows(value) or self.url.partition(b"?")[0] in _ANY_HOST:
+                    return True
+                metrics.EDGE_REFUSED.labels("host").inc()
+                if self.cycle is None or self.cycle.response_complete:
+                    shown = value[:100].decode("latin-1")
+                    self.transport.write(
+                        _answer(
+                            b"421 Misdirected Request",
+                            "HOST_NOT_ALLOWED",
+                            f"Host {shown!r} is not one of this Detour's names "
+                            "(loopback names, IP literals, DETOUR_ALLOWED_HOSTS)",
+                            "Host",
+                        )
+                    )
+                self._close()
+                return False
+        return True  # no Host (HTTP/1.0): not a browser's request
+
+    def _arm(self, phase: int) -> None:
+        edge = self._edge
+        if edge is None:
+            return
+        self._disarm()
+        limits = edge.limits
+        delay = limits.body_timeout_s if phase == _BODY else limits.header_timeout_s
+        self._deadline = self.loop.call_later(delay, self._deadline_passed, phase)
+        self._deadline_phase = phase
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        self._deadline_phase = -1
+
+    def _deadline_passed(self, phase: int) -> None:
+        self._deadline = None
+        self._deadline_phase = -1
+        if self.transport.is_closing() or self._phase != phase:
+            return
+        reason = "body_timeout" if phase == _BODY else "header_timeout"
+        metrics.EDGE_REFUSED.labels(reason).inc()
+        if phase != _IDLE and (self.cycle is None or not self.cycle.response_started):
+            what = "request body" if phase == _BODY else "request headers"
+            self.transport.write(
+                _answer(b"408 Request Timeout", "REQUEST_TIMEOUT", f"{what} too slow", None)
+            )
+        self._close()
+
+    def _close(self) -> None:
+        if self.cycle is not None and not self.cycle.response_complete:
+            # The app, if it is waiting for the body, reads a disconnect; what it
+            # answers is dropped.
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+        self._disarm()
+        self._stop_awaiting_body()
+        self.transport.close()
+
+    def _start_awaiting_body(self) -> None:
+        edge = self._edge
+        if not self._awaiting_body and edge is not None and edge.shedder is not None:
+            self._awaiting_body = True
+            edge.shedder.awaiting_body += 1
+
+    def _stop_awaiting_body(self) -> None:
+        if self._awaiting_body:
+            self._awaiting_body = False
+            edge = self._edge
+            if edge is not None and edge.shedder is not None:
+                edge.shedder.awaiting_body -= 1
