@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from service import detector
 from service.api import admin, events, health, reports, routes, select, status, stream
+from service.api.bounds import bound_names, install_bounds
 from service.api.errors import install_error_handlers
 from service.api.fast import mount_fast
 from service.api.guard import Guard
@@ -66,8 +67,11 @@ def _document_security(doc: dict[str, Any]) -> None:
                 op["security"] = []
                 continue
             op["security"] = [{"bearerToken": []}, {}]
-            producer = Principal("", Role.PRODUCER, "")
-            op["x-detour-role"] = "producer" if producer.may(method.upper(), path) else "admin"
+            op["x-detour-role"] = next(
+                r.value
+                for r in (Role.PRODUCER, Role.METRICS, Role.ADMIN)
+                if Principal("", r, "").may(method.upper(), path)
+            )
 
 
 def _document_extra_schemas(app: FastAPI, models: tuple[type[BaseModel], ...]) -> None:
@@ -140,6 +144,8 @@ def create_app(settings: Settings | None = None, tokens: TokenTable | None = Non
                 await opened.close()
             raise
 
+        bound_names(stores.values(), settings)
+
         def stop_listeners() -> None:
             for s in stores.values():
                 s.view.stop_listeners()
@@ -183,6 +189,7 @@ def create_app(settings: Settings | None = None, tokens: TokenTable | None = Non
         # Producers in any language post JSON; a body without the header is JSON too.
         strict_content_type=False,
     )
+    install_bounds(app, settings)
     _document_extra_schemas(app, (SelectRequest, ReportRequest))
     install_error_handlers(app)
     for module in (select, reports, routes, stream, admin, events, health, status):

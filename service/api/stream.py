@@ -8,22 +8,168 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import weakref
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
-from fastapi import APIRouter
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Message, Receive, Scope, Send
 
-from service.api.deps import StoreDep
+from service.api.deps import ERRORS, StoreDep
 from service.api.render import config_out, fault_event, route_out
+from service.errors import error_body
 from service.model import Config, FaultItem, Route
+from service.schemas import ErrorBody
 from service.view import ChangeKind, TableView
 
 router = APIRouter(tags=["admin"])
+log = logging.getLogger("detour")
 
-#: Changes a slow reader may fall behind by before it gets a fresh snapshot instead.
-_BACKLOG = 4096
 #: Seconds between clock events: a keep-alive and the clients' time reference.
 _CLOCK_S = 1.0
+
+
+@dataclass(slots=True)
+class StreamGate:
+    """How many push streams are open, per token and in all; refuses past the caps.
+
+    Each open stream holds a socket, a subscription and a backlog, so a token (or a
+    flood of connects) could otherwise hold as many as it likes. With no tokens, only
+    the process cap applies (every caller is the same principal).
+    """
+
+    max_streams: int = 512
+    max_per_token: int = 128
+    #: Seconds a send may wait on a client that does not read before it is dropped.
+    send_timeout_s: float = 10.0
+    #: Changes a slow reader may fall behind by before it gets a fresh snapshot instead.
+    backlog: int = 1024
+    open: int = 0
+    by_token: dict[str, int] = field(default_factory=dict)
+    #: Streams dropped because their client stopped reading (tests, docs).
+    dropped: int = 0
+
+    def enter(self, token: str | None) -> Response | None:
+        """Count a new stream in, or the refusal to answer with instead."""
+        if self.open >= self.max_streams:
+            return _refusal(
+                503,
+                "SYSTEM_BUSY",
+                f"this replica serves {self.max_streams} push streams already: retry shortly "
+                "(another replica), or decide from the last table",
+            )
+        if token is not None:
+            held = self.by_token.get(token, 0)
+            if held >= self.max_per_token:
+                return _refusal(
+                    429,
+                    "TOO_MANY_STREAMS",
+                    f"this token holds {held} push streams open already "
+                    f"(at most {self.max_per_token} per replica): close one first",
+                )
+            self.by_token[token] = held + 1
+        self.open += 1
+        return None
+
+    def leave(self, token: str | None) -> None:
+        self.open -= 1
+        if token is not None:
+            left = self.by_token[token] - 1
+            if left:
+                self.by_token[token] = left
+            else:
+                del self.by_token[token]
+
+
+def _refusal(status: int, code: str, message: str) -> Response:
+    return JSONResponse(error_body(code, message), status_code=status, headers={"Retry-After": "1"})
+
+
+class _Stalled(Exception):
+    """A send waited longer than the gate's send timeout: the client is not reading."""
+
+
+class PushResponse(StreamingResponse):
+    """An event stream whose client must keep reading: a send that cannot go out within
+    ``send_timeout_s`` (the socket's buffer full, and uvicorn's 64 KiB above it) ends the
+    stream and closes the connection, so a client that stops reading holds at most that
+    buffer, one event and the backlog, for at most that long."""
+
+    def __init__(self, content: AsyncIterator[bytes], gate: StreamGate, token: str | None) -> None:
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._gate = gate
+        self._token = token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        timeout = self._gate.send_timeout_s
+
+        async def bounded(message: Message) -> None:
+            try:
+                async with asyncio.timeout(timeout):
+                    await send(message)
+            except TimeoutError:
+                raise _Stalled from None
+
+        try:
+            await super().__call__(scope, receive, bounded)
+        except _Stalled:
+            # Returning without finishing the response makes the server close the
+            # connection (and say so in its log): the buffer goes with it.
+            self._gate.dropped += 1
+            log.warning("push stream dropped: the client read nothing for %.1f s", timeout)
+        finally:
+            self._gate.leave(self._token)
+            close = getattr(self.body_iterator, "aclose", None)
+            if close is not None:
+                await close()  # unsubscribes at once, not whenever it is collected
+
+
+class _SnapshotCache:
+    """The snapshot event's bulk (config, routes, items) rendered once per table change
+    and shared by every connect and every resend: it was most of a connect's cost."""
+
+    def __init__(self) -> None:
+        self._tail: bytes | None = None
+
+    def on_change(self, kind: ChangeKind, key: str, value: object, version: int) -> None:
+        self._tail = None
+
+    def event(self, view: TableView) -> bytes:
+        tail = self._tail
+        if tail is None:
+            body = json.dumps(
+                {
+                    "config": config_out(view.config).model_dump(mode="json"),
+                    "routes": [
+                        route_out(view.routes[t]).model_dump(mode="json")
+                        for t in sorted(view.routes)
+                    ],
+                    "items": [fault_event(b, i) for b, i in sorted(view.faults.items())],
+                },
+                separators=(",", ":"),
+            )
+            tail = self._tail = body[1:].encode() + b"\n\n"
+        head = b'event: snapshot\ndata: {"version":%d,"now":%d,' % (view.version, view.now_ms())
+        return head + tail
+
+
+#: One cache per table; it holds nothing of the view, so the view can go.
+_snapshots: weakref.WeakKeyDictionary[TableView, _SnapshotCache] = weakref.WeakKeyDictionary()
+
+
+def _snapshot(view: TableView) -> bytes:
+    cache = _snapshots.get(view)
+    if cache is None:
+        cache = _snapshots[view] = _SnapshotCache()
+        view.subscribe(cache.on_change)
+    return cache.event(view)
+
 
 _DESCRIPTION = """\
 Events, each `event: <kind>` then `data: <JSON>`; every JSON carries `now` (the store's
@@ -45,21 +191,6 @@ while Redis was unreachable). The stream ends when the replica stops; reconnect.
 
 def _sse(kind: str, data: dict[str, object]) -> bytes:
     return f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
-
-
-def _snapshot(view: TableView) -> bytes:
-    return _sse(
-        "snapshot",
-        {
-            "version": view.version,
-            "now": view.now_ms(),
-            "config": config_out(view.config).model_dump(mode="json"),
-            "routes": [
-                route_out(view.routes[t]).model_dump(mode="json") for t in sorted(view.routes)
-            ],
-            "items": [fault_event(b, i) for b, i in sorted(view.faults.items())],
-        },
-    )
 
 
 def _change(view: TableView, kind: ChangeKind, key: str, value: object, version: int) -> bytes:
@@ -85,49 +216,67 @@ def _change(view: TableView, kind: ChangeKind, key: str, value: object, version:
         200: {
             "description": "An endless `text/event-stream`.",
             "content": {"text/event-stream": {"schema": {"type": "string"}}},
-        }
+        },
+        401: ERRORS[401],
+        403: ERRORS[403],
+        429: {
+            "model": ErrorBody,
+            "description": "TOO_MANY_STREAMS: this token holds its cap of streams open on "
+            "this replica already (`DETOUR_STREAM_MAX_PER_TOKEN`).",
+        },
+        503: {
+            "model": ErrorBody,
+            "description": "SYSTEM_BUSY: this replica serves its cap of streams "
+            "(`DETOUR_STREAM_MAX`); see Retry-After.",
+        },
     },
 )
-async def stream(store: StoreDep) -> StreamingResponse:
-    view = store.view
-    Change = tuple[ChangeKind, str, object, int]
-    changes: asyncio.Queue[Change] = asyncio.Queue(_BACKLOG)
+async def stream(request: Request, store: StoreDep) -> Response:
+    gate: StreamGate = request.app.state.stream_gate
+    principal = getattr(request.state, "principal", None)
+    token = None if principal is None else principal.name
+    refusal = gate.enter(token)
+    if refusal is not None:
+        return refusal
+    try:
+        view = store.view
+        Change = tuple[ChangeKind, str, object, int]
+        changes: asyncio.Queue[Change] = asyncio.Queue(gate.backlog)
 
-    def on_change(kind: ChangeKind, key: str, value: object, version: int) -> None:
-        try:
-            changes.put_nowait((kind, key, value, version))
-        except asyncio.QueueFull:
-            # Too far behind: drop the backlog, the reader gets a snapshot next.
-            while not changes.empty():
-                changes.get_nowait()
-            changes.put_nowait(("snapshot", "", None, view.version))
+        def on_change(kind: ChangeKind, key: str, value: object, version: int) -> None:
+            try:
+                changes.put_nowait((kind, key, value, version))
+            except asyncio.QueueFull:
+                # Too far behind: drop the backlog, the reader gets a snapshot next.
+                while not changes.empty():
+                    changes.get_nowait()
+                changes.put_nowait(("snapshot", "", None, view.version))
 
-    async def events() -> AsyncIterator[bytes]:
-        unsubscribe = view.subscribe(on_change)
-        try:
-            yield _snapshot(view)
-            loop = asyncio.get_running_loop()
-            next_clock = loop.time() + _CLOCK_S
-            while True:
-                try:
-                    kind, key, value, version = await asyncio.wait_for(
-                        changes.get(), max(0.0, next_clock - loop.time())
-                    )
-                except TimeoutError:
-                    yield _sse("clock", {"now": view.now_ms()})
-                    next_clock = loop.time() + _CLOCK_S
-                    continue
-                if kind == "stop":
-                    return
-                if kind == "snapshot":
-                    yield _snapshot(view)
-                else:
-                    yield _change(view, kind, key, value, version)
-        finally:
-            unsubscribe()
+        async def events() -> AsyncIterator[bytes]:
+            unsubscribe = view.subscribe(on_change)
+            try:
+                yield _snapshot(view)
+                loop = asyncio.get_running_loop()
+                next_clock = loop.time() + _CLOCK_S
+                while True:
+                    try:
+                        kind, key, value, version = await asyncio.wait_for(
+                            changes.get(), max(0.0, next_clock - loop.time())
+                        )
+                    except TimeoutError:
+                        yield _sse("clock", {"now": view.now_ms()})
+                        next_clock = loop.time() + _CLOCK_S
+                        continue
+                    if kind == "stop":
+                        return
+                    if kind == "snapshot":
+                        yield _snapshot(view)
+                    else:
+                        yield _change(view, kind, key, value, version)
+            finally:
+                unsubscribe()
 
-    return StreamingResponse(
-        events(),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+        return PushResponse(events(), gate, token)
+    except BaseException:
+        gate.leave(token)
+        raise
