@@ -91,7 +91,8 @@ class Settings(BaseSettings):
     #: Changes a push stream may fall behind by before it is sent a snapshot instead.
     stream_backlog: int = Field(1024, ge=16, le=100_000)
     #: GET /metrics is rendered at most once per this many seconds, whatever the scrape
-    #: rate; scrapes in between get the same text (0 renders every scrape).
+    #: rate: a scrape sooner after the last rendering waits for (and shares) the next one,
+    #: so it never gets a text older than itself (0: every scrape renders).
     metrics_cache_s: float = Field(1.0, ge=0, le=60)
     #: Broker names that get series of their own on this process's counters (first come);
     #: later names count under ``broker="_other"``. The table's gauges list as many

@@ -188,11 +188,21 @@ def exposition(
     return head + generate_latest(table)
 
 
+@dataclass(frozen=True, slots=True)
+class _Render:
+    #: Loop time the tables are copied at (not before): who arrived by then may share it.
+    at: float
+    task: asyncio.Task[bytes]
+
+
 class Exposition:
     """GET /metrics' text per audience, rendered at most once per ``cache_s``, off the loop.
 
-    Concurrent scrapes of one audience share one rendering; the cache holds one text
-    per audience (every namespace, or one namespace: a fixed set).
+    A scrape never gets a text older than itself (a count it caused is in it), and the
+    rate holds whatever the scrape rate: a scrape that comes within ``cache_s`` of the
+    last rendering waits for the next one, which every scrape waiting by then shares.
+    At Prometheus's pace (one scrape per interval) nobody waits. One rendering per
+    audience (every namespace, or one namespace: a fixed set) is kept.
     """
 
     def __init__(self, cache_s: float = 1.0, max_brokers: int = MAX_BROKER_SERIES) -> None:
@@ -200,33 +210,45 @@ class Exposition:
         self.max_brokers = max_brokers
         #: Renderings done (tests: the rate bound).
         self.renders = 0
-        self._cache: dict[frozenset[str] | None, tuple[float, bytes]] = {}
-        self._pending: dict[frozenset[str] | None, asyncio.Task[bytes]] = {}
+        #: audience -> (loop time its tables were copied, the text)
+        self._last: dict[frozenset[str] | None, tuple[float, bytes]] = {}
+        self._pending: dict[frozenset[str] | None, _Render] = {}
 
     async def text(
         self, stores: Mapping[str, FaultStore], namespaces: frozenset[str] | None
     ) -> bytes:
+        """The text for ``namespaces`` (None: every one), as of this call or later."""
         loop = asyncio.get_running_loop()
-        hit = self._cache.get(namespaces)
-        if hit is not None and loop.time() - hit[0] < self.cache_s:
-            return hit[1]
-        task = self._pending.get(namespaces)
-        if task is None:
+        arrived = loop.time()
+        while True:
+            pending = self._pending.get(namespaces)
+            if pending is not None:
+                # Shielded: a scraper that hangs up does not cancel the others' rendering.
+                body = await asyncio.shield(pending.task)
+                if pending.at >= arrived:
+                    return body
+                continue  # copied before this scrape came: wait for the next one
+            last = self._last.get(namespaces)
+            at = arrived if last is None else max(arrived, last[0] + self.cache_s)
+            task = loop.create_task(self._render(stores, namespaces, at))
+            self._pending[namespaces] = _Render(at, task)
+
+    async def _render(
+        self, stores: Mapping[str, FaultStore], namespaces: frozenset[str] | None, at: float
+    ) -> bytes:
+        loop = asyncio.get_running_loop()
+        try:
+            if at > loop.time():
+                await asyncio.sleep(at - loop.time())
+            copied = loop.time()
             tables = [
                 TableState.of(s)
                 for ns, s in sorted(stores.items())
                 if namespaces is None or ns in namespaces
             ]
-            task = loop.create_task(self._render(tables, namespaces))
-            self._pending[namespaces] = task
-        # Shielded: a scraper that hangs up does not cancel the others' rendering.
-        return await asyncio.shield(task)
-
-    async def _render(self, tables: list[TableState], namespaces: frozenset[str] | None) -> bytes:
-        try:
             body = await asyncio.to_thread(exposition, tables, namespaces, self.max_brokers)
+            self.renders += 1
+            self._last[namespaces] = (copied, body)
+            return body
         finally:
             del self._pending[namespaces]
-        self.renders += 1
-        self._cache[namespaces] = (asyncio.get_running_loop().time(), body)
-        return body

@@ -55,7 +55,8 @@ async def prometheus(request: Request, stores: StoresDep) -> Response:
 
     With tokens, a `metrics` (or `admin`) token is needed, and the scrape shows only its
     namespace's series (a `metrics` token for namespace `*`: all). Rendered at most once
-    a second (`DETOUR_METRICS_CACHE_S`); scrapes in between get the same text."""
+    a second (`DETOUR_METRICS_CACHE_S`): a scrape sooner than that after the last one waits
+    for the next rendering, which it shares with every scrape waiting by then."""
     exposition: Exposition = request.app.state.exposition
     principal = getattr(request.state, "principal", None)
     namespaces = None if principal is None else principal.scrape_namespaces()
