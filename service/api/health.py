@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from service.api.deps import StoresDep
+from service.api.deps import ERRORS, StoresDep
 from service.api.exposition import Exposition
 from service.schemas import ErrorBody, Health
 from service.store import FaultStore
@@ -47,7 +47,9 @@ async def readyz(stores: StoresDep) -> Health:
         200: {
             "description": "Prometheus text exposition format.",
             "content": {"text/plain": {"schema": {"type": "string"}}},
-        }
+        },
+        401: ERRORS[401],
+        403: ERRORS[403],
     },
 )
 async def prometheus(request: Request, stores: StoresDep) -> Response:
