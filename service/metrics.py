@@ -153,6 +153,16 @@ SHED = Counter(
     "Requests refused at once to bound the work in flight.",
     ["reason"],
 )
+STREAMS_REFUSED = Counter(
+    "detour_push_streams_refused_total",
+    "Push stream connects refused: reason=token (429, the token's cap on this replica) or "
+    "process (503, the replica's cap).",
+    ["reason"],
+)
+STREAMS_DROPPED = Counter(
+    "detour_push_streams_dropped_total",
+    "Push streams closed because their client read nothing for stream_send_timeout_s.",
+)
 RESYNCS = Counter("detour_view_resyncs_total", "Full resyncs of this replica's table copy.")
 RESEEDS = Counter(
     "detour_store_reseeds_total",
@@ -180,3 +190,5 @@ for _reason in ("full", "expired", "table_full"):
     JOURNAL_DROPPED.labels(_reason)
 for _reason in ("in_flight", "turn_budget", "queue_wait"):
     SHED.labels(_reason)
+for _reason in ("token", "process"):
+    STREAMS_REFUSED.labels(_reason)

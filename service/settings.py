@@ -88,6 +88,10 @@ class Settings(BaseSettings):
     #: A push stream whose client reads nothing for this long, its send buffer full, is
     #: dropped (seconds).
     stream_send_timeout_s: float = Field(10.0, gt=0, le=600)
+    #: The kernel send buffer of a push stream's socket (bytes; Linux doubles it): fixed,
+    #: so a client that stops reading is found out (and dropped) after about this much
+    #: plus 64 KiB in the process, where autotuning would queue megabytes per socket.
+    stream_send_buffer_bytes: int = Field(64 * 1024, ge=4096, le=16 * 1024 * 1024)
     #: Changes a push stream may fall behind by before it is sent a snapshot instead.
     stream_backlog: int = Field(1024, ge=16, le=100_000)
     #: GET /metrics is rendered at most once per this many seconds, whatever the scrape

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -47,6 +48,10 @@ ARRIVED = "detour.arrived_ns"
 _EXEMPT = frozenset({"/healthz", "/readyz", "/metrics"})
 #: Endless responses: in flight from their connect until their response starts.
 _STREAMS = frozenset({"/fault-items/stream"})
+_STREAMS_RAW = frozenset(p.encode() for p in _STREAMS)
+#: Bytes an endless response's transport holds above the kernel's buffer before the
+#: writer waits (asyncio's default is 64 KiB); a snapshot is written in slices this size.
+_STREAM_HIGH_WATER = 16 * 1024
 _EXEMPT_RAW = frozenset(p.encode() for p in _EXEMPT)
 
 
@@ -56,6 +61,10 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
 
     #: The Shedder of the app this process serves (set when the app is built).
     shedder: Shedder | None = None
+    #: Kernel send buffer of an endless response's socket (bytes; set when the app is
+    #: built, from ``stream_send_buffer_bytes``): fixed, so a client that stops reading
+    #: stalls the writes after this much, where autotuning would queue megabytes.
+    stream_send_buffer = 64 * 1024
     _refused = False
 
     def on_message_begin(self) -> None:
@@ -64,8 +73,16 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
         cast(dict[str, Any], self.scope)[ARRIVED] = time.monotonic_ns()
 
     def on_headers_complete(self) -> None:
+        path = self.url.partition(b"?")[0]
+        if path in _STREAMS_RAW:
+            # Bounded buffers for an endless response: the kernel's, and the transport's
+            # (uvicorn waits for it to drain below this before each send).
+            sock = self.transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.stream_send_buffer)
+            self.transport.set_write_buffer_limits(high=_STREAM_HIGH_WATER)
         shedder = TimedHttpToolsProtocol.shedder
-        if shedder is None or self.url.partition(b"?")[0] in _EXEMPT_RAW:
+        if shedder is None or path in _EXEMPT_RAW:
             super().on_headers_complete()
             return
         reason = shedder.refusal()

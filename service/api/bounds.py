@@ -11,6 +11,7 @@ from service.api import telemetry
 from service.api.exposition import Exposition
 from service.api.stream import StreamGate
 from service.settings import Settings
+from service.shedding import TimedHttpToolsProtocol
 from service.store import FaultStore
 
 
@@ -24,6 +25,7 @@ def install_bounds(app: FastAPI, settings: Settings) -> None:
     )
     app.state.exposition = Exposition(settings.metrics_cache_s, settings.metrics_max_brokers)
     telemetry.set_broker_series_cap(settings.metrics_max_brokers)
+    TimedHttpToolsProtocol.stream_send_buffer = settings.stream_send_buffer_bytes
 
 
 def bound_names(stores: Iterable[FaultStore], settings: Settings) -> None:

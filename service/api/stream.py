@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 from fastapi import APIRouter, Request
@@ -20,6 +21,7 @@ from starlette.types import Message, Receive, Scope, Send
 from service.api.deps import ERRORS, StoreDep
 from service.api.render import config_out, fault_event, route_out
 from service.errors import error_body
+from service.metrics import STREAMS_DROPPED, STREAMS_REFUSED
 from service.model import Config, FaultItem, Route
 from service.schemas import ErrorBody
 from service.view import ChangeKind, TableView
@@ -27,6 +29,8 @@ from service.view import ChangeKind, TableView
 router = APIRouter(tags=["admin"])
 log = logging.getLogger("detour")
 
+#: Bytes of a large event (a snapshot) written at a time.
+_SLICE = 16 * 1024
 #: Seconds between clock events: a keep-alive and the clients' time reference.
 _CLOCK_S = 1.0
 
@@ -48,12 +52,15 @@ class StreamGate:
     backlog: int = 1024
     open: int = 0
     by_token: dict[str, int] = field(default_factory=dict)
-    #: Streams dropped because their client stopped reading (tests, docs).
+    #: Streams dropped because their client stopped reading.
     dropped: int = 0
+    _logged: int = 0
+    _log_at: float = 0.0
 
     def enter(self, token: str | None) -> Response | None:
         """Count a new stream in, or the refusal to answer with instead."""
         if self.open >= self.max_streams:
+            STREAMS_REFUSED.labels("process").inc()
             return _refusal(
                 503,
                 "SYSTEM_BUSY",
@@ -63,6 +70,7 @@ class StreamGate:
         if token is not None:
             held = self.by_token.get(token, 0)
             if held >= self.max_per_token:
+                STREAMS_REFUSED.labels("token").inc()
                 return _refusal(
                     429,
                     "TOO_MANY_STREAMS",
@@ -72,6 +80,20 @@ class StreamGate:
             self.by_token[token] = held + 1
         self.open += 1
         return None
+
+    def note_drop(self) -> None:
+        """Count a stream dropped for not reading; say so in the log at most once a second
+        (a flood of such clients must not become a flood of log lines)."""
+        self.dropped += 1
+        STREAMS_DROPPED.inc()
+        now = time.monotonic()
+        if now >= self._log_at:
+            log.warning(
+                "push streams dropped: %d client(s) read nothing for %.1f s",
+                self.dropped - self._logged,
+                self.send_timeout_s,
+            )
+            self._logged, self._log_at = self.dropped, now + 1.0
 
     def leave(self, token: str | None) -> None:
         self.open -= 1
@@ -93,11 +115,15 @@ class _Stalled(Exception):
 
 class PushResponse(StreamingResponse):
     """An event stream whose client must keep reading: a send that cannot go out within
-    ``send_timeout_s`` (the socket's buffer full, and uvicorn's 64 KiB above it) ends the
-    stream and closes the connection, so a client that stops reading holds at most that
-    buffer, one event and the backlog, for at most that long."""
+    ``send_timeout_s`` ends the stream and closes the connection. The socket's kernel
+    buffer is fixed (``stream_send_buffer_bytes``, set by the server protocol), uvicorn
+    pauses at 64 KiB above it, and a snapshot goes out in 16 KiB slices: so a client that
+    stops reading holds at most those buffers, one slice or event and the backlog of
+    changes, for at most ``send_timeout_s``."""
 
-    def __init__(self, content: AsyncIterator[bytes], gate: StreamGate, token: str | None) -> None:
+    def __init__(
+        self, content: AsyncIterator[bytes | memoryview], gate: StreamGate, token: str | None
+    ) -> None:
         super().__init__(
             content,
             media_type="text/event-stream",
@@ -121,8 +147,7 @@ class PushResponse(StreamingResponse):
         except _Stalled:
             # Returning without finishing the response makes the server close the
             # connection (and say so in its log): the buffer goes with it.
-            self._gate.dropped += 1
-            log.warning("push stream dropped: the client read nothing for %.1f s", timeout)
+            self._gate.note_drop()
         finally:
             self._gate.leave(self._token)
             close = getattr(self.body_iterator, "aclose", None)
@@ -140,7 +165,10 @@ class _SnapshotCache:
     def on_change(self, kind: ChangeKind, key: str, value: object, version: int) -> None:
         self._tail = None
 
-    def event(self, view: TableView) -> bytes:
+    def event(self, view: TableView) -> Iterator[bytes | memoryview]:
+        """The event in pieces: its own small head, then 16 KiB slices of the shared bulk
+        (each waits for the client to take the one before: a client that stops reading
+        holds at most a slice, never its own copy)."""
         tail = self._tail
         if tail is None:
             body = json.dumps(
@@ -155,15 +183,17 @@ class _SnapshotCache:
                 separators=(",", ":"),
             )
             tail = self._tail = body[1:].encode() + b"\n\n"
-        head = b'event: snapshot\ndata: {"version":%d,"now":%d,' % (view.version, view.now_ms())
-        return head + tail
+        yield b'event: snapshot\ndata: {"version":%d,"now":%d,' % (view.version, view.now_ms())
+        bulk = memoryview(tail)
+        for start in range(0, len(bulk), _SLICE):
+            yield bulk[start : start + _SLICE]
 
 
 #: One cache per table; it holds nothing of the view, so the view can go.
 _snapshots: weakref.WeakKeyDictionary[TableView, _SnapshotCache] = weakref.WeakKeyDictionary()
 
 
-def _snapshot(view: TableView) -> bytes:
+def _snapshot(view: TableView) -> Iterator[bytes | memoryview]:
     cache = _snapshots.get(view)
     if cache is None:
         cache = _snapshots[view] = _SnapshotCache()
@@ -252,10 +282,11 @@ async def stream(request: Request, store: StoreDep) -> Response:
                     changes.get_nowait()
                 changes.put_nowait(("snapshot", "", None, view.version))
 
-        async def events() -> AsyncIterator[bytes]:
+        async def events() -> AsyncIterator[bytes | memoryview]:
             unsubscribe = view.subscribe(on_change)
             try:
-                yield _snapshot(view)
+                for chunk in _snapshot(view):
+                    yield chunk
                 loop = asyncio.get_running_loop()
                 next_clock = loop.time() + _CLOCK_S
                 while True:
@@ -270,7 +301,8 @@ async def stream(request: Request, store: StoreDep) -> Response:
                     if kind == "stop":
                         return
                     if kind == "snapshot":
-                        yield _snapshot(view)
+                        for chunk in _snapshot(view):
+                            yield chunk
                     else:
                         yield _change(view, kind, key, value, version)
             finally:
