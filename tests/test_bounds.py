@@ -392,42 +392,66 @@ def _pipelined(port: int, requests: list[bytes]) -> list[int]:
         return statuses
 
 
+def _all_served(port: int, requests: list[bytes], again: frozenset[int] = frozenset({503})
+                ) -> None:
+    """Pipeline ``requests``; send again any refused with a status in ``again`` until all
+    are 200. What these tests measure is memory, not shedding: a busy machine may shed a
+    few (503); a table full of windows that end this very millisecond refuses (409)."""
+    pending = requests
+    for _ in range(20):
+        statuses = _pipelined(port, pending)
+        assert set(statuses) <= {200} | again, statuses
+        pending = [r for r, status in zip(pending, statuses, strict=True) if status in again]
+        if not pending:
+            return
+        time.sleep(1.2)  # shedding lasts a second past the last refusal
+    raise AssertionError(f"{len(pending)} requests still refused")
+
+
 def _post(path: str, body: object) -> bytes:
     data = json.dumps(body).encode()
     return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(data)}\r\n\r\n").encode() + data
 
 
+class OpenService(ServiceProcess):
+    store_kind = "memory"
+
+
 @pytest.fixture
-def open_service(request: pytest.FixtureRequest) -> Iterator[ServiceProcess]:
+def open_service(request: pytest.FixtureRequest) -> Iterator[OpenService]:
+    """An open Detour (loopback, no tokens) on the parametrized store; the latency log (a
+    bound of its own, DETOUR_LATENCY_LOG_MAX) kept small so it does not hide the rest."""
     env = {"DETOUR_LATENCY_LOG_MAX": "1000", "DETOUR_MAX_TOPIC_COUNTERS": "10000"}
     redis_url = request.getfixturevalue("redis_url") if request.param == "redis" else None
-    with ServiceProcess(redis_url=redis_url, env=env) as svc:
+    with OpenService(redis_url=redis_url, env=env) as svc:
+        svc.store_kind = request.param
         yield svc
 
 
 @pytest.mark.parametrize("open_service", ["memory", "redis"], indirect=True)
-def test_inline_topics_do_not_grow_memory(open_service: ServiceProcess) -> None:
+def test_inline_topics_do_not_grow_memory(open_service: OpenService) -> None:
     svc = open_service
 
     def topics(start: int, n: int) -> None:
-        for base in range(start, start + n, 500):
-            statuses = _pipelined(svc.port, [
+        for base in range(start, start + n, 200):
+            _all_served(svc.port, [
                 _post("/select", {"topic": f"inline-{i}", "queues": [
                     {"brokerName": "x", "queueId": 0}, {"brokerName": "y", "queueId": 1}]})
-                for i in range(base, base + 500)])
-            assert statuses == [200] * 500
+                for i in range(base, base + 200)])
 
     topics(0, 15_000)  # past the 10,000 counters kept: the allocator's working set
     before = rss_kb(svc.proc.pid)
     topics(15_000, 50_000)
     after = rss_kb(svc.proc.pid)
+    print("DEBUG topics", before, after)
     # Unbounded, 50k counters were +12 MB; bounded, nothing is left per topic.
     assert after - before < 3 * 1024, f"+{(after - before) / 1024:.1f} MB for 50k topics"
 
 
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("open_service", ["memory", "redis"], indirect=True)
-def test_many_broker_names_do_not_grow_memory(open_service: ServiceProcess) -> None:
+def test_many_broker_names_do_not_grow_memory(open_service: OpenService) -> None:
     svc = open_service
 
     def names(start: int, n: int) -> None:
@@ -435,16 +459,19 @@ def test_many_broker_names_do_not_grow_memory(open_service: ServiceProcess) -> N
             {"brokerName": f"b-{i}", "latencyMs": 0} for i in range(base, base + 1000)]})
             for base in range(start, start + n, 1000)]
         for i in range(0, len(batches), 10):
-            statuses = _pipelined(svc.port, batches[i:i + 10])
-            assert statuses == [200] * len(statuses)
+            _all_served(svc.port, batches[i:i + 10], frozenset({409, 503}))
 
     # Past the table's 10,000 items, 10,000 scores kept and 1,000 broker series.
     names(0, 50_000)
     before = rss_kb(svc.proc.pid)
-    names(50_000, 300_000)
+    # 300k more names on the memory store; 100k on Redis (its script is slower, and 100k
+    # names were +40 MB there too).
+    measured = 300_000 if svc.store_kind == "memory" else 100_000
+    names(50_000, measured)
     after = rss_kb(svc.proc.pid)
+    print("DEBUG names", before, after)
     with httpx.Client(base_url=svc.url, timeout=30) as http:
         items = http.get("/fault-items").json()["items"]
     assert len(items) <= 10_000
     # Unbounded, 100k names were +40 MB (evicted brokers' versions and scores kept).
-    assert after - before < 5 * 1024, f"+{(after - before) / 1024:.1f} MB for 300k names"
+    assert after - before < 5 * 1024, f"+{(after - before) / 1024:.1f} MB for {measured} names"
