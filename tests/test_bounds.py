@@ -210,7 +210,6 @@ def test_scrapes_need_a_token_stay_bounded_and_never_slow_selects(tokens_file: P
         for t in scrapers:
             t.join(30)
         elapsed = time.monotonic() - started
-        print("DEBUG scrape", len(bodies), len(set(bodies)), elapsed, p99(selects.latencies))
         selects.check(least=200)
         # At most one rendering a second, however often it is asked for.
         assert len(bodies) >= 4
@@ -330,7 +329,6 @@ def test_clients_that_never_read_are_dropped_and_memory_stays_bounded(
             assert _status(s)[0] == 200
         finally:
             s.close()
-        print("DEBUG", before, peak, after, p99(selects.latencies))
 
 
 def test_a_reconnect_loop_costs_little_and_another_tenant_never_notices(
@@ -357,7 +355,6 @@ def test_a_reconnect_loop_costs_little_and_another_tenant_never_notices(
                     s.close()
                 connects += 1
         cpu_per_connect = (cpu_s(svc.proc.pid) - cpu_before) / connects
-        print("DEBUG reconnect", connects, cpu_per_connect, p99(selects.latencies))
         selects.check(least=100)
         assert connects >= 50
         # The snapshot is rendered once per table change and shared by every connect,
@@ -444,7 +441,6 @@ def test_inline_topics_do_not_grow_memory(open_service: OpenService) -> None:
     before = rss_kb(svc.proc.pid)
     topics(15_000, 50_000)
     after = rss_kb(svc.proc.pid)
-    print("DEBUG topics", before, after)
     # Unbounded, 50k counters were +12 MB; bounded, nothing is left per topic.
     assert after - before < 3 * 1024, f"+{(after - before) / 1024:.1f} MB for 50k topics"
 
@@ -469,7 +465,6 @@ def test_many_broker_names_do_not_grow_memory(open_service: OpenService) -> None
     measured = 300_000 if svc.store_kind == "memory" else 100_000
     names(50_000, measured)
     after = rss_kb(svc.proc.pid)
-    print("DEBUG names", before, after)
     with httpx.Client(base_url=svc.url, timeout=30) as http:
         items = http.get("/fault-items").json()["items"]
     assert len(items) <= 10_000
