@@ -7,12 +7,15 @@ format is plain text any language can read, and proxies pass it through.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import random
 import time
 import weakref
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -33,6 +36,7 @@ log = logging.getLogger("detour")
 _SLICE = 16 * 1024
 #: Seconds between clock events: a keep-alive and the clients' time reference.
 _CLOCK_S = 1.0
+_CLOCK: tuple[Literal["clock"], str, object, int] = ("clock", "", None, 0)
 
 
 @dataclass(slots=True)
@@ -270,7 +274,7 @@ async def stream(request: Request, store: StoreDep) -> Response:
         return refusal
     try:
         view = store.view
-        Change = tuple[ChangeKind, str, object, int]
+        Change = tuple[ChangeKind | Literal["clock"], str, object, int]
         changes: asyncio.Queue[Change] = asyncio.Queue(gate.backlog)
 
         def on_change(kind: ChangeKind, key: str, value: object, version: int) -> None:
@@ -284,28 +288,37 @@ async def stream(request: Request, store: StoreDep) -> Response:
 
         async def events() -> AsyncIterator[bytes | memoryview]:
             unsubscribe = view.subscribe(on_change)
+            loop = asyncio.get_running_loop()
+            clock: asyncio.TimerHandle | None = None
+
+            def tick() -> None:
+                # A timer, not a timeout around each wait: no task per event, and a
+                # reader that is behind gets no clock (it will get a snapshot).
+                nonlocal clock
+                with contextlib.suppress(asyncio.QueueFull):
+                    changes.put_nowait(_CLOCK)
+                clock = loop.call_later(_CLOCK_S, tick)
+
             try:
                 for chunk in _snapshot(view):
                     yield chunk
-                loop = asyncio.get_running_loop()
-                next_clock = loop.time() + _CLOCK_S
+                # The first tick at a random phase, so streams that connected together
+                # (a reconnect storm) do not all tick in the same turn of the loop.
+                clock = loop.call_later(_CLOCK_S * (0.5 + random.random() / 2), tick)
                 while True:
-                    try:
-                        kind, key, value, version = await asyncio.wait_for(
-                            changes.get(), max(0.0, next_clock - loop.time())
-                        )
-                    except TimeoutError:
+                    kind, key, value, version = await changes.get()
+                    if kind == "clock":
                         yield _sse("clock", {"now": view.now_ms()})
-                        next_clock = loop.time() + _CLOCK_S
-                        continue
-                    if kind == "stop":
+                    elif kind == "stop":
                         return
-                    if kind == "snapshot":
+                    elif kind == "snapshot":
                         for chunk in _snapshot(view):
                             yield chunk
                     else:
                         yield _change(view, kind, key, value, version)
             finally:
+                if clock is not None:
+                    clock.cancel()
                 unsubscribe()
 
         return PushResponse(events(), gate, token)
