@@ -60,11 +60,13 @@ class _Tombstones:
         for old in [n for n, v in dead.items() if v <= applied]:
             del dead[old]
             versions.pop(old, None)
-        while len(dead) > self.cap:
-            old = next(iter(dead))
-            del dead[old]
-            versions.pop(old, None)
-        self._sweep_at = max(1024, 2 * len(dead))
+        if len(dead) > self.cap:
+            # Down to half (the oldest first), so the next sweep is cap / 2 deletes away.
+            while len(dead) > self.cap // 2:
+                old = next(iter(dead))
+                del dead[old]
+                versions.pop(old, None)
+        self._sweep_at = max(1024, min(2 * len(dead), self.cap + 1))
 
     def retain(self, versions: dict[str, int]) -> None:
         """After a resync: keep only the tombstones ``versions`` still holds."""
@@ -81,7 +83,7 @@ class TableView:
     at most ``MAX_TOMBSTONES`` of them; the selector's maps as ``SelectorState`` says.
     """
 
-    #: Tombstones kept at most (oldest dropped first): only a change older than a
+    #: Tombstones kept at most (past it the older half goes): only a change older than a
     #: dropped tombstone, arriving after more than this many deletes, could then undo
     #: one, and the next resync repairs it.
     MAX_TOMBSTONES = 65_536
@@ -106,6 +108,10 @@ class TableView:
         self._fault_dead = _Tombstones(self.MAX_TOMBSTONES)
         #: Round-robin counters, peak-EWMA scores, probes: this replica's own.
         self.selector = SelectorState()
+        #: The topic's round-robin position on this replica (SelectorState.counter), and
+        #: its update: bound here rather than delegated, as every select calls both.
+        self.counter = self.selector.counter
+        self.set_counter = self.selector.set_counter
         self._listeners: list[Listener] = []
 
     def bound_names(self, max_topics: int, max_brokers: int) -> None:
@@ -144,13 +150,6 @@ class TableView:
             listener(kind, key, value, version)
 
     # -- the selector's own state (kept here for the callers' sake) ----------
-    def counter(self, topic: str) -> int:
-        """The topic's round-robin position on this replica (SelectorState.counter)."""
-        return self.selector.counter(topic)
-
-    def set_counter(self, topic: str, value: int) -> None:
-        self.selector.set_counter(topic, value)
-
     def observe_latency(self, broker: str, latency_ms: int, now_ms: int) -> None:
         """Fold one reported latency into the broker's peak EWMA (this replica's reports)."""
         self.selector.observe_latency(broker, latency_ms, now_ms)
