@@ -8,12 +8,11 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from pydantic import ValidationError
-
 import httpx
 import pytest
 import redis
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 
 from service.app import create_app
 from service.auth import (
