@@ -9,7 +9,7 @@ from fastapi import FastAPI
 
 from service.api import telemetry
 from service.api.exposition import Exposition
-from service.api.stream import StreamGate
+from service.api.push import StreamGate
 from service.settings import Settings
 from service.shedding import TimedHttpToolsProtocol
 from service.store import FaultStore
