@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from service import detector
 from service.api import admin, events, health, reports, routes, select, status, stream
+from service.api.bounds import bound_names, install_bounds
 from service.api.errors import install_error_handlers
 from service.api.fast import mount_fast
 from service.api.guard import Guard
@@ -70,8 +71,11 @@ def _document_security(doc: dict[str, Any]) -> None:
                 op["security"] = []
                 continue
             op["security"] = [{"bearerToken": []}, {}]
-            producer = Principal("", Role.PRODUCER, "")
-            op["x-detour-role"] = "producer" if producer.may(method.upper(), path) else "admin"
+            op["x-detour-role"] = next(
+                r.value
+                for r in (Role.PRODUCER, Role.METRICS, Role.ADMIN)
+                if Principal("", r, "").may(method.upper(), path)
+            )
 
 
 def _document_extra_schemas(app: FastAPI, models: tuple[type[BaseModel], ...]) -> None:
@@ -153,6 +157,8 @@ def create_app(settings: Settings | None = None, tokens: TokenTable | None = Non
                 await opened.close()
             raise
 
+        bound_names(stores.values(), settings)
+
         def stop_listeners() -> None:
             for s in stores.values():
                 s.view.stop_listeners()
@@ -194,6 +200,7 @@ def create_app(settings: Settings | None = None, tokens: TokenTable | None = Non
         "a while, for every producer that shares the table. See docs/semantics.md.",
         lifespan=lifespan,
     )
+    install_bounds(app, settings)
     _document_extra_schemas(app, (SelectRequest, ReportRequest))
     install_error_handlers(app)
     for module in (select, reports, routes, stream, admin, events, health, status):
@@ -223,5 +230,6 @@ def _edge_limits(settings: Settings, has_tokens: bool) -> EdgeLimits:
         header_timeout_s=settings.header_timeout_s,
         body_timeout_s=settings.body_timeout_s,
         max_connections=connection_bound(settings.max_connections),
+        stream_send_buffer=settings.stream_send_buffer_bytes,
         hosts=HostNames.parse(settings.allowed_hosts, settings.host) if check_hosts else None,
     )

@@ -8,10 +8,13 @@ the comparison nor the number of entries checked depends on how much of a guess
 was right.
 
 Each token carries a role and one namespace. ``producer`` may select, report and
-follow the push stream (the SDK's cached mode); ``admin`` may do everything. The
-namespace picks the table: every Redis key of it is under ``{prefix}:{namespace}``,
-so a token can neither read nor change another namespace. Probes, metrics, the
-status page's HTML and the API documents stay open.
+follow the push stream (the SDK's cached mode); ``metrics`` may only scrape
+``/metrics``; ``admin`` may do everything. The namespace picks the table: every
+Redis key of it is under ``{prefix}:{namespace}``, so a token can neither read nor
+change another namespace, and a scrape with it shows only that namespace's series
+(and the process-wide ones). A ``metrics`` token may name the namespace ``*``: its
+scrapes show every namespace (one Prometheus job for the whole replica). Probes,
+the status page's HTML and the API documents stay open.
 
 ``python -m service.auth new --name NAME --role ROLE --namespace NS`` makes a token
 and prints the entry for the tokens file; docs/security.md has the details.
@@ -32,13 +35,17 @@ from enum import StrEnum
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from service.settings import Settings
 
 NAMESPACE_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
-#: Paths anyone may call: probes, metrics, the status page's HTML, the API documents.
-OPEN_PATHS = frozenset({"/", "/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/redoc"})
+#: Paths anyone may call: probes, the status page's HTML, the API documents.
+OPEN_PATHS = frozenset({"/", "/healthz", "/readyz", "/openapi.json", "/docs", "/redoc"})
+#: What a ``metrics`` token may do: scrape.
+METRICS_CALLS = frozenset({("GET", "/metrics")})
+#: The namespace of a ``metrics`` token that may see every namespace's series.
+ALL_NAMESPACES = "*"
 #: What a producer may do; anything else that is not open needs ``admin``. Besides
 #: selecting and reporting, a producer reads what it needs to decide on its own when
 #: Detour is unreachable (the SDK's fail-open table): the push stream, the config and
@@ -59,6 +66,7 @@ _LOOPBACK = re.compile(r"^(127\.\d{1,3}\.\d{1,3}\.\d{1,3}|::1|localhost)$")
 
 class Role(StrEnum):
     PRODUCER = "producer"
+    METRICS = "metrics"
     ADMIN = "admin"
 
 
@@ -71,9 +79,19 @@ class Principal:
     namespace: str
 
     def may(self, method: str, path: str) -> bool:
-        if self.role is Role.ADMIN or (method, path) in PRODUCER_CALLS:
+        if self.role is Role.ADMIN:
+            return True
+        if self.role is Role.METRICS:
+            return (method, path) in METRICS_CALLS
+        if (method, path) in PRODUCER_CALLS:
             return True
         return method == "GET" and path.startswith(_ROUTE_PREFIX) and "/" not in path[8:]
+
+    def scrape_namespaces(self) -> frozenset[str] | None:
+        """The namespaces whose series this principal's scrape shows; None: all."""
+        if self.role is Role.METRICS and self.namespace == ALL_NAMESPACES:
+            return None
+        return frozenset((self.namespace,))
 
 
 class TokenEntry(BaseModel):
@@ -84,7 +102,13 @@ class TokenEntry(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_.:@-]{1,64}$")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     role: Role
-    namespace: str = Field(pattern=NAMESPACE_PATTERN)
+    namespace: str = Field(pattern=NAMESPACE_PATTERN + "|^[*]$")
+
+    @model_validator(mode="after")
+    def _all_for_metrics_only(self) -> TokenEntry:
+        if self.namespace == ALL_NAMESPACES and self.role is not Role.METRICS:
+            raise ValueError(f"namespace {ALL_NAMESPACES!r} is for role 'metrics' only")
+        return self
 
 
 class TokensFile(BaseModel):
@@ -115,6 +139,8 @@ class TokenTable:
             raise ValueError("tokens: every name must be unique (it is the reporter identity)")
         if len(set(digests)) != len(digests):
             raise ValueError("tokens: the same token is listed twice")
+        if entries and all(e.namespace == ALL_NAMESPACES for e in entries):
+            raise ValueError("tokens: at least one token must name a namespace (not '*')")
         self._entries = tuple(
             (bytes.fromhex(e.sha256), Principal(e.name, e.role, e.namespace)) for e in entries
         )
@@ -124,7 +150,7 @@ class TokenTable:
 
     @property
     def namespaces(self) -> list[str]:
-        return sorted({p.namespace for _, p in self._entries})
+        return sorted({p.namespace for _, p in self._entries} - {ALL_NAMESPACES})
 
     def lookup(self, token: str) -> Principal | None:
         digest = hashlib.sha256(token.encode()).digest()

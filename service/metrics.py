@@ -11,10 +11,11 @@ replica made the change. The counting helpers live with their callers
 may count.
 
 Label cardinality: ``namespace`` is one of the configured namespaces (fixed at
-start). ``broker`` on counters and histograms takes the first
-``MAX_BROKER_SERIES`` broker names this process sees; later ones count under
+start). ``broker`` on counters takes the first ``metrics_max_brokers`` (default
+``MAX_BROKER_SERIES``) broker names this process sees; later ones count under
 ``broker="_other"`` (a flood of invented names cannot grow the process or the
-Prometheus series). The table's gauges list at most ``MAX_BROKER_SERIES``
+Prometheus series). No histogram is per broker: 17 series each did not earn their
+cost (a scrape of 1,000 brokers was 2 MB). The table's gauges list at most as many
 brokers per namespace, avoided ones first; the totals are always complete.
 ``decision``, ``outcome``, ``tier`` (a ``latencyMax`` value, at most 32), ``route``
 (the route template, never the raw path), ``method``, ``status``, ``op`` and
@@ -78,8 +79,9 @@ REPORTS_REFUSED = Counter(
 )
 REPORTED_LATENCY = Histogram(
     "detour_reported_latency_seconds",
-    "Latency producers reported, per broker.",
-    ["namespace", "broker"],
+    "Latency producers reported, per namespace (a broker's own is "
+    "detour_broker_current_latency_seconds).",
+    ["namespace"],
     buckets=LATENCY_BUCKETS,
 )
 WINDOWS_OPENED = Counter(
@@ -157,6 +159,16 @@ EDGE_REFUSED = Counter(
     "headers_too_large, too_many_headers, header_timeout, body_timeout, host.",
     ["reason"],
 )
+STREAMS_REFUSED = Counter(
+    "detour_push_streams_refused_total",
+    "Push stream connects refused: reason=token (429, the token's cap on this replica) or "
+    "process (503, the replica's cap).",
+    ["reason"],
+)
+STREAMS_DROPPED = Counter(
+    "detour_push_streams_dropped_total",
+    "Push streams closed because their client read nothing for stream_send_timeout_s.",
+)
 RESYNCS = Counter("detour_view_resyncs_total", "Full resyncs of this replica's table copy.")
 RESEEDS = Counter(
     "detour_store_reseeds_total",
@@ -218,3 +230,5 @@ for _reason in (
     "host",
 ):
     EDGE_REFUSED.labels(_reason)
+for _reason in ("token", "process"):
+    STREAMS_REFUSED.labels(_reason)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any, cast
@@ -38,13 +39,17 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from service import metrics
 from service.errors import error_body
 from service.limits import HostNames
-from service.shedding import ARRIVED, EXEMPT_RAW, Shedder
+from service.shedding import ARRIVED, EXEMPT_RAW, STREAMS_RAW, Shedder
 
 #: Paths any Host may reach: the probes (kubelet sends the pod's address, and they tell
 #: nothing and change nothing).
 _ANY_HOST = frozenset({b"/healthz", b"/readyz"})
 #: The lifespan state key holding this process's ``Edge`` (set by service/app.py).
 EDGE_STATE = "edge"
+
+#: Bytes an endless response's transport holds above the kernel's buffer before the
+#: writer waits (asyncio's default is 64 KiB); a snapshot is written in slices this size.
+_STREAM_HIGH_WATER = 16 * 1024
 
 # Where a connection is in its current request.
 _IDLE, _HEAD, _BODY = 0, 1, 2
@@ -59,6 +64,10 @@ class EdgeLimits:
     header_timeout_s: float = 5.0
     body_timeout_s: float = 5.0
     max_connections: int = 512
+    #: Kernel send buffer of an endless response's socket (``stream_send_buffer_bytes``):
+    #: fixed, so a client that stops reading stalls the writes after this much, where
+    #: autotuning would queue megabytes.
+    stream_send_buffer: int = 64 * 1024
     #: The Host names requests may carry; None: any (not checked).
     hosts: HostNames | None = None
 
@@ -186,8 +195,16 @@ class EdgeProtocol(HttpToolsProtocol):
         if edge is not None and edge.limits.hosts is not None and not self._host_allowed(edge):
             self._refused = True
             return
+        path = self.url.partition(b"?")[0]
+        if path in STREAMS_RAW and edge is not None:
+            # Bounded buffers for an endless response: the kernel's, and the transport's
+            # (uvicorn waits for it to drain below this before each send).
+            sock = self.transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, edge.limits.stream_send_buffer)
+            self.transport.set_write_buffer_limits(high=_STREAM_HIGH_WATER)
         shedder = edge.shedder if edge is not None else None
-        if shedder is None or self.url.partition(b"?")[0] in EXEMPT_RAW:
+        if shedder is None or path in EXEMPT_RAW:
             super().on_headers_complete()
             return
         reason = shedder.refusal()

@@ -99,3 +99,31 @@ class Settings(BaseSettings):
     #: own name resolve to 127.0.0.1 still sends that name as Host. Checked on an open
     #: Detour always, with tokens only when set (a page cannot present a token).
     allowed_hosts: str | None = None
+
+    # -- Streams, scrapes and names (docs/security.md, "Streams, scrapes and names") --
+    #: Push streams (GET /fault-items/stream) this process serves at once; past it a
+    #: connect gets 503 SYSTEM_BUSY.
+    stream_max: int = Field(512, ge=1, le=100_000)
+    #: Push streams one token may hold open on this process; past it 429 TOO_MANY_STREAMS.
+    #: (No tokens: only ``stream_max`` applies.)
+    stream_max_per_token: int = Field(128, ge=1, le=100_000)
+    #: A push stream whose client reads nothing for this long, its send buffer full, is
+    #: dropped (seconds).
+    stream_send_timeout_s: float = Field(10.0, gt=0, le=600)
+    #: The kernel send buffer of a push stream's socket (bytes; Linux doubles it): fixed,
+    #: so a client that stops reading is found out (and dropped) after about this much
+    #: plus 64 KiB in the process, where autotuning would queue megabytes per socket.
+    stream_send_buffer_bytes: int = Field(64 * 1024, ge=4096, le=16 * 1024 * 1024)
+    #: Changes a push stream may fall behind by before it is sent a snapshot instead.
+    stream_backlog: int = Field(1024, ge=16, le=100_000)
+    #: GET /metrics is rendered at most once per this many seconds, whatever the scrape
+    #: rate: a scrape sooner after the last rendering waits for (and shares) the next one,
+    #: so it never gets a text older than itself (0: every scrape renders).
+    metrics_cache_s: float = Field(1.0, ge=0, le=60)
+    #: Broker names that get series of their own on this process's counters (first come);
+    #: later names count under ``broker="_other"``. The table's gauges list as many
+    #: brokers per namespace, avoided ones first.
+    metrics_max_brokers: int = Field(1000, ge=1, le=100_000)
+    #: Topics whose round-robin position a replica keeps (least recently selected
+    #: dropped first; a dropped topic restarts at a random queue, like a new replica).
+    max_topic_counters: int = Field(10_000, ge=1, le=10_000_000)

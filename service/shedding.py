@@ -23,8 +23,11 @@ with 503 ``{"error": "SYSTEM_BUSY"}`` and ``Retry-After`` and counted in
   protocol stamping the scope when a request begins); without it only the first
   rule acts.
 
-Probes and scrapes (``/healthz``, ``/readyz``, ``/metrics``) and the endless push
-stream are never shed and not counted as in flight. docs/reliability.md, "Overload".
+Probes and scrapes (``/healthz``, ``/readyz``, ``/metrics``) are never shed and not
+counted as in flight. A push stream's connect is shed and counted like any request
+(a reconnect loop costs a snapshot each), but only until its response starts: its
+endless life is bounded by the stream caps instead (service/api/stream.py).
+docs/reliability.md, "Overload".
 """
 
 from __future__ import annotations
@@ -34,16 +37,19 @@ import json
 import time
 from collections.abc import Callable
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import metrics
 from service.errors import error_body
 
 #: The scope key the protocol stamps (monotonic ns when the request began).
 ARRIVED = "detour.arrived_ns"
-#: Probes, scrapes and the push stream: never shed, never counted.
-_EXEMPT = frozenset({"/healthz", "/readyz", "/metrics", "/fault-items/stream"})
+#: Probes and scrapes: never shed, never counted.
+_EXEMPT = frozenset({"/healthz", "/readyz", "/metrics"})
 EXEMPT_RAW = frozenset(p.encode() for p in _EXEMPT)
+#: Endless responses: in flight from their connect until their response starts.
+_STREAMS = frozenset({"/fault-items/stream"})
+STREAMS_RAW = frozenset(p.encode() for p in _STREAMS)
 
 
 class TurnBudget:
@@ -158,10 +164,30 @@ class Shedder:
             await self._refuse(send, "in_flight")
             return
         self.in_flight += 1
+        if scope["path"] in _STREAMS:
+            await self._stream(scope, receive, send)
+            return
         try:
             await self.app(scope, receive, send)
         finally:
             self.in_flight -= 1
+
+    async def _stream(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """An endless response, in flight until it starts (counted in ``in_flight`` already)."""
+        counted = True
+
+        async def started(message: Message) -> None:
+            nonlocal counted
+            if counted and message["type"] == "http.response.start":
+                counted = False
+                self.in_flight -= 1
+            await send(message)
+
+        try:
+            await self.app(scope, receive, started)
+        finally:
+            if counted:
+                self.in_flight -= 1
 
     def refusal(self) -> str | None:
         """Called by the protocol when a request's headers are read: why to refuse it

@@ -8,13 +8,12 @@ duplicated change can never overwrite a newer one (deletes leave tombstones).
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from service.model import Config, FaultItem, Route
-from service.policy import idle_score, peak_ewma, probe_free
+from service.selector_state import SelectorState
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +35,59 @@ ChangeKind = Literal["fault", "route", "config", "snapshot", "stop"]
 Listener = Callable[[ChangeKind, str, object, int], None]
 
 
+class _Tombstones:
+    """Deleted names whose version is still kept, oldest first, swept as the view catches up."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._dead: dict[str, int] = {}
+        #: Sweep when this many are held (doubles with what a sweep could not drop).
+        self._sweep_at = 1024
+
+    def __len__(self) -> int:
+        return len(self._dead)
+
+    def pop(self, name: str, default: int | None = None) -> int | None:
+        return self._dead.pop(name, default)
+
+    def add(self, name: str, version: int, applied: int, versions: dict[str, int]) -> None:
+        """Keep ``name``'s tombstone; ``applied``: every change up to it was applied."""
+        dead = self._dead
+        dead.pop(name, None)
+        dead[name] = version
+        if len(dead) < self._sweep_at:
+            return
+        for old in [n for n, v in dead.items() if v <= applied]:
+            del dead[old]
+            versions.pop(old, None)
+        if len(dead) > self.cap:
+            # Down to half (the oldest first), so the next sweep is cap / 2 deletes away.
+            while len(dead) > self.cap // 2:
+                old = next(iter(dead))
+                del dead[old]
+                versions.pop(old, None)
+        self._sweep_at = max(1024, min(2 * len(dead), self.cap + 1))
+
+    def retain(self, versions: dict[str, int]) -> None:
+        """After a resync: keep only the tombstones ``versions`` still holds."""
+        self._dead = {n: v for n, v in self._dead.items() if versions.get(n) == v}
+
+
 class TableView:
+    """The versioned table copy, and (``selector``) what this replica's selects keep.
+
+    Every per-name map is bounded and dropped with its item: the table's own by the
+    store's caps (``max_brokers``, the routes an admin sets); a deleted entry's
+    tombstone (the version that must not be overwritten by a late change) only until
+    every change up to that version has been applied in sequence (``version``), and
+    at most ``MAX_TOMBSTONES`` of them; the selector's maps as ``SelectorState`` says.
+    """
+
+    #: Tombstones kept at most (past it the older half goes): only a change older than a
+    #: dropped tombstone, arriving after more than this many deletes, could then undo
+    #: one, and the next resync repairs it.
+    MAX_TOMBSTONES = 65_536
+
     def __init__(self, clock: Callable[[], int], namespace: str = "default") -> None:
         #: Epoch ms on the store's clock (Redis TIME for Redis, the process clock for memory).
         self.now_ms = clock
@@ -52,14 +103,34 @@ class TableView:
         self.version = 0
         self._route_v: dict[str, int] = {}
         self._fault_v: dict[str, int] = {}
-        self._counters: dict[str, int] = {}
-        #: peak-EWMA latency (ms) per broker of the reports this replica handled, for
-        #: ``selection: p2c-ewma``; a broker not reported here yet falls back to the table's
-        #: currentLatencyMs (see ``latency_scores``).
-        self._ewma: dict[str, tuple[float, int]] = {}
-        #: broker -> (window end, when) of the last probe this replica handed out
-        self._probes: dict[str, tuple[int, int]] = {}
+        #: Deleted names whose version is still kept, oldest first (insertion order).
+        self._route_dead = _Tombstones(self.MAX_TOMBSTONES)
+        self._fault_dead = _Tombstones(self.MAX_TOMBSTONES)
+        #: Round-robin counters, peak-EWMA scores, probes: this replica's own.
+        self.selector = SelectorState()
+        #: The topic's round-robin position on this replica (SelectorState.counter), and
+        #: its update: bound here rather than delegated, as every select calls both.
+        self.counter = self.selector.counter
+        self.set_counter = self.selector.set_counter
         self._listeners: list[Listener] = []
+
+    def bound_names(self, max_topics: int, max_brokers: int) -> None:
+        """Set the selector's caps: topics whose counter is kept, brokers whose score is."""
+        self.selector.max_topics = max_topics
+        self.selector.max_brokers = max_brokers
+
+    def sizes(self) -> dict[str, int]:
+        """How many names each map holds (tests and the bounds' documentation)."""
+        counters, ewma, probes = self.selector.sizes()
+        return {
+            "routes": len(self.routes),
+            "faults": len(self.faults),
+            "route_versions": len(self._route_v),
+            "fault_versions": len(self._fault_v),
+            "counters": counters,
+            "ewma": ewma,
+            "probes": probes,
+        }
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener`` after every applied change; returns the unsubscribe function.
@@ -78,35 +149,10 @@ class TableView:
         for listener in tuple(self._listeners):
             listener(kind, key, value, version)
 
-    # -- round robin -------------------------------------------------------
-    def counter(self, topic: str) -> int:
-        """The topic's round-robin position on this replica.
-
-        Starts at a random value, as RocketMQ's per-thread index does, so many
-        replicas starting together do not all send their first message to the
-        same queue.
-        """
-        c = self._counters.get(topic)
-        if c is None:
-            c = self._counters[topic] = random.randrange(1 << 16)
-        return c
-
-    def set_counter(self, topic: str, value: int) -> None:
-        # Keep it bounded; only its value modulo small route sizes matters.
-        self._counters[topic] = value & 0x7FFFFFFF
-
-    # -- latency scores ----------------------------------------------------
+    # -- the selector's own state (kept here for the callers' sake) ----------
     def observe_latency(self, broker: str, latency_ms: int, now_ms: int) -> None:
         """Fold one reported latency into the broker's peak EWMA (this replica's reports)."""
-        old = self._ewma.get(broker)
-        if old is None:
-            value = float(latency_ms)
-        else:
-            # From the score selects saw (faded while idle), so a broker tried again after
-            # a pause is judged by what it does now, not by its old peak.
-            seen = idle_score(old[0], old[1], now_ms)
-            value = peak_ewma(seen, old[1], latency_ms, now_ms)
-        self._ewma[broker] = (value, now_ms)
+        self.selector.observe_latency(broker, latency_ms, now_ms)
 
     @property
     def latency_scores(self) -> dict[str, float]:
@@ -115,28 +161,30 @@ class TableView:
         Each replica scores from the reports it handled itself: with reports spread
         over replicas that is a sample of every producer's, and costs no store traffic.
         """
-        now = self.now_ms()
-        scores = {b: float(i.current_latency_ms) for b, i in self.faults.items()}
-        scores.update({b: idle_score(v, at, now) for b, (v, at) in self._ewma.items()})
-        return scores
+        return self.selector.latency_scores(self.faults, self.now_ms())
 
-    # -- probation probes --------------------------------------------------
     def free_probes(self, now_ms: int) -> set[str]:
         """Brokers on probation this replica may give a probe to now (policy.probe_free).
 
         Each replica hands out its own probe: a global one would need a store round
         trip on /select (docs/policy.md).
         """
-        return {
-            b
-            for b, item in self.faults.items()
-            if probe_free(item, now_ms, self.config, self._probes.get(b))
-        }
+        return self.selector.free_probes(self.faults, self.config, now_ms)
 
     def probe_sent(self, broker: str, now_ms: int) -> None:
         item = self.faults.get(broker)
         if item is not None:
-            self._probes[broker] = (item.available_at, now_ms)
+            self.selector.probe_sent(item, now_ms)
+
+    # -- tombstones --------------------------------------------------------
+    def _bury(self, dead: _Tombstones, versions: dict[str, int], name: str, version: int) -> None:
+        """Keep a deleted name's version only while an older change for it may still come:
+        once every change up to it was applied in sequence (``self.version``), none can."""
+        if version <= self.version:
+            versions.pop(name, None)
+            dead.pop(name, None)
+            return
+        dead.add(name, version, self.version, versions)
 
     # -- changes -----------------------------------------------------------
     def apply_fault(self, broker: str, item: FaultItem | None, version: int) -> None:
@@ -146,9 +194,13 @@ class TableView:
         self._fault_v[broker] = version
         if item is None:
             self.faults.pop(broker, None)
+            self.selector.forget_broker(broker)
+            self._notify("fault", broker, item, version)
+            self._bury(self._fault_dead, self._fault_v, broker, version)
         else:
+            self._fault_dead.pop(broker)
             self.faults[broker] = item
-        self._notify("fault", broker, item, version)
+            self._notify("fault", broker, item, version)
 
     def set_local_fault(self, item: FaultItem) -> None:
         """A window this replica decided while the store was unreachable.
@@ -165,9 +217,13 @@ class TableView:
         self._route_v[topic] = version
         if route is None:
             self.routes.pop(topic, None)
+            self.selector.forget_topic(topic)
+            self._notify("route", topic, route, version)
+            self._bury(self._route_dead, self._route_v, topic, version)
         else:
+            self._route_dead.pop(topic)
             self.routes[topic] = route
-        self._notify("route", topic, route, version)
+            self._notify("route", topic, route, version)
 
     def apply_config(self, config: Config, version: int) -> None:
         if version <= self.config_version:
@@ -204,8 +260,13 @@ class TableView:
                     faults[broker] = self.faults[broker]
                 else:
                     faults.pop(broker, None)
+        for topic in self.routes.keys() - routes.keys():
+            self.selector.forget_topic(topic)
+        self.selector.forget_brokers(self.faults.keys() - faults.keys())
         self.routes, self._route_v = routes, route_v
         self.faults, self._fault_v = faults, fault_v
+        self._route_dead.retain(route_v)
+        self._fault_dead.retain(fault_v)
         if snap.config_version >= self.config_version:
             self.config, self.config_version = snap.config, snap.config_version
         self.version = max(self.version, snap.version)

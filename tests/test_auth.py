@@ -12,6 +12,7 @@ import httpx
 import pytest
 import redis
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 
 from service.app import create_app
 from service.auth import (
@@ -31,6 +32,8 @@ TOKENS = {
     "prod-a": ("tok-prod-a", Role.PRODUCER, "a"),
     "admin-b": ("tok-admin-b", Role.ADMIN, "b"),
     "prod-b": ("tok-prod-b", Role.PRODUCER, "b"),
+    "scrape-b": ("tok-scrape-b", Role.METRICS, "b"),
+    "scrape-all": ("tok-scrape-all", Role.METRICS, "*"),
 }
 ROUTE = {"brokers": [{"brokerName": "x", "writeQueueNums": 2},
                      {"brokerName": "y", "writeQueueNums": 2}]}
@@ -111,9 +114,10 @@ def test_missing_or_wrong_token_is_401(app_client: TestClient) -> None:
         assert r.status_code == 401, headers
         assert r.json()["error"] == "UNAUTHORIZED" and r.json()["field"] == "Authorization"
         assert r.headers["www-authenticate"].startswith("Bearer")
-    # Probes, metrics and the page stay open for Kubernetes and Prometheus.
-    for path in ("/healthz", "/readyz", "/metrics", "/", "/openapi.json"):
+    # Probes and the page stay open for Kubernetes; a scrape needs a token.
+    for path in ("/healthz", "/readyz", "/", "/openapi.json"):
         assert app_client.get(path).status_code == 200, path
+    assert app_client.get("/metrics").status_code == 401
 
 
 @pytest.mark.integration
@@ -228,10 +232,39 @@ def test_metrics_are_labelled_by_namespace(app_client: TestClient) -> None:
     app_client.put("/routes/t", json=ROUTE, headers=auth("admin-b"))
     app_client.post("/report-latency", json={"brokerName": "x", "latencyMs": 0,
                                              "isolation": True}, headers=auth("prod-b"))
-    text = app_client.get("/metrics").text
+    text = app_client.get("/metrics", headers=auth("scrape-all")).text
     assert 'detour_broker_avoided{broker="x",namespace="b"} 1.0' in text
     assert 'detour_broker_avoided{broker="x",namespace="a"}' not in text
     assert 'detour_brokers_avoided{namespace="a"} 0.0' in text
+
+
+@pytest.mark.integration
+def test_a_scrape_shows_only_its_tokens_namespace(app_client: TestClient) -> None:
+    app_client.post("/report-latency", json={"brokerName": "x", "latencyMs": 0,
+                                             "isolation": True}, headers=auth("prod-b"))
+    assert app_client.get("/metrics", headers=auth("prod-b")).status_code == 403
+    for name in ("scrape-b", "admin-b"):
+        r = app_client.get("/metrics", headers=auth(name))
+        assert r.status_code == 200, name
+        assert 'detour_brokers_avoided{namespace="b"} 1.0' in r.text
+        assert 'namespace="a"' not in r.text, name
+        assert "detour_http_request_duration_seconds" in r.text  # the process's own
+    text = app_client.get("/metrics", headers=auth("admin-a")).text
+    assert 'namespace="b"' not in text and 'detour_brokers_avoided{namespace="a"} 0.0' in text
+    # A metrics token may scrape and nothing else.
+    assert app_client.post("/select", json={"topic": "t"},
+                           headers=auth("scrape-b")).status_code == 403
+    assert app_client.get("/config", headers=auth("scrape-all")).status_code == 403
+
+
+@pytest.mark.unit
+def test_only_a_metrics_token_may_name_every_namespace() -> None:
+    with pytest.raises(ValidationError, match="for role 'metrics' only"):
+        TokenEntry(name="n", sha256=hash_token("s"), role=Role.ADMIN, namespace="*")
+    with pytest.raises(ValueError, match="at least one token"):
+        TokenTable([TokenEntry(name="n", sha256=hash_token("s"), role=Role.METRICS,
+                               namespace="*")])
+    assert table().namespaces == ["a", "b"]
 
 
 # -- the real process ------------------------------------------------------------

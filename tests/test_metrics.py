@@ -64,9 +64,9 @@ def test_select_and_report_metrics(client: TestClient) -> None:
     assert delta("detour_reports_total", broker="b", outcome="ok") == 2
     assert delta("detour_windows_opened_total", broker="a", tier="15000") == 1
     assert delta("detour_windows_opened_total", broker="b", tier="550") == 1
-    # 120 ms falls in the 0.25 s bucket, not in the 0.1 s one.
-    assert delta("detour_reported_latency_seconds_bucket", broker="b", le="0.1") == 0
-    assert delta("detour_reported_latency_seconds_bucket", broker="b", le="0.25") == 1
+    # Per namespace: 0 ms in the 0.1 s bucket; 120 ms in the 0.25 s one, not in the 0.1 s one.
+    assert delta("detour_reported_latency_seconds_bucket", le="0.1") == 1
+    assert delta("detour_reported_latency_seconds_bucket", le="0.25") == 2
     assert value(text, "detour_broker_avoided", broker="a") == 1
     assert value(text, "detour_broker_avoided", broker="b") == 1
     assert 590 < value(text, "detour_broker_available_in_seconds", broker="a") <= 600

@@ -20,7 +20,15 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 from service.model import DEFAULT_LATENCY_MAX
 from service.settings import Settings
-from tests.procs import ROOT, HttpProcess, ServiceProcess, end_process, free_port, wait_until
+from tests.procs import (
+    ROOT,
+    HttpProcess,
+    ServiceProcess,
+    end_process,
+    free_port,
+    wait_until,
+    write_tokens,
+)
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "detour.json"
 DASHBOARD_PROVIDER = ROOT / "deploy" / "grafana" / "provisioning" / "dashboards" / "detour.yaml"
@@ -248,9 +256,19 @@ def test_every_metric_the_artifacts_query_is_exported_and_documented() -> None:
 
 
 @pytest.mark.integration
-def test_promtool_checks_the_rules_and_the_example_config() -> None:
+def test_promtool_checks_the_rules_and_the_example_config(tmp_path: Path) -> None:
     promtool = _binary("promtool")
-    for args in (["check", "rules", str(RULES)], ["check", "config", str(EXAMPLE_CONFIG)]):
+    # The example reads its scrape token from a mounted file; promtool wants it to exist.
+    config = yaml.safe_load(EXAMPLE_CONFIG.read_text(encoding="utf-8"))
+    token_file = tmp_path / "detour-metrics-token"
+    token_file.write_text("dtr_example\n")
+    config["rule_files"] = [str(RULES)]
+    for job in config["scrape_configs"]:
+        assert job["authorization"]["credentials_file"]  # with tokens, a scrape needs one
+        job["authorization"]["credentials_file"] = str(token_file)
+    checked = tmp_path / "prometheus.yml"
+    checked.write_text(yaml.safe_dump(config))
+    for args in (["check", "rules", str(RULES)], ["check", "config", str(checked)]):
         out = subprocess.run([promtool, *args], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stdout + out.stderr
 
@@ -418,6 +436,8 @@ class PrometheusServer:
                        "evaluation_interval": "1s"},
             "rule_files": [str(RULES)],
             "scrape_configs": [{"job_name": "detour",
+                                "authorization": {"type": "Bearer",
+                                                  "credentials": SCRAPE_TOKEN},
                                 "static_configs": [{"targets": [target]}]}],
         }
         config_path = workdir / "prometheus.yml"
@@ -473,9 +493,16 @@ def prometheus_binary() -> str:
     return _binary("prometheus")
 
 
+#: The live Detour runs with tokens: Prometheus scrapes with a metrics token, as deployed.
+SCRAPE_TOKEN = "tok-scrape"
+ADMIN = {"Authorization": "Bearer tok-admin"}
+
+
 @pytest.fixture
-def detour(redis_url: str) -> Iterator[ServiceProcess]:
-    svc = ServiceProcess(redis_url=redis_url)
+def detour(redis_url: str, tmp_path: Path) -> Iterator[ServiceProcess]:
+    tokens = write_tokens(tmp_path / "tokens.json", {
+        "prometheus": (SCRAPE_TOKEN, "metrics", "*"), "ops": ("tok-admin", "admin", "default")})
+    svc = ServiceProcess(redis_url=redis_url, env={"DETOUR_TOKENS_FILE": str(tokens)})
     try:
         yield svc
     finally:
@@ -511,7 +538,7 @@ def test_dashboard_and_rules_against_a_live_prometheus(
     _eventually(prom, "first scrape of detour", lambda: prom.values('up{job="detour"}') ==
                 {"": 1.0})
 
-    with httpx.Client(base_url=detour.url, timeout=5) as api:
+    with httpx.Client(base_url=detour.url, timeout=5, headers=ADMIN) as api:
         api.put("/routes/orders", json={"brokers": [
             {"brokerName": b, "writeQueueNums": 2} for b in ("a", "b", "c")
         ]}).raise_for_status()

@@ -85,7 +85,8 @@ def test_ended_windows_make_room_and_open_ones_are_kept(capped: TestClient) -> N
 @pytest.mark.slow
 def test_flooding_one_namespace_leaves_the_other_alone(redis_url: str, tmp_path: Path) -> None:
     tokens = {"flood": ("tok-flood", "producer", "a"), "calm": ("tok-calm", "producer", "b"),
-              "calm-admin": ("tok-calm-admin", "admin", "b")}
+              "calm-admin": ("tok-calm-admin", "admin", "b"),
+              "scrape": ("tok-scrape", "metrics", "*")}
     f = write_tokens(tmp_path / "tokens.json", tokens)
     raw = redis.Redis.from_url(redis_url, decode_responses=True)
     env = {"DETOUR_TOKENS_FILE": str(f), "DETOUR_MAX_BROKERS": "1000",
@@ -126,7 +127,7 @@ def test_flooding_one_namespace_leaves_the_other_alone(redis_url: str, tmp_path:
         assert http.post("/report-latency", json=isolate("real-3"),
                          headers=h("calm")).status_code == 200
         # Metrics stay bounded: per-broker counters fold names past the cap into _other.
-        text = http.get("/metrics").text
+        text = http.get("/metrics", headers=h("scrape")).text
         brokers = {ln.split('broker="', 1)[1].split('"', 1)[0]
                    for ln in text.splitlines() if 'broker="' in ln}
         # counters: 1,000 names + _other; table gauges: at most 1,000 per namespace

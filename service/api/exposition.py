@@ -1,9 +1,16 @@
-"""GET /metrics' text: this process's (or every worker's) counters, then the tables' state."""
+"""GET /metrics' text: this process's (or every worker's) counters, then the tables' state.
+
+A scrape must never stall selects, however often it comes and however large the
+tables: ``Exposition`` renders at most once per ``cache_s`` per audience (every
+namespace, or one token's), copies the tables on the event loop (a dict copy each)
+and renders in a worker thread, and every scrape in between gets the same bytes.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -12,22 +19,43 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import REGISTRY, Collector
 
 from service.metrics import MAX_BROKER_SERIES, MAX_TOPIC_SERIES
-from service.view import TableView
+from service.model import FaultItem, Route
+from service.store import FaultStore
 
 
 @dataclass(frozen=True, slots=True)
 class TableState:
-    """One namespace's table as a scrape sees it."""
+    """One namespace's table as a scrape sees it: a copy taken on the event loop, so the
+    rendering thread never reads a dict the loop is changing."""
 
-    view: TableView
+    namespace: str
+    now: int
+    faults: Mapping[str, FaultItem]
+    routes: Mapping[str, Route]
+    enabled: bool
     degraded: bool = False
+
+    @classmethod
+    def of(cls, store: FaultStore) -> TableState:
+        view = store.view
+        return cls(
+            view.namespace,
+            view.now_ms(),
+            dict(view.faults),
+            dict(view.routes),
+            view.config.send_latency_fault_enable,
+            store.degraded,
+        )
 
 
 class TableCollector(Collector):
     """Per-broker and per-route state, computed from the shared tables when scraped."""
 
-    def __init__(self, tables: Callable[[], Sequence[TableState]]) -> None:
+    def __init__(
+        self, tables: Callable[[], Sequence[TableState]], max_brokers: int = MAX_BROKER_SERIES
+    ) -> None:
         self._tables = tables
+        self._max_brokers = max_brokers
 
     def collect(self) -> Iterable[Metric]:
         tables = self._tables()
@@ -80,47 +108,147 @@ class TableCollector(Collector):
             "detour_avoidance_enabled", "1 when sendLatencyFaultEnable is on.", labels=ns
         )
         for table in tables:
-            view = table.view
-            name = view.namespace
-            now = view.now_ms()
-            brokers = set(view.faults)
-            for route in view.routes.values():
+            name = table.namespace
+            now = table.now
+            faults = table.faults
+            brokers = set(faults)
+            for route in table.routes.values():
                 brokers.update(route.by_broker)
             left = {
-                b: max(0, item.available_at - now) if (item := view.faults.get(b)) else 0
+                b: max(0, item.available_at - now) if (item := faults.get(b)) else 0
                 for b in brokers
             }
-            shown = sorted(brokers, key=lambda b: (left[b] == 0, b))[:MAX_BROKER_SERIES]
+            shown = sorted(brokers, key=lambda b: (left[b] == 0, b))[: self._max_brokers]
             for broker in sorted(shown):
                 avoided.add_metric([name, broker], 1.0 if left[broker] > 0 else 0.0)
                 until.add_metric([name, broker], left[broker] / 1000)
-                item = view.faults.get(broker)
+                item = faults.get(broker)
                 if item is not None:
                     latency.add_metric([name, broker], item.current_latency_ms / 1000)
                     isolations.add_metric([name, broker], float(item.isolations))
             open_total.add_metric([name], sum(1 for v in left.values() if v > 0))
-            items.add_metric([name], len(view.faults))
+            items.add_metric([name], len(faults))
             in_panic = 0
-            for i, topic in enumerate(sorted(view.routes)):
-                all_avoided = all(left.get(b, 0) > 0 for b in view.routes[topic].by_broker)
+            for i, topic in enumerate(sorted(table.routes)):
+                all_avoided = all(left.get(b, 0) > 0 for b in table.routes[topic].by_broker)
                 in_panic += all_avoided
                 if i < MAX_TOPIC_SERIES:
                     panic.add_metric([name, topic], 1.0 if all_avoided else 0.0)
             panic_total.add_metric([name], in_panic)
             degraded.add_metric([name], 1.0 if table.degraded else 0.0)
-            enabled.add_metric([name], 1.0 if view.config.send_latency_fault_enable else 0.0)
+            enabled.add_metric([name], 1.0 if table.enabled else 0.0)
         yield from (avoided, until, latency, isolations, open_total, items, panic, panic_total)
         yield from (degraded, enabled)
 
 
-def exposition(tables: Sequence[TableState]) -> bytes:
-    """The text for GET /metrics: counters (this process's, or every worker's) + table state."""
+class _Only:
+    """A registry's families with only the samples of ``namespaces`` (and those with no
+    namespace label: the process's own), for a token that sees one namespace."""
+
+    def __init__(self, source: CollectorRegistry, namespaces: frozenset[str]) -> None:
+        self._source = source
+        self._namespaces = namespaces
+
+    def collect(self) -> Iterable[Metric]:
+        keep = self._namespaces
+        for family in self._source.collect():
+            samples = [
+                s
+                for s in family.samples
+                if s.labels.get("namespace", "") in keep or "namespace" not in s.labels
+            ]
+            if len(samples) == len(family.samples):
+                yield family
+                continue
+            if not samples:
+                continue
+            copy = Metric(family.name, family.documentation, family.type, family.unit)
+            copy.samples = samples
+            yield copy
+
+
+def exposition(
+    tables: Sequence[TableState],
+    namespaces: frozenset[str] | None = None,
+    max_brokers: int = MAX_BROKER_SERIES,
+) -> bytes:
+    """The text for GET /metrics: counters (this process's, or every worker's) + table state.
+
+    ``namespaces``: show only their series (and the process-wide ones); None: all.
+    Reads no view: ``tables`` are copies, so this may run in a worker thread."""
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        workers = CollectorRegistry()
-        MultiProcessCollector(workers)  # type: ignore[no-untyped-call]
-        head = generate_latest(workers)
+        source = CollectorRegistry()
+        MultiProcessCollector(source)  # type: ignore[no-untyped-call]
     else:
-        head = generate_latest(REGISTRY)
+        source = REGISTRY
+    head = generate_latest(source if namespaces is None else _Only(source, namespaces))
+    shown = [t for t in tables if namespaces is None or t.namespace in namespaces]
     table = CollectorRegistry(auto_describe=False)
-    table.register(TableCollector(lambda: tables))
+    table.register(TableCollector(lambda: shown, max_brokers))
     return head + generate_latest(table)
+
+
+@dataclass(frozen=True, slots=True)
+class _Render:
+    #: Loop time the tables are copied at (not before): who arrived by then may share it.
+    at: float
+    task: asyncio.Task[bytes]
+
+
+class Exposition:
+    """GET /metrics' text per audience, rendered at most once per ``cache_s``, off the loop.
+
+    A scrape never gets a text older than itself (a count it caused is in it), and the
+    rate holds whatever the scrape rate: a scrape that comes within ``cache_s`` of the
+    last rendering waits for the next one, which every scrape waiting by then shares.
+    At Prometheus's pace (one scrape per interval) nobody waits. One rendering per
+    audience (every namespace, or one namespace: a fixed set) is kept.
+    """
+
+    def __init__(self, cache_s: float = 1.0, max_brokers: int = MAX_BROKER_SERIES) -> None:
+        self.cache_s = cache_s
+        self.max_brokers = max_brokers
+        #: Renderings done (tests: the rate bound).
+        self.renders = 0
+        #: audience -> (loop time its tables were copied, the text)
+        self._last: dict[frozenset[str] | None, tuple[float, bytes]] = {}
+        self._pending: dict[frozenset[str] | None, _Render] = {}
+
+    async def text(
+        self, stores: Mapping[str, FaultStore], namespaces: frozenset[str] | None
+    ) -> bytes:
+        """The text for ``namespaces`` (None: every one), as of this call or later."""
+        loop = asyncio.get_running_loop()
+        arrived = loop.time()
+        while True:
+            pending = self._pending.get(namespaces)
+            if pending is not None:
+                # Shielded: a scraper that hangs up does not cancel the others' rendering.
+                body = await asyncio.shield(pending.task)
+                if pending.at >= arrived:
+                    return body
+                continue  # copied before this scrape came: wait for the next one
+            last = self._last.get(namespaces)
+            at = arrived if last is None else max(arrived, last[0] + self.cache_s)
+            task = loop.create_task(self._render(stores, namespaces, at))
+            self._pending[namespaces] = _Render(at, task)
+
+    async def _render(
+        self, stores: Mapping[str, FaultStore], namespaces: frozenset[str] | None, at: float
+    ) -> bytes:
+        loop = asyncio.get_running_loop()
+        try:
+            if at > loop.time():
+                await asyncio.sleep(at - loop.time())
+            copied = loop.time()
+            tables = [
+                TableState.of(s)
+                for ns, s in sorted(stores.items())
+                if namespaces is None or ns in namespaces
+            ]
+            body = await asyncio.to_thread(exposition, tables, namespaces, self.max_brokers)
+            self.renders += 1
+            self._last[namespaces] = (copied, body)
+            return body
+        finally:
+            del self._pending[namespaces]

@@ -85,6 +85,7 @@ class Guard:
             )
             return
         state = scope["state"]
-        state["store"] = state["stores"][principal.namespace]
+        if principal.namespace in state["stores"]:  # not a metrics token for every one ("*")
+            state["store"] = state["stores"][principal.namespace]
         state["principal"] = principal
         await self.app(scope, receive, send)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from service.api.deps import StoresDep
-from service.api.exposition import TableState, exposition
+from service.api.deps import ERRORS, StoresDep
+from service.api.exposition import Exposition
 from service.schemas import ErrorBody, Health
 from service.store import FaultStore
 
@@ -47,10 +47,20 @@ async def readyz(stores: StoresDep) -> Health:
         200: {
             "description": "Prometheus text exposition format.",
             "content": {"text/plain": {"schema": {"type": "string"}}},
-        }
+        },
+        401: ERRORS[401],
+        403: ERRORS[403],
     },
 )
-async def prometheus(stores: StoresDep) -> Response:
-    """Counters of this process (all workers' when several run) and every table's state."""
-    tables = [TableState(s.view, s.degraded) for _, s in sorted(stores.items())]
-    return Response(exposition(tables), media_type=CONTENT_TYPE_LATEST)
+async def prometheus(request: Request, stores: StoresDep) -> Response:
+    """Counters of this process (all workers' when several run) and every table's state.
+
+    With tokens, a `metrics` (or `admin`) token is needed, and the scrape shows only its
+    namespace's series (a `metrics` token for namespace `*`: all). Rendered at most once
+    a second (`DETOUR_METRICS_CACHE_S`): a scrape sooner than that after the last one waits
+    for the next rendering, which it shares with every scrape waiting by then."""
+    exposition: Exposition = request.app.state.exposition
+    principal = getattr(request.state, "principal", None)
+    namespaces = None if principal is None else principal.scrape_namespaces()
+    body = await exposition.text(stores, namespaces)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -32,13 +32,22 @@ from service.store.base import ReportOutcome
 from service.strategy import Decision, Selection, WindowChange
 
 _seen_brokers: set[str] = set()
+#: Broker names with series of their own (``metrics_max_brokers``); the first ones seen.
+_broker_cap = MAX_BROKER_SERIES
+
+
+def set_broker_series_cap(cap: int) -> None:
+    """How many broker names get series of their own in this process (first come): a
+    series, once exported, stays until the process ends, so a cap is what bounds them."""
+    global _broker_cap
+    _broker_cap = cap
 
 
 def broker_label(broker: str) -> str:
-    """The broker's own label while fewer than MAX_BROKER_SERIES names were seen."""
+    """The broker's own label while fewer than the cap's names were seen, else _other."""
     if broker in _seen_brokers:
         return broker
-    if len(_seen_brokers) < MAX_BROKER_SERIES:
+    if len(_seen_brokers) < _broker_cap:
         _seen_brokers.add(broker)
         return broker
     return OTHER_BROKER
@@ -109,6 +118,18 @@ def observe_policy(namespace: str, choice: Choice) -> None:
         PROBES.labels(namespace, "sent").inc()
 
 
+#: namespace -> its reported-latency histogram (one per namespace, not per broker: 17
+#: series a broker did not earn; a broker's latency is detour_broker_current_latency_seconds).
+_latency_series: dict[str, Histogram] = {}
+
+
+def _reported_latency(namespace: str) -> Histogram:
+    series = _latency_series.get(namespace)
+    if series is None:
+        series = _latency_series[namespace] = REPORTED_LATENCY.labels(namespace)
+    return series
+
+
 def observe_reports(namespace: str, outcomes: Sequence[ReportOutcome]) -> None:
     for o in outcomes:
         broker = broker_label(o.broker_name)
@@ -120,7 +141,7 @@ def observe_reports(namespace: str, outcomes: Sequence[ReportOutcome]) -> None:
         if event is not None:
             EVENTS.labels(namespace, *event).inc()
         REPORTS.labels(namespace, broker, "isolation" if o.isolation else "ok").inc()
-        REPORTED_LATENCY.labels(namespace, broker).observe(o.latency_ms / 1000)
+        _reported_latency(namespace).observe(o.latency_ms / 1000)
         if o.change is WindowChange.OPENED and o.tier_ms is not None:
             WINDOWS_OPENED.labels(namespace, broker, str(o.tier_ms)).inc()
         elif o.change is WindowChange.MOVED:
