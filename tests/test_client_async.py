@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from service.client import AsyncDetourClient, SelectedQueue, SendError, SendResult
-from tests.procs import ServiceProcess
+from tests.procs import ServiceProcess, wait_until_async
 
 pytestmark = pytest.mark.e2e
 
@@ -25,15 +25,6 @@ def put_route(url: str, topic: str, brokers: dict[str, int]) -> None:
 def items(url: str) -> dict[str, dict[str, object]]:
     body = httpx.get(f"{url}/fault-items", timeout=5).json()
     return {i["brokerName"]: i for i in body["items"]}
-
-
-async def wait_for(check: object, timeout_s: float, what: str) -> None:
-    """``tests.procs.wait_until`` for a loop that must keep running meanwhile."""
-    deadline = time.monotonic() + timeout_s
-    while not check():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not seen after {timeout_s}s")
-        await asyncio.sleep(0.005)
 
 
 def test_async_send_retries_elsewhere_and_isolates(service: ServiceProcess) -> None:
@@ -77,10 +68,11 @@ def test_async_deadline_cuts_a_hanging_deliver(service: ServiceProcess) -> None:
 
     start = time.monotonic()
     err = asyncio.run(main())
-    assert time.monotonic() - start < 0.3 + 0.4  # the deliver was cut, not awaited
+    # The deliver was cut, not awaited: far below its 60 s (bounds generous for a busy machine).
+    assert time.monotonic() - start < 10
     assert err.timed_out and started == [err.attempts[0].queue.broker_name]
     assert isinstance(err.attempts[0].error, TimeoutError)
-    assert 250 <= err.attempts[0].latency_ms < 400
+    assert 250 <= err.attempts[0].latency_ms < 2000
     assert items(service.url)[started[0]]["available"] is False
 
 
@@ -105,7 +97,7 @@ def test_async_cached_clients_obey_each_others_reports(service: ServiceProcess) 
 
             start = time.monotonic()
             while picks["two"] != "acache-b":
-                assert time.monotonic() - start < 2, "the other client never avoided acache-a"
+                assert time.monotonic() - start < 10, "the other client never avoided acache-a"
                 await asyncio.sleep(0.005)
                 await refresh(two, "two")
             assert two.stats().remote_selects == 0
@@ -115,7 +107,7 @@ def test_async_cached_clients_obey_each_others_reports(service: ServiceProcess) 
 
             result = await two.send("acache-t", 1, deliver)
             assert result.value == "acache-b" and result.queue.local
-            await wait_for(lambda: two.stats().sent_reports == 1, 2, "the batch")
+            await wait_until_async(lambda: two.stats().sent_reports == 1, 10, "the batch")
 
     asyncio.run(main())
     assert items(service.url)["acache-a"]["available"] is False

@@ -32,7 +32,15 @@ from service.settings import Settings
 from service.store import ReportIn
 from service.store.connect import describe_redis_url, parse_redis_url
 from service.store.redis import RedisStore
-from tests.procs import RedisServer, ServiceProcess, end_process, free_port, wait_until
+from tests.procs import (
+    PATIENT_CALL_TIMEOUT_S,
+    RedisServer,
+    ServiceProcess,
+    end_process,
+    free_port,
+    wait_until,
+    wait_until_async,
+)
 from tests.test_behaviour import *  # noqa: F403 - the behaviour suite, collected again below
 from tests.test_behaviour import put_route, report, select
 from tests.test_outage import Load
@@ -244,10 +252,13 @@ def settings(deployment: str, request: pytest.FixtureRequest) -> Settings:
     if deployment == "cluster":
         c: Cluster = request.getfixturevalue("cluster")
         c.flush()
-        return Settings(redis_url=c.url)
+        return Settings(redis_url=c.url, redis_call_timeout_s=PATIENT_CALL_TIMEOUT_S)
     s: SentinelSetup = request.getfixturevalue("sentinel")
     s.flush()
-    return Settings(redis_url=s.url(s.sentinel_ports[:1]))  # one host: see the module doc
+    # One host: see the module doc. No test here is about the report timeout: a report the
+    # 50 ms default sent to the journal on a busy machine would be answered degraded.
+    return Settings(redis_url=s.url(s.sentinel_ports[:1]),
+                    redis_call_timeout_s=PATIENT_CALL_TIMEOUT_S)
 
 
 # -- URLs ------------------------------------------------------------------------------
@@ -287,15 +298,16 @@ def test_cluster_keeps_a_namespace_on_one_node_and_replicas_follow_each_other(
 ) -> None:
     cluster.flush()
     # No poll within the test: what reaches the other replica comes by push.
-    settings = Settings(redis_url=cluster.url, sync_interval_s=60)
+    settings = Settings(redis_url=cluster.url, sync_interval_s=60,
+                        redis_call_timeout_s=PATIENT_CALL_TIMEOUT_S)
     with TestClient(create_app(settings)) as a, TestClient(create_app(settings)) as b:
         put_route(a, "t", {"x": 1, "y": 1})
-        wait_until(lambda: b.post("/select", json={"topic": "t"}).status_code == 200, 5,
+        wait_until(lambda: b.post("/select", json={"topic": "t"}).status_code == 200, 15,
                    "the route pushed to the other replica")
         report(a, "x", 0, isolation=True)
-        wait_until(lambda: _avoids(b, "x"), 5, "the window pushed to the other replica")
+        wait_until(lambda: _avoids(b, "x"), 15, "the window pushed to the other replica")
         assert b.delete("/fault-items/x").status_code == 204
-        wait_until(lambda: not _avoids(a, "x"), 5, "the restore pushed back")
+        wait_until(lambda: not _avoids(a, "x"), 15, "the restore pushed back")
         # Both subscribed on the node that serves the namespace's slot.
         owner = cluster.owner(META)
         assert cluster.subscribers() == {n.port: 2 if n is owner else 0 for n in cluster.nodes}
@@ -312,7 +324,8 @@ def test_cluster_keeps_a_namespace_on_one_node_and_replicas_follow_each_other(
 def test_cluster_subscription_moves_to_another_node(cluster: Cluster) -> None:
     """A cluster delivers PUBLISH to every node: a lost subscription resumes on the next."""
     cluster.flush()
-    settings = Settings(redis_url=cluster.url_all_nodes, sync_interval_s=60)
+    settings = Settings(redis_url=cluster.url_all_nodes, sync_interval_s=60,
+                        redis_call_timeout_s=PATIENT_CALL_TIMEOUT_S)
     owner = cluster.owner(META)
 
     async def scenario() -> None:
@@ -320,25 +333,30 @@ def test_cluster_subscription_moves_to_another_node(cluster: Cluster) -> None:
         await writer.start()
         await follower.start()
         try:
-            for _ in range(100):  # the sync loops subscribe after start() returns
-                if (subs := cluster.subscribers())[owner.port] == 2:
-                    break
-                await asyncio.sleep(0.05)
-            assert subs == {n.port: 2 if n is owner else 0 for n in cluster.nodes}
+            # The sync loops subscribe after start() returns.
+            await wait_until_async(lambda: cluster.subscribers()[owner.port] == 2, 20,
+                                   "both subscribed on the slot's node", interval_s=0.05)
+            assert cluster.subscribers() == {n.port: 2 if n is owner else 0
+                                             for n in cluster.nodes}
             with owner.client() as c:
                 c.client_kill_filter(_type="pubsub")  # both lose their subscription
-            for _ in range(200):
+
+            def moved() -> bool:
                 subs = cluster.subscribers()
-                if subs[owner.port] == 0 and sum(subs.values()) == 2 and follower.synced.is_set():
-                    break
-                await asyncio.sleep(0.05)
-            assert subs[owner.port] == 0 and sum(subs.values()) == 2, subs
-            await writer.report_many([ReportIn("x", 0, True)])
-            for _ in range(100):
-                if "x" in follower.view.faults:
-                    break
-                await asyncio.sleep(0.05)
-            assert "x" in follower.view.faults  # pushed through a node that does not own it
+                # Synced: subscribed again and the snapshot taken after it. Until then the
+                # writer's report would go to its journal (replayed at the next poll, a
+                # minute away) and never be pushed.
+                return subs[owner.port] == 0 and sum(subs.values()) == 2 and \
+                    writer.synced.is_set() and follower.synced.is_set()
+
+            await wait_until_async(moved, 20, "both subscribed on another node",
+                                   interval_s=0.05)
+            (outcome,) = await writer.report_many([ReportIn("x", 0, True)])
+            assert not writer.degraded, "the report went to the journal, not to Redis"
+            assert outcome.available_at > outcome.now_ms
+            # Pushed through a node that does not own the slot.
+            await wait_until_async(lambda: "x" in follower.view.faults, 20,
+                                   "the push on the follower", interval_s=0.05)
         finally:
             await follower.close()
             await writer.close()
@@ -352,13 +370,14 @@ def test_cluster_subscription_moves_to_another_node(cluster: Cluster) -> None:
 def test_sentinel_url_skips_a_dead_sentinel(sentinel: SentinelSetup) -> None:
     sentinel.flush()
     dead = free_port()  # nothing listens there
-    settings = Settings(redis_url=sentinel.url([dead, *sentinel.sentinel_ports]))
+    settings = Settings(redis_url=sentinel.url([dead, *sentinel.sentinel_ports]),
+                        redis_call_timeout_s=PATIENT_CALL_TIMEOUT_S)
 
     async def scenario() -> None:
         store = RedisStore(settings)
         await store.start()
         try:
-            await asyncio.wait_for(store.synced.wait(), 5)
+            await asyncio.wait_for(store.synced.wait(), 20)
             outcome, = await store.report_many([ReportIn("x", 0, True)])
             assert outcome.available_at > outcome.now_ms
             assert not store.degraded
@@ -399,7 +418,7 @@ def test_sentinel_failover_under_load_loses_no_report(tmp_path: Path) -> None:
         with old_master.client() as m:
             m.execute_command("CLIENT", "PAUSE", "30000", "WRITE")
         offset = _replication(old_master)["master_repl_offset"]
-        wait_until(lambda: _replication(new_master)["master_repl_offset"] >= offset, 5,
+        wait_until(lambda: _replication(new_master)["master_repl_offset"] >= offset, 20,
                    "the replica caught up")
         old_master.kill()
         at_kill = len(load.accepted)
@@ -441,7 +460,8 @@ def test_sentinel_switchover_moves_the_store_before_the_old_master_steps_down() 
     """``SENTINEL FAILOVER``: the old master keeps accepting writes until the sentinels
     reconfigure it (about ten seconds); the store follows the sentinels within a poll."""
     setup = SentinelSetup(count=1)  # one sentinel: no wait for sentinels to meet
-    settings = Settings(redis_url=setup.url(), sync_interval_s=0.2)
+    settings = Settings(redis_url=setup.url(), sync_interval_s=0.2,
+                        redis_call_timeout_s=PATIENT_CALL_TIMEOUT_S)
     old, new = setup.master, setup.replica
     assert new is not None
 
@@ -453,22 +473,15 @@ def test_sentinel_switchover_moves_the_store_before_the_old_master_steps_down() 
         store = RedisStore(settings)
         await store.start()
         try:
-            for _ in range(100):
-                if subscribed(old) == 1:
-                    break
-                await asyncio.sleep(0.05)
-            assert subscribed(old) == 1
+            await wait_until_async(lambda: subscribed(old) == 1, 20, "subscribed on the master",
+                                   interval_s=0.05)
             with setup.sentinel_client(setup.sentinel_ports[0]) as s:
                 s.execute_command("SENTINEL", "FAILOVER", "detour")
-            for _ in range(200):
-                if setup.master_port() == new.port:
-                    break
-                await asyncio.sleep(0.05)
-            assert setup.master_port() == new.port
-            for _ in range(60):
-                if subscribed(new) == 1 and store.synced.is_set():
-                    break
-                await asyncio.sleep(0.05)
+            await wait_until_async(lambda: setup.master_port() == new.port, 30,
+                                   "the sentinel names the new master", interval_s=0.05)
+            # Within a poll (0.2 s), well before the old master steps down (about 10 s).
+            await wait_until_async(lambda: subscribed(new) == 1 and store.synced.is_set(), 8,
+                                   "the store on the new master", interval_s=0.05)
             assert (subscribed(old), subscribed(new)) == (0, 1)
             outcome, = await store.report_many([ReportIn("x", 0, True)])
             assert outcome.available_at > outcome.now_ms and not store.degraded
