@@ -79,7 +79,9 @@ def test_sends_survive_a_detour_restart_and_the_queued_reports_arrive(
 ) -> None:
     put_route(service.url)
     brokers = Brokers()
-    with DetourClient(service.url) as client:
+    # 2 s, not the default 200 ms: the warm sends must be answered on a busy machine too
+    # (once Detour is stopped, its port refuses at once).
+    with DetourClient(service.url, timeout=2.0) as client:
         for i in range(3):  # warm: Detour answers, the route is known locally
             assert not client.send(TOPIC, i, brokers.deliver).queue.local
 
@@ -118,7 +120,7 @@ def test_a_cached_client_rides_out_a_detour_crash(
     brokers = Brokers()
     # A shorter backoff cap than the default 5 s only to keep the test short.
     with DetourClient(service.url, mode="cached", backoff_max=1.0) as client:
-        assert client.wait_ready(5)
+        assert client.wait_ready(15)
         os.killpg(service.proc.pid, signal.SIGKILL)
         service.proc.wait(10)
         brokers.down = {"fo-c"}
