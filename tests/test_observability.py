@@ -20,7 +20,15 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 from service.model import DEFAULT_LATENCY_MAX
 from service.settings import Settings
-from tests.procs import ROOT, HttpProcess, ServiceProcess, end_process, free_port, wait_until
+from tests.procs import (
+    PATIENT_ENV,
+    ROOT,
+    HttpProcess,
+    ServiceProcess,
+    end_process,
+    free_port,
+    wait_until,
+)
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "detour.json"
 DASHBOARD_PROVIDER = ROOT / "deploy" / "grafana" / "provisioning" / "dashboards" / "detour.yaml"
@@ -475,7 +483,7 @@ def prometheus_binary() -> str:
 
 @pytest.fixture
 def detour(redis_url: str) -> Iterator[ServiceProcess]:
-    svc = ServiceProcess(redis_url=redis_url)
+    svc = ServiceProcess(redis_url=redis_url, env=PATIENT_ENV)  # degraded only on purpose
     try:
         yield svc
     finally:
