@@ -48,7 +48,7 @@ from pipeline.produce import _parser as produce_parser
 from pipeline.progress import Progress
 from pipeline.verify import BrokerRef, brokers_from_detour, read_ids, verify
 from service.client.wire import MAX_BATCH
-from tests.procs import ROOT, RedisServer, ServiceProcess, write_tokens
+from tests.procs import PATIENT_ENV, ROOT, RedisServer, ServiceProcess, write_tokens
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -77,10 +77,12 @@ def spark() -> Iterator[SparkSession]:
 
 @pytest.fixture(scope="module")
 def detour() -> Iterator[str]:
-    """Detour on its own Redis: the shared table every partition's client talks to."""
+    """Detour on its own Redis: the shared table every partition's client talks to. The
+    faults here are the brokers'; Detour's Redis is healthy, so its report timeout is a
+    patient one (procs.PATIENT_ENV)."""
     store = RedisServer()
     try:
-        svc = ServiceProcess(redis_url=store.url)
+        svc = ServiceProcess(redis_url=store.url, env=PATIENT_ENV)
         try:
             yield svc.url
         finally:
@@ -285,7 +287,7 @@ def test_end_to_end_kill_and_stop_brokers_mid_run(
 @pytest.mark.slow
 def test_reports_carry_the_partition_as_producer(spark: SparkSession, tmp_path: Path) -> None:
     store = RedisServer()
-    svc = ServiceProcess(redis_url=store.url)
+    svc = ServiceProcess(redis_url=store.url, env=PATIENT_ENV)
     try:
         with Fleet(2, "who", 1) as fleet:
             fleet.register(svc.url)
