@@ -150,7 +150,8 @@ class HttpProcess:
             return httpx.get(self.url + ready_path, timeout=1).status_code == 200
 
         try:
-            wait_until(ready, 30, f"{what} on {self.port}", interval_s=0.05)
+            # Generous: imports alone take seconds on a busy machine.
+            wait_until(ready, 60, f"{what} on {self.port}", interval_s=0.05)
         except BaseException:
             self.stop()
             raise
