@@ -106,9 +106,13 @@ def _journal_replayed(detour: str) -> float:
 def test_broker_faults_are_process_faults() -> None:
     with Fleet(2, "t", 1) as fleet:
         b = fleet.brokers["broker-a"]
+        # A timeout far above any delay a loaded machine adds, for the writes that must
+        # succeed; the 0.2 s client below is for the stopped broker, whose timeout is the point.
+        patient = redis.Redis(host="127.0.0.1", port=b.port, socket_timeout=5,
+                              socket_connect_timeout=5, retry=no_retry())
         client = redis.Redis(host="127.0.0.1", port=b.port, socket_timeout=0.2,
                              socket_connect_timeout=0.2, retry=no_retry())
-        client.xadd(stream_key("t", 0), {"id": "r1"})
+        patient.xadd(stream_key("t", 0), {"id": "r1"})
         b.kill()
         with pytest.raises(redis.ConnectionError):
             client.xadd(stream_key("t", 0), {"id": "r2"})
@@ -121,10 +125,8 @@ def test_broker_faults_are_process_faults() -> None:
         assert 0.15 < time.monotonic() - started < 2.0
         b.cont()
         client.close()
-        # Added latency: writes wait, then succeed (a timeout far above the pause, so a
-        # loaded machine cannot turn the delay into a failure).
-        patient = redis.Redis(host="127.0.0.1", port=b.port, socket_timeout=5,
-                              socket_connect_timeout=5, retry=no_retry())
+        # Added latency: writes wait, then succeed (the patient client: a loaded machine
+        # cannot turn the delay into a failure).
         b.pause(0.15)
         started = time.monotonic()
         patient.xadd(stream_key("t", 0), {"id": "r4"})
