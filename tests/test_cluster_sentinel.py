@@ -69,7 +69,8 @@ class Cluster:
                 self.nodes.append(RedisServer(extra=[
                     "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                     # The bus port defaults to port + 10000, past 65535 for a high port.
-                    "--cluster-port", str(free_port()), "--cluster-node-timeout", "5000"]))
+                    # No test here fails a node over: a node timeout no busy machine reaches.
+                    "--cluster-port", str(free_port()), "--cluster-node-timeout", "30000"]))
             cli = shutil.which("redis-cli")
             assert cli is not None, "redis-cli not found (Debian package redis-tools)"
             subprocess.run(
@@ -131,11 +132,13 @@ class SentinelSetup:
     """A master, a replica (``--replicaof``) and ``count`` sentinels watching them as ``detour``.
 
     Both data servers fsync every write to their AOF before answering. The
-    sentinels declare the master down after 500 ms; any one of them may (quorum 1),
-    and the failover needs a majority of them to elect a leader.
+    sentinels declare the master down after ``down_after_ms``; any one of them may
+    (quorum 1), and the failover needs a majority of them to elect a leader. The
+    default is one no busy machine reaches, so the sentinels never fail over on their
+    own; a test that kills the master asks for 500 ms.
     """
 
-    def __init__(self, count: int = 3) -> None:
+    def __init__(self, count: int = 3, down_after_ms: int = 30_000) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="detour-sentinel-"))
         self.sentinels: list[subprocess.Popen[bytes]] = []
         self.sentinel_ports = [free_port() for _ in range(count)]
@@ -157,7 +160,7 @@ class SentinelSetup:
                 conf.write_text(
                     f"port {port}\nbind 127.0.0.1\ndir {self.dir}\n"
                     f"sentinel monitor detour 127.0.0.1 {self.master.port} 1\n"
-                    "sentinel down-after-milliseconds detour 500\n"
+                    f"sentinel down-after-milliseconds detour {down_after_ms}\n"
                     "sentinel failover-timeout detour 5000\n"
                     "sentinel parallel-syncs detour 1\n")
                 # redis-sentinel is redis-server started as a sentinel (same binary).
@@ -399,7 +402,7 @@ def test_sentinel_failover_under_load_loses_no_report(tmp_path: Path) -> None:
     (what Redis's FAILOVER does): every report the master acknowledged is on the
     replica that takes over, every report it did not is in the replica's journal.
     """
-    setup = SentinelSetup()
+    setup = SentinelSetup(down_after_ms=500)  # the master is killed on purpose below
     svc: ServiceProcess | None = None
     load: Load | None = None
     try:
