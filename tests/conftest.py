@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.settings import Settings
-from tests.procs import RedisServer, ServiceProcess
+from tests.procs import PATIENT_CALL_TIMEOUT_S, RedisServer, ServiceProcess
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +45,8 @@ def store_kind(request: pytest.FixtureRequest) -> str:
 def settings(store_kind: str, request: pytest.FixtureRequest) -> Settings:
     if store_kind == "redis":
         url = request.getfixturevalue("redis_url")
-        return Settings(redis_url=url)
+        # No test of this suite is about the report timeout (procs.PATIENT_CALL_TIMEOUT_S).
+        return Settings(redis_url=url, redis_call_timeout_s=PATIENT_CALL_TIMEOUT_S)
     return Settings()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -19,6 +20,15 @@ import httpx
 import redis
 
 ROOT = Path(__file__).resolve().parents[1]
+
+#: Detour's per-report Redis timeout (``redis_call_timeout_s``) for tests that are not about
+#: it. The 50 ms default fires now and then on a busy machine: the report then goes to the
+#: journal and is answered degraded and replayed later, which such a test would take for a
+#: failure. Tests that need the fallback cause it on purpose (a killed, stopped or paused
+#: Redis) and keep the default.
+PATIENT_CALL_TIMEOUT_S = 5.0
+#: The same for a Detour process.
+PATIENT_ENV = {"DETOUR_REDIS_CALL_TIMEOUT_S": str(PATIENT_CALL_TIMEOUT_S)}
 
 
 def write_tokens(path: Path, tokens: dict[str, tuple[str, str, str]]) -> Path:
@@ -62,6 +72,22 @@ def wait_until(check: object, timeout_s: float, what: str, interval_s: float = 0
             last = exc
         time.sleep(interval_s)
     raise TimeoutError(f"{what} not ready after {timeout_s}s (last error: {last!r})")
+
+
+async def wait_until_async(check: object, timeout_s: float, what: str,
+                           interval_s: float = 0.01) -> None:
+    """``wait_until`` for a test whose event loop must keep running meanwhile (a store's
+    sync task, a client's stream): ``check()`` is polled between awaits."""
+    deadline = time.monotonic() + timeout_s
+    last: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            if check():  # type: ignore[operator]
+                return
+        except Exception as exc:  # noqa: BLE001 - keep polling until the deadline
+            last = exc
+        await asyncio.sleep(interval_s)
+    raise TimeoutError(f"{what} not seen after {timeout_s}s (last error: {last!r})")
 
 
 class RedisServer:
@@ -124,7 +150,8 @@ class HttpProcess:
             return httpx.get(self.url + ready_path, timeout=1).status_code == 200
 
         try:
-            wait_until(ready, 30, f"{what} on {self.port}", interval_s=0.05)
+            # Generous: imports alone take seconds on a busy machine.
+            wait_until(ready, 60, f"{what} on {self.port}", interval_s=0.05)
         except BaseException:
             self.stop()
             raise

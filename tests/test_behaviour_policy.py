@@ -168,7 +168,11 @@ def test_quorum_isolates_only_when_enough_producers_agree(client: TestClient) ->
                   outcome="suspected") == before + 1
     # p1 keeps away from a; p2 and anonymous selects still use it.
     assert {select(client, "t", producer="p1")["brokerName"] for _ in range(6)} == {"b"}
-    assert {select(client, "t", producer="p2")["brokerName"] for _ in range(6)} == {"a", "b"}
+    # A window that ended at the report (no window) ends on Redis's clock; a replica's
+    # estimate of it errs early by up to one sync round trip (long on a busy machine), so it
+    # may avoid the broker that long: poll, bounded. A wrongly opened window lasts 600 s.
+    wait_until(lambda: {select(client, "t", producer="p2")["brokerName"]
+                        for _ in range(6)} == {"a", "b"}, 15, "p2 using a")
     assert {select(client, "t")["brokerName"] for _ in range(6)} == {"a", "b"}
     # The same producer again is still one voter.
     assert fail(client, "a", producer="p1")["notAvailableDurationMs"] == 0
@@ -199,7 +203,7 @@ def test_repeat_offender_windows_grow_and_are_capped(client: TestClient) -> None
     for _ in range(3):
         durations.append(fail(client, "a")["notAvailableDurationMs"])
         # Window expiry is a time event with nothing to await: poll it, bounded.
-        wait_until(lambda: items(client)["a"]["available"], 5, "window end")
+        wait_until(lambda: items(client)["a"]["available"], 15, "window end")
     assert durations == [150, 300, 400]
     assert metric(client, "detour_broker_isolations", broker="a") == 3
 
@@ -298,7 +302,7 @@ def test_probe_on_expiry(client: TestClient) -> None:
     # Window expiry is a time event with nothing to await: poll it, bounded. The select
     # judges on the replica's clock, which may see the end a round trip after the store.
     probes: list[Any] = []
-    wait_until(lambda: probes.append(select(client, "t")) or probes[-1]["probe"], 5, "probe")
+    wait_until(lambda: probes.append(select(client, "t")) or probes[-1]["probe"], 15, "probe")
     probe = probes[-1]
     assert all(p["brokerName"] == "b" for p in probes[:-1])
     assert (probe["brokerName"], probe["probe"], probe["decision"]) == ("a", True, "available")
@@ -312,20 +316,21 @@ def test_probe_on_expiry(client: TestClient) -> None:
     # The success sets the window end to the store's now; a replica whose clock runs a
     # round trip behind sees it end that much later: poll, bounded.
     wait_until(lambda: {select(client, "t")["brokerName"] for _ in range(6)} == {"a", "b"},
-               5, "a re-opened to all")
+               15, "a re-opened to all")
     kinds = [(e["kind"], e["reason"]) for e in events(client)["events"]]
     assert kinds[-1] == ("ended", "probe")
     assert metric(client, "detour_probes_total", outcome="passed") >= 1
 
 
 def test_failed_probe_re_isolates(client: TestClient) -> None:
-    configure(client, latencyMax=[100], notAvailableDuration=[150], probeOnExpiry=True,
+    # 1 s windows: the second (2 s) outlasts the four selects below on a busy machine.
+    configure(client, latencyMax=[100], notAvailableDuration=[1000], probeOnExpiry=True,
               repeatMultiplier=True)
     put_route(client, "t", {"a": 1, "b": 1})
     fail(client, "a")
-    wait_until(lambda: select(client, "t")["probe"], 5, "probe")
+    wait_until(lambda: select(client, "t")["probe"], 15, "probe")
     out = fail(client, "a")
-    assert out["notAvailableDurationMs"] == 300  # backoff: the second isolation
+    assert out["notAvailableDurationMs"] == 2000  # backoff: the second isolation
     assert {select(client, "t")["brokerName"] for _ in range(4)} == {"b"}
     assert [(e["kind"], e["reason"]) for e in events(client)["events"]][-1] == ("opened", "probe")
     assert metric(client, "detour_probes_total", outcome="failed") >= 1
@@ -371,7 +376,7 @@ def test_detector_records_reachability_and_pick_one_at_least_prefers_it(
         fail(client, broker, latency=latency)
     assert select(client, "t")["brokerName"] == "down"
     checks = metric(client, "detour_detector_checks_total")
-    configure(client, detectorEnable=True, detectIntervalMs=100, detectTimeoutMs=500)
+    configure(client, detectorEnable=True, detectIntervalMs=100, detectTimeoutMs=3000)
     wait_until(lambda: {b: i["reachable"] for b, i in items(client).items()} == {
         "up": True, "down": False, "nameless": None}, 10, "detector readings")
     picks = [select(client, "t") for _ in range(4)]
@@ -409,9 +414,10 @@ def test_with_tokens_the_quorum_counts_tokens_not_producer_ids(settings: Setting
         picks = {client.post("/select", headers=h("p1"), json={"topic": "t", "producer": p})
                  .json()["brokerName"] for p in ("exec-0", "other", None) for _ in range(2)}
         assert picks == {"b"}
-        others = {client.post("/select", headers=h("p2"), json={"topic": "t"}).json()["brokerName"]
-                  for _ in range(4)}
-        assert others == {"a", "b"}
+        # (No window on the store's clock: the replica may see its end a round trip late.)
+        wait_until(lambda: {client.post("/select", headers=h("p2"), json={"topic": "t"})
+                            .json()["brokerName"] for _ in range(4)} == {"a", "b"}, 15,
+                   "another token using a")
         # A second token makes it.
         assert failure("p2", "exec-0") == 600000
 

@@ -36,17 +36,17 @@ SCRIPT = textwrap.dedent(
     from service.client import AsyncDetourClient, DetourClient
 
     url = sys.argv[1]
-    with DetourClient(url) as c:
+    with DetourClient(url, timeout=2.0) as c:  # not the 0.2 s a busy machine can miss
         r = c.send("imp", b"m", lambda q, p: q.broker_name)
         assert r.value == "imp-a" and not r.queue.local, r
     with DetourClient(url, mode="cached") as c:
-        assert c.wait_ready(5)
+        assert c.wait_ready(15)
         c.report("imp-a", 12)
         assert c.select("imp").local
 
     async def main():
         async with AsyncDetourClient(url, mode="cached") as c:
-            assert await c.wait_ready(5)
+            assert await c.wait_ready(15)
             async def deliver(q, p):
                 return q.queue_id
             assert (await c.send("imp", b"m", deliver)).value == 0

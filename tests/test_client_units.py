@@ -335,17 +335,21 @@ def test_send_loop_raises_every_cause() -> None:
 
 def test_send_loop_stops_at_the_deadline() -> None:
     rec = Recorder("abcdefgh")
+    deadline_s = 1.0
+    calls: list[str] = []
 
     def deliver(q: SelectedQueue, payload: object) -> None:
-        time.sleep(0.1)
+        calls.append(q.broker_name)
+        if len(calls) == 3:  # the third attempt outlasts the deadline, however busy the machine
+            time.sleep(max(0.0, start + deadline_s + 0.05 - time.monotonic()))
         raise TimeoutError("slow")
 
     start = time.monotonic()
     with pytest.raises(SendError) as info:
         send_sync("t", 1, deliver, select=rec.select, report=rec.report, retries=7,
-                  deadline=0.25)
-    assert info.value.timed_out and len(info.value.attempts) == 3  # started at 0, .1, .2
-    assert time.monotonic() - start < 0.6
+                  deadline=deadline_s)
+    assert info.value.timed_out and len(info.value.attempts) == 3 == len(calls)  # not 8
+    assert time.monotonic() - start < deadline_s + 2  # no wait after it (generous)
     assert len(rec.reports) == 3
 
 
@@ -390,7 +394,7 @@ def test_async_send_loop_cuts_deliver_at_the_deadline() -> None:
 
     start = time.monotonic()
     err = asyncio.run(main())
-    assert time.monotonic() - start < 0.5
+    assert time.monotonic() - start < 5  # cut, not awaited: far below the 30 s (generous)
     assert err.timed_out and len(err.attempts) == 1
     assert isinstance(err.attempts[0].error, TimeoutError) and rec.reports == [("a", True)]
 

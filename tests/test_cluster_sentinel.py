@@ -32,7 +32,15 @@ from service.settings import Settings
 from service.store import ReportIn
 from service.store.connect import describe_redis_url, parse_redis_url
 from service.store.redis import RedisStore
-from tests.procs import RedisServer, ServiceProcess, end_process, free_port, wait_until
+from tests.procs import (
+    PATIENT_CALL_TIMEOUT_S,
+    RedisServer,
+    ServiceProcess,
+    end_process,
+    free_port,
+    wait_until,
+    wait_until_async,
+)
 from tests.test_behaviour import *  # noqa: F403 - the behaviour suite, collected again below
 from tests.test_behaviour import put_route, report, select
 from tests.test_outage import Load
@@ -61,7 +69,8 @@ class Cluster:
                 self.nodes.append(RedisServer(extra=[
                     "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                     # The bus port defaults to port + 10000, past 65535 for a high port.
-                    "--cluster-port", str(free_port()), "--cluster-node-timeout", "5000"]))
+                    # No test here fails a node over: a node timeout no busy machine reaches.
+                    "--cluster-port", str(free_port()), "--cluster-node-timeout", "30000"]))
             cli = shutil.which("redis-cli")
             assert cli is not None, "redis-cli not found (Debian package redis-tools)"
             subprocess.run(
@@ -123,11 +132,13 @@ class SentinelSetup:
     """A master, a replica (``--replicaof``) and ``count`` sentinels watching them as ``detour``.
 
     Both data servers fsync every write to their AOF before answering. The
-    sentinels declare the master down after 500 ms; any one of them may (quorum 1),
-    and the failover needs a majority of them to elect a leader.
+    sentinels declare the master down after ``down_after_ms``; any one of them may
+    (quorum 1), and the failover needs a majority of them to elect a leader. The
+    default is one no busy machine reaches, so the sentinels never fail over on their
+    own; a test that kills the master asks for 500 ms.
     """
 
-    def __init__(self, count: int = 3) -> None:
+    def __init__(self, count: int = 3, down_after_ms: int = 30_000) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="detour-sentinel-"))
         self.sentinels: list[subprocess.Popen[bytes]] = []
         self.sentinel_ports = [free_port() for _ in range(count)]
@@ -149,7 +160,7 @@ class SentinelSetup:
                 conf.write_text(
                     f"port {port}\nbind 127.0.0.1\ndir {self.dir}\n"
                     f"sentinel monitor detour 127.0.0.1 {self.master.port} 1\n"
-                    "sentinel down-after-milliseconds detour 500\n"
+                    f"sentinel down-after-milliseconds detour {down_after_ms}\n"
                     "sentinel failover-timeout detour 5000\n"
                     "sentinel parallel-syncs detour 1\n")
                 # redis-sentinel is redis-server started as a sentinel (same binary).
@@ -244,10 +255,13 @@ def settings(deployment: str, request: pytest.FixtureRequest) -> Settings:
     if deployment == "cluster":
         c: Cluster = request.getfixturevalue("cluster")
         c.flush()
-        return Settings(redis_url=c.url)
+        return Settings(redis_url=c.url, redis_call_timeout_s=PATIENT_CALL_TIMEOUT_S)
     s: SentinelSetup = request.getfixturevalue("sentinel")
     s.flush()
-    return Settings(redis_url=s.url(s.sentinel_ports[:1]))  # one host: see the module doc
+    # One host: see the module doc. No test here is about the report timeout: a report the
+    # 50 ms default sent to the journal on a busy machine would be answered degraded.
+    return Settings(redis_url=s.url(s.sentinel_ports[:1]),
+                    redis_call_timeout_s=PATIENT_CALL_TIMEOUT_S)
 
 
 # -- URLs ------------------------------------------------------------------------------
@@ -287,15 +301,16 @@ def test_cluster_keeps_a_namespace_on_one_node_and_replicas_follow_each_other(
 ) -> None:
     cluster.flush()
     # No poll within the test: what reaches the other replica comes by push.
-    settings = Settings(redis_url=cluster.url, sync_interval_s=60)
+    settings = Settings(redis_url=cluster.url, sync_interval_s=60,
+                        redis_call_timeout_s=PATIENT_CALL_TIMEOUT_S)
     with TestClient(create_app(settings)) as a, TestClient(create_app(settings)) as b:
         put_route(a, "t", {"x": 1, "y": 1})
-        wait_until(lambda: b.post("/select", json={"topic": "t"}).status_code == 200, 5,
+        wait_until(lambda: b.post("/select", json={"topic": "t"}).status_code == 200, 15,
                    "the route pushed to the other replica")
         report(a, "x", 0, isolation=True)
-        wait_until(lambda: _avoids(b, "x"), 5, "the window pushed to the other replica")
+        wait_until(lambda: _avoids(b, "x"), 15, "the window pushed to the other replica")
         assert b.delete("/fault-items/x").status_code == 204
-        wait_until(lambda: not _avoids(a, "x"), 5, "the restore pushed back")
+        wait_until(lambda: not _avoids(a, "x"), 15, "the restore pushed back")
         # Both subscribed on the node that serves the namespace's slot.
         owner = cluster.owner(META)
         assert cluster.subscribers() == {n.port: 2 if n is owner else 0 for n in cluster.nodes}
@@ -314,7 +329,8 @@ def test_cluster_keeps_a_namespace_on_one_node_and_replicas_follow_each_other(
 def test_cluster_subscription_moves_to_another_node(cluster: Cluster) -> None:
     """A cluster delivers PUBLISH to every node: a lost subscription resumes on the next."""
     cluster.flush()
-    settings = Settings(redis_url=cluster.url_all_nodes, sync_interval_s=60)
+    settings = Settings(redis_url=cluster.url_all_nodes, sync_interval_s=60,
+                        redis_call_timeout_s=PATIENT_CALL_TIMEOUT_S)
     owner = cluster.owner(META)
 
     async def scenario() -> None:
@@ -322,25 +338,30 @@ def test_cluster_subscription_moves_to_another_node(cluster: Cluster) -> None:
         await writer.start()
         await follower.start()
         try:
-            for _ in range(100):  # the sync loops subscribe after start() returns
-                if (subs := cluster.subscribers())[owner.port] == 2:
-                    break
-                await asyncio.sleep(0.05)
-            assert subs == {n.port: 2 if n is owner else 0 for n in cluster.nodes}
+            # The sync loops subscribe after start() returns.
+            await wait_until_async(lambda: cluster.subscribers()[owner.port] == 2, 20,
+                                   "both subscribed on the slot's node", interval_s=0.05)
+            assert cluster.subscribers() == {n.port: 2 if n is owner else 0
+                                             for n in cluster.nodes}
             with owner.client() as c:
                 c.client_kill_filter(_type="pubsub")  # both lose their subscription
-            for _ in range(200):
+
+            def moved() -> bool:
                 subs = cluster.subscribers()
-                if subs[owner.port] == 0 and sum(subs.values()) == 2 and follower.synced.is_set():
-                    break
-                await asyncio.sleep(0.05)
-            assert subs[owner.port] == 0 and sum(subs.values()) == 2, subs
-            await writer.report_many([ReportIn("x", 0, True)])
-            for _ in range(100):
-                if "x" in follower.view.faults:
-                    break
-                await asyncio.sleep(0.05)
-            assert "x" in follower.view.faults  # pushed through a node that does not own it
+                # Synced: subscribed again and the snapshot taken after it. Until then the
+                # writer's report would go to its journal (replayed at the next poll, a
+                # minute away) and never be pushed.
+                return subs[owner.port] == 0 and sum(subs.values()) == 2 and \
+                    writer.synced.is_set() and follower.synced.is_set()
+
+            await wait_until_async(moved, 20, "both subscribed on another node",
+                                   interval_s=0.05)
+            (outcome,) = await writer.report_many([ReportIn("x", 0, True)])
+            assert not writer.degraded, "the report went to the journal, not to Redis"
+            assert outcome.available_at > outcome.now_ms
+            # Pushed through a node that does not own the slot.
+            await wait_until_async(lambda: "x" in follower.view.faults, 20,
+                                   "the push on the follower", interval_s=0.05)
         finally:
             await follower.close()
             await writer.close()
@@ -354,13 +375,14 @@ def test_cluster_subscription_moves_to_another_node(cluster: Cluster) -> None:
 def test_sentinel_url_skips_a_dead_sentinel(sentinel: SentinelSetup) -> None:
     sentinel.flush()
     dead = free_port()  # nothing listens there
-    settings = Settings(redis_url=sentinel.url([dead, *sentinel.sentinel_ports]))
+    settings = Settings(redis_url=sentinel.url([dead, *sentinel.sentinel_ports]),
+                        redis_call_timeout_s=PATIENT_CALL_TIMEOUT_S)
 
     async def scenario() -> None:
         store = RedisStore(settings)
         await store.start()
         try:
-            await asyncio.wait_for(store.synced.wait(), 5)
+            await asyncio.wait_for(store.synced.wait(), 20)
             outcome, = await store.report_many([ReportIn("x", 0, True)])
             assert outcome.available_at > outcome.now_ms
             assert not store.degraded
@@ -382,7 +404,7 @@ def test_sentinel_failover_under_load_loses_no_report(tmp_path: Path) -> None:
     (what Redis's FAILOVER does): every report the master acknowledged is on the
     replica that takes over, every report it did not is in the replica's journal.
     """
-    setup = SentinelSetup()
+    setup = SentinelSetup(down_after_ms=500)  # the master is killed on purpose below
     svc: ServiceProcess | None = None
     load: Load | None = None
     try:
@@ -401,7 +423,7 @@ def test_sentinel_failover_under_load_loses_no_report(tmp_path: Path) -> None:
         with old_master.client() as m:
             m.execute_command("CLIENT", "PAUSE", "30000", "WRITE")
         offset = _replication(old_master)["master_repl_offset"]
-        wait_until(lambda: _replication(new_master)["master_repl_offset"] >= offset, 5,
+        wait_until(lambda: _replication(new_master)["master_repl_offset"] >= offset, 20,
                    "the replica caught up")
         old_master.kill()
         at_kill = len(load.accepted)
@@ -443,7 +465,8 @@ def test_sentinel_switchover_moves_the_store_before_the_old_master_steps_down() 
     """``SENTINEL FAILOVER``: the old master keeps accepting writes until the sentinels
     reconfigure it (about ten seconds); the store follows the sentinels within a poll."""
     setup = SentinelSetup(count=1)  # one sentinel: no wait for sentinels to meet
-    settings = Settings(redis_url=setup.url(), sync_interval_s=0.2)
+    settings = Settings(redis_url=setup.url(), sync_interval_s=0.2,
+                        redis_call_timeout_s=PATIENT_CALL_TIMEOUT_S)
     old, new = setup.master, setup.replica
     assert new is not None
 
@@ -455,22 +478,15 @@ def test_sentinel_switchover_moves_the_store_before_the_old_master_steps_down() 
         store = RedisStore(settings)
         await store.start()
         try:
-            for _ in range(100):
-                if subscribed(old) == 1:
-                    break
-                await asyncio.sleep(0.05)
-            assert subscribed(old) == 1
+            await wait_until_async(lambda: subscribed(old) == 1, 20, "subscribed on the master",
+                                   interval_s=0.05)
             with setup.sentinel_client(setup.sentinel_ports[0]) as s:
                 s.execute_command("SENTINEL", "FAILOVER", "detour")
-            for _ in range(200):
-                if setup.master_port() == new.port:
-                    break
-                await asyncio.sleep(0.05)
-            assert setup.master_port() == new.port
-            for _ in range(60):
-                if subscribed(new) == 1 and store.synced.is_set():
-                    break
-                await asyncio.sleep(0.05)
+            await wait_until_async(lambda: setup.master_port() == new.port, 30,
+                                   "the sentinel names the new master", interval_s=0.05)
+            # Within a poll (0.2 s), well before the old master steps down (about 10 s).
+            await wait_until_async(lambda: subscribed(new) == 1 and store.synced.is_set(), 8,
+                                   "the store on the new master", interval_s=0.05)
             assert (subscribed(old), subscribed(new)) == (0, 1)
             outcome, = await store.report_many([ReportIn("x", 0, True)])
             assert outcome.available_at > outcome.now_ms and not store.degraded

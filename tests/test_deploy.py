@@ -775,9 +775,9 @@ def test_the_sidecar_probes_say_what_the_kubelet_needs(tmp_path: Path) -> None:
          f"redis://127.0.0.1:{free_port()}/0"], cwd=ROOT, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
     try:
-        wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+        wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
                    .status_code == 200, 30, "detour without redis")
-        assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 503
+        assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 503
         rcs = {name: run(cmd, port) for name, cmd in probes.items()}
         assert {n: rc == 0 for n, rc in rcs.items()} == {
             n: n.endswith("livenessProbe") for n in probes}, rcs

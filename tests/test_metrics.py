@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from service.app import create_app
 from service.settings import Settings
-from tests.procs import ServiceProcess, wait_until
+from tests.procs import PATIENT_CALL_TIMEOUT_S, PATIENT_ENV, ServiceProcess, wait_until
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -86,12 +86,12 @@ def test_select_and_report_metrics(client: TestClient) -> None:
 
 @pytest.mark.integration
 def test_broker_state_comes_from_the_shared_table(redis_url: str) -> None:
-    settings = Settings(redis_url=redis_url)
+    settings = Settings(redis_url=redis_url, redis_call_timeout_s=PATIENT_CALL_TIMEOUT_S)
     with TestClient(create_app(settings)) as a, TestClient(create_app(settings)) as b:
         a.put("/routes/t", json={"brokers": [{"brokerName": "x", "writeQueueNums": 1}]})
         a.post("/report-latency", json={"brokerName": "x", "latencyMs": 0, "isolation": True})
         wait_until(lambda: value(b.get("/metrics").text, "detour_broker_avoided", broker="x")
-                   == 1, 2, "state on b")
+                   == 1, 10, "state on b")
         text = b.get("/metrics").text
         assert value(text, "detour_route_all_avoided", topic="t") == 1
 
@@ -99,7 +99,7 @@ def test_broker_state_comes_from_the_shared_table(redis_url: str) -> None:
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_two_workers_add_up(redis_url: str) -> None:
-    svc = ServiceProcess(redis_url=redis_url, workers=2)
+    svc = ServiceProcess(redis_url=redis_url, workers=2, env=PATIENT_ENV)
     try:
         with httpx.Client(base_url=svc.url, timeout=5) as c:
             c.put("/routes/t", json={"brokers": [{"brokerName": "x", "writeQueueNums": 2}]})
@@ -109,7 +109,7 @@ def test_two_workers_add_up(redis_url: str) -> None:
                 # The route reaches the other worker by a push a few ms after the PUT's
                 # answer; until then its select is a 404, counted as "no_route".
                 wait_until(lambda c=fresh: c.post("/select", json={"topic": "t"})
-                           .raise_for_status().status_code == 200, 5, "the route on this worker")
+                           .raise_for_status().status_code == 200, 15, "the route on this worker")
                 fresh.post("/report-latency", json={"brokerName": "x", "latencyMs": 1})
         for _ in range(6):  # whichever worker answers the scrape sees every worker's counts
             with httpx.Client(base_url=svc.url, timeout=5) as fresh:

@@ -48,7 +48,7 @@ from pipeline.produce import _parser as produce_parser
 from pipeline.progress import Progress
 from pipeline.verify import BrokerRef, brokers_from_detour, read_ids, verify
 from service.client.wire import MAX_BATCH
-from tests.procs import ROOT, RedisServer, ServiceProcess, write_tokens
+from tests.procs import PATIENT_ENV, ROOT, RedisServer, ServiceProcess, write_tokens
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -77,10 +77,12 @@ def spark() -> Iterator[SparkSession]:
 
 @pytest.fixture(scope="module")
 def detour() -> Iterator[str]:
-    """Detour on its own Redis: the shared table every partition's client talks to."""
+    """Detour on its own Redis: the shared table every partition's client talks to. The
+    faults here are the brokers'; Detour's Redis is healthy, so its report timeout is a
+    patient one (procs.PATIENT_ENV)."""
     store = RedisServer()
     try:
-        svc = ServiceProcess(redis_url=store.url)
+        svc = ServiceProcess(redis_url=store.url, env=PATIENT_ENV)
         try:
             yield svc.url
         finally:
@@ -104,9 +106,13 @@ def _journal_replayed(detour: str) -> float:
 def test_broker_faults_are_process_faults() -> None:
     with Fleet(2, "t", 1) as fleet:
         b = fleet.brokers["broker-a"]
+        # A timeout far above any delay a loaded machine adds, for the writes that must
+        # succeed; the 0.2 s client below is for the stopped broker, whose timeout is the point.
+        patient = redis.Redis(host="127.0.0.1", port=b.port, socket_timeout=5,
+                              socket_connect_timeout=5, retry=no_retry())
         client = redis.Redis(host="127.0.0.1", port=b.port, socket_timeout=0.2,
                              socket_connect_timeout=0.2, retry=no_retry())
-        client.xadd(stream_key("t", 0), {"id": "r1"})
+        patient.xadd(stream_key("t", 0), {"id": "r1"})
         b.kill()
         with pytest.raises(redis.ConnectionError):
             client.xadd(stream_key("t", 0), {"id": "r2"})
@@ -119,10 +125,8 @@ def test_broker_faults_are_process_faults() -> None:
         assert 0.15 < time.monotonic() - started < 2.0
         b.cont()
         client.close()
-        # Added latency: writes wait, then succeed (a timeout far above the pause, so a
-        # loaded machine cannot turn the delay into a failure).
-        patient = redis.Redis(host="127.0.0.1", port=b.port, socket_timeout=5,
-                              socket_connect_timeout=5, retry=no_retry())
+        # Added latency: writes wait, then succeed (the patient client: a loaded machine
+        # cannot turn the delay into a failure).
         b.pause(0.15)
         started = time.monotonic()
         patient.xadd(stream_key("t", 0), {"id": "r4"})
@@ -285,7 +289,7 @@ def test_end_to_end_kill_and_stop_brokers_mid_run(
 @pytest.mark.slow
 def test_reports_carry_the_partition_as_producer(spark: SparkSession, tmp_path: Path) -> None:
     store = RedisServer()
-    svc = ServiceProcess(redis_url=store.url)
+    svc = ServiceProcess(redis_url=store.url, env=PATIENT_ENV)
     try:
         with Fleet(2, "who", 1) as fleet:
             fleet.register(svc.url)

@@ -28,7 +28,7 @@ from service.store.connect import (
     read_password_file,
     with_password,
 )
-from tests.procs import ROOT, RedisServer, ServiceProcess
+from tests.procs import PATIENT_ENV, ROOT, RedisServer, ServiceProcess
 
 PASSWORD = "s3cret:@/%+ with spaces"  # every character a URL would need escaped
 
@@ -133,8 +133,8 @@ def _start(acl_redis: RedisServer, *args: str,
 def test_detour_works_with_the_password_file(acl_redis: RedisServer,
                                              password_file: Path) -> None:
     url = f"redis://detour@127.0.0.1:{acl_redis.port}/0"
-    with ServiceProcess(redis_url=url,
-                        env={"DETOUR_REDIS_PASSWORD_FILE": str(password_file)}) as svc, \
+    with ServiceProcess(redis_url=url, env={"DETOUR_REDIS_PASSWORD_FILE": str(password_file),
+                                            **PATIENT_ENV}) as svc, \
             httpx.Client(base_url=svc.url, timeout=5) as api:
         api.put("/routes/orders", json={"brokers": [
             {"brokerName": "broker-a", "writeQueueNums": 2},

@@ -166,7 +166,9 @@ def test_the_server_refuses_past_the_in_flight_bound_before_the_app_runs() -> No
                 for _ in range(20):
                     start = time.perf_counter()
                     r = c.post("/select", json={"topic": "t"})
-                    assert time.perf_counter() - start < 0.05
+                    # At once, not after the held slot. Generous for a busy machine:
+                    # the refusal's speed is bench/overload.py's.
+                    assert time.perf_counter() - start < 1.0
                     assert r.status_code == 503 and r.json()["error"] == "SYSTEM_BUSY"
                     assert r.headers["retry-after"] == "1"
                 # A body the app never reads does not break the connection.

@@ -24,7 +24,8 @@ from tests.procs import ROOT, ServiceProcess, write_tokens
 
 PAGE = ROOT / "service" / "static" / "status.html"
 SCREENSHOT = ROOT / "docs" / "status.png"
-WAIT_S = 10  # the page polls every second; a state change shows within about one poll
+WAIT_S = 20  # the page polls every second: a state change shows within about one poll, or a
+# few on a busy machine (the wait ends as soon as it shows)
 #: Headless, and nothing that talks to any address but the service's.
 CHROMIUM_FLAGS = (
     "--headless",
