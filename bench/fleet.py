@@ -64,13 +64,15 @@ from typing import Any
 
 from service.settings import Settings
 from service.store.base import ReportIn
-from service.store.redis import RedisStore
+from service.store.redis import RedisStore, integrity_arg
 from tests.procs import ROOT, RedisServer
 
 OUT = ROOT / "bench" / "out"
 PLOT = ROOT / "docs" / "img" / "fleet-scale.png"
 LUA = ROOT / "service" / "store" / "lua"
 #: a pushed change names its broker ({"k":"fault","v":..,"f":broker,"x":..})
+#: report.lua takes summary entries (a replica's quiet reports summed between flushes)
+SUMMARIES = "== 's'" in (LUA / "report.lua").read_text()
 BROKER_IN_PUSH = re.compile(rb'"f":"([^"]+)"')
 #: the sidecars and sends of the projection's target
 SIDECARS = (100, 300, 1_000, 3_000, 10_000)
@@ -144,8 +146,9 @@ class Commands(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.received += len(data)
-        # an error reply starts a line with "-" (no reply of these commands carries one)
-        if data.startswith(b"-") or b"\r\n-" in data:
+        # an error reply starts a line with "-" (no reply of these commands carries one); a
+        # report.lua that refused to write answers six elements, a negative status first
+        if data.startswith((b"-", b"*6\r\n:-")) or b"\r\n-" in data or b"\n*6\r\n:-" in data:
             self.errors += 1
 
     def send(self, data: bytes) -> None:
@@ -160,7 +163,7 @@ class Replica:
     sub: Subscription
     cmd: Commands
     poll: bytes
-    flush: bytes
+    flush: Flush
 
 
 @dataclass
@@ -170,19 +173,47 @@ class Keys:
     meta: str
     writers: str
     channel: str
-    current: str
-    histograms: str
+    #: the latency log (a flush adds one entry per broker)
+    log: str
 
 
-def flush_payload(keys: Keys, replica: str, brokers: int, buckets: int) -> bytes:
-    """One flush: currentLatencyMs per broker (HSET) and per-broker histograms (XADD)."""
-    hset: list[object] = ["HSET", keys.current]
-    hist: list[object] = ["XADD", keys.histograms, "MAXLEN", "~", 100_000, "*", "r", replica]
-    for b in range(brokers):
-        name = f"broker-{b:03d}"
-        hset += [f"{replica}|{name}", 40 + b]
-        hist += [name, ",".join(str(100 * (k + 1) + b) for k in range(buckets))]
-    return resp(*hset) + resp(*hist)
+class Flush:
+    """One replica's flush as the real report.lua call: one entry per broker, this replica
+    as the writer and its next sequence number each time (so the script does the
+    applied-once bookkeeping it does for a real flush).
+
+    With report.lua's summary entries (isolation "s": a replica's quiet reports summed per
+    broker, latest latency and histogram) the entry is a summary of ``buckets`` counts;
+    before them, the same brokers as reports that change no window (each one a latency-log
+    entry, as a summary is)."""
+
+    def __init__(
+        self, store: RedisStore, keys: list[str], replica: str, brokers: int, buckets: int
+    ) -> None:
+        self.seq = 0
+        self.sha = store._scripts["report"].sha
+        self.keys = keys
+        names = [f"broker-{b:03d}" for b in range(brokers)]
+        reports = [ReportIn(n, 40 + b, seq=1) for b, n in enumerate(names)]
+        args, _ = store._report_args(reports, store.view.config)
+        args[7] = replica  # ARGV[8]: the writer
+        args[8] = integrity_arg(0)  # ARGV[9]: a new writer has seen nothing applied yet
+        head = args[:9]
+        if SUMMARIES:
+            counts = ",".join(str(7 * (k + 1)) for k in range(buckets))
+            body: list[object] = []
+            for b, n in enumerate(names):
+                body += [n, 40 + b, 1000, 0, "s", counts, 0, 0, "", "", 1, ""]
+        else:
+            body = args[9:]
+        self.head, self.body = head, body
+
+    def command(self) -> bytes:
+        body = list(self.body)
+        for i in range(10, len(body), 12):  # each entry's sequence number
+            self.seq += 1
+            body[i] = self.seq
+        return resp("EVALSHA", self.sha, len(self.keys), *self.keys, *self.head, *body)
 
 
 @dataclass
@@ -195,6 +226,8 @@ class Phase:
     commands: int
     units: int
     machine_idle: float
+    #: entries added to the latency log (a flush adds one per broker)
+    log_entries: int = 0
     fanout_ms: list[float] = field(default_factory=list)
     propagation_ms: list[float] = field(default_factory=list)
     delivered: float = math.nan
@@ -207,6 +240,7 @@ class Phase:
             "commands_per_s": self.commands / self.seconds,
             "units": self.units,
             "machine_idle": self.machine_idle,
+            "log_entries": self.log_entries,
             "fanout_p50_ms": _pct(self.fanout_ms, 50),
             "fanout_p99_ms": _pct(self.fanout_ms, 99),
             "propagation_p50_ms": _pct(self.propagation_ms, 50),
@@ -244,14 +278,18 @@ class Fleet:
         self.store = store
         self.opts = opts
         self.info = server.client()
-        base = store._meta.rsplit(":", 1)[0]
-        self.keys = Keys(
+        self.keys = Keys(store._meta, store._writers, store._channel, store._log)
+        # report.lua's KEYS, in the order RedisStore._report_remote passes them
+        self.report_keys = [
+            store._faults,
             store._meta,
+            store._log,
+            store._events,
+            store._ends,
             store._writers,
-            store._channel,
-            f"{base}:current",
-            f"{base}:latency-histograms",
-        )
+            store._writers_seen,
+            store._report_ids,
+        ]
         self.poll_sha = sha1((LUA / "poll.lua").read_bytes()).hexdigest()
         # the poll the replicas send is the store's own script, not a copy
         assert self.poll_sha == store._scripts["poll"].sha, "poll.lua is not the store's"
@@ -271,7 +309,9 @@ class Fleet:
                 )
                 _, cmd = await loop.create_connection(Commands, "127.0.0.1", self.server.port)
                 poll = resp("EVALSHA", self.poll_sha, 2, keys.meta, keys.writers, rid)
-                flush = flush_payload(keys, rid, opts.flush_brokers, opts.flush_buckets)
+                flush = Flush(
+                    self.store, self.report_keys, rid, opts.flush_brokers, opts.flush_buckets
+                )
                 batch.append(Replica(sub, cmd, poll, flush))
             await asyncio.gather(*(r.sub.ready for r in batch))
             self.replicas += batch
@@ -283,13 +323,15 @@ class Fleet:
                     t.close()
         self.info.close()
 
-    def redis_counters(self) -> tuple[float, int]:
-        """(Redis CPU s, commands processed so far)."""
+    def redis_counters(self) -> tuple[float, int, int]:
+        """(Redis CPU s, commands processed, latency-log entries added) so far."""
         cpu = self.info.info("cpu")
         stats = self.info.info("stats")
+        log = self.info.xinfo_stream(self.keys.log)
         return (
             float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
             int(stats["total_commands_processed"]),
+            int(log["entries-added"]),
         )
 
     async def _spread(self, interval_s: float, pick: str, end: float, start: float) -> int:
@@ -301,7 +343,7 @@ class Fleet:
             due = int((now - start) * n / interval_s)
             while sent < due:
                 r = self.replicas[sent % n]
-                r.cmd.send(r.poll if pick == "poll" else r.flush)
+                r.cmd.send(r.poll if pick == "poll" else r.flush.command())
                 sent += 1
             await asyncio.sleep(0.005)
         return sent
@@ -336,7 +378,7 @@ class Fleet:
         opts = self.opts
         await asyncio.sleep(0.05)  # let the previous phase's replies drain
         idle0, total0 = machine_cpu()
-        cpu0, cmd0 = self.redis_counters()
+        cpu0, cmd0, log0 = self.redis_counters()
         start = time.perf_counter()
         end = start + opts.phase_s
         units = 0
@@ -362,7 +404,8 @@ class Fleet:
         else:
             raise ValueError(name)
         elapsed = time.perf_counter() - start
-        cpu1, cmd1 = self.redis_counters()
+        await asyncio.sleep(0.05)  # the last sends' replies
+        cpu1, cmd1, log1 = self.redis_counters()
         idle1, total1 = machine_cpu()
         result = Phase(
             name,
@@ -371,6 +414,7 @@ class Fleet:
             cmd1 - cmd0,
             units,
             (idle1 - idle0) / max(1, total1 - total0),
+            log1 - log0,
         )
         if sent:
             await self._deliveries(sent, result)
@@ -422,6 +466,8 @@ async def one_run(opts: Options) -> dict[int, dict[str, Phase]]:
     try:
         await store.start()
         await asyncio.wait_for(store.synced.wait(), 30)
+        # the table's first write gives it its epoch, which the flushes then carry
+        await store.report_many([ReportIn("steady", 10)])
         fleet = Fleet(server, store, opts)
         for n in opts.replicas:
             await fleet.grow(n)

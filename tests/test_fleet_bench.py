@@ -32,6 +32,8 @@ def test_quick_run_measures_and_projects(tmp_path: Path) -> None:
             ph["flush"]["units"]
             >= 0.8 * int(n) * ph["flush"]["seconds"] / opts["flush_interval_s"] - 1
         )
+        # every flush reached report.lua and logged each of its brokers
+        assert ph["flush"]["log_entries"] >= ph["flush"]["units"] * opts["flush_brokers"]
         for name in ("push", "mixed"):
             assert ph[name]["units"] >= 1, (n, name)
             # every window pushed reached every simulated replica's subscription
