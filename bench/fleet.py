@@ -11,13 +11,14 @@ connections, as a ``python -m service`` on Redis does:
 
 * a **subscription** to the namespace's change channel (``SUBSCRIBE``): it receives every
   window pushed;
-* a **command connection** that sends the version poll (the real ``poll.lua``, by
+* a **command connection** that sends the version poll (the store's own ``poll.lua``, by
   ``EVALSHA``, the replica's own id) every ``--sync-interval-s`` and the periodic
-  **flush** of aggregated state every ``--flush-interval-s``. The flush is modelled as one
-  pipeline per replica: an ``HSET`` of ``currentLatencyMs`` for ``--flush-brokers`` brokers
-  and one ``XADD`` (approximate ``MAXLEN``) carrying those brokers' latency histograms of
-  ``--flush-buckets`` buckets each, i.e. what a replica that no longer writes a report per
-  send has to hand to Redis on an interval.
+  **flush** of what it summed locally every ``--flush-interval-s``: one call of the real
+  ``report.lua`` (ARGV from the store's own ``_report_args``; the replica as the writer,
+  its next sequence numbers) with one entry per broker for ``--flush-brokers`` brokers.
+  When ``report.lua`` takes summary entries (isolation "s": latest latency and a
+  histogram of ``--flush-buckets`` counts), those are sent; before, the same brokers as
+  reports that change no window (each a latency-log entry, as a summary is).
 
 One real ``RedisStore`` (the service's own store code, ``report.lua`` through
 ``report_many``) is the replica that reports: isolations of new brokers that open a window
