@@ -680,9 +680,9 @@ def markdown(result: dict[str, Any]) -> str:
         f"{o['flush_brokers']} brokers x {o['flush_buckets']} buckets; pushes at "
         f"{o['push_rate']}/s; mixed: polls + flushes + {o['mixed_faults']} windows/s):",
         "",
-        "| replicas | connections | machine idle | Redis CPU idle | polls | flushes | mixed: "
-        "Redis CPU (model) | mixed: commands/s | fan-out p50 / p99 ms | propagation p99 ms "
-        "| delivered |",
+        "| replicas | connections | machine idle | Redis CPU: idle | Redis CPU: polls "
+        "| Redis CPU: flushes | mixed: Redis CPU (model) | mixed: commands/s "
+        "| pushes: fan-out p50 / p99 ms | pushes: propagation p99 ms | pushes delivered |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for n, v in result["replicas"].items():
