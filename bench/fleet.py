@@ -697,7 +697,12 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {ph['push']['fanout_p50_ms']:.1f} / {ph['push']['fanout_p99_ms']:.1f} "
             f"| {ph['push']['propagation_p99_ms']:.1f} | {ph['push']['delivered']:.0%} |"
         )
+    load = ", ".join(f"{x:.1f}" for x in result["load"])
     lines += [
+        "",
+        f"Load average at the end: {load} (the machine's idle CPU is beside each row); "
+        f"reports the reporting store answered degraded, per run (left out): "
+        f"{result['degraded_reports']}.",
         "",
         "Per-unit Redis CPU (µs): "
         f"poll {m['poll_us']:.1f}, flush {m['flush_us']:.1f}, window report script "
