@@ -397,3 +397,29 @@ def test_detector_lease_is_held_by_one_replica(redis_url: str) -> None:
             await b.close()
 
     asyncio.run(scenario())
+
+
+def test_a_report_acknowledged_during_a_poll_does_not_make_the_poll_look_lost(
+        redis_url: str) -> None:
+    """A poll answered before a report was acknowledged carries the older high-water mark
+    and version; judged against what the replica held when it sent the poll, that is no
+    loss (judged against what it holds when the answer is read, it looked "behind" and the
+    replica re-seeded a table that had lost nothing)."""
+    async def scenario() -> None:
+        store = RedisStore(patient(redis_url=redis_url, sync_interval_s=60))
+        await store.start()
+        try:
+            await store.report_many([ReportIn("a", 5, isolation=True)])
+            held = store.held()
+            reply = await store.poll()
+            # Acknowledged after the poll's answer left Redis, before it is judged.
+            await store.report_many([ReportIn("b", 5, isolation=True)])
+            assert store.held() != held
+            assert not store.table_lost(reply, held)
+            # A real loss is still one, whatever was held.
+            redis.Redis.from_url(redis_url).flushall()
+            assert store.table_lost(await store.poll(), store.held())
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())

@@ -75,7 +75,9 @@ class Followed(Protocol):
 
     async def poll(self) -> PollReply: ...
 
-    def table_lost(self, reply: PollReply) -> bool: ...
+    def held(self) -> tuple[int, int]: ...
+
+    def table_lost(self, reply: PollReply, held: tuple[int, int]) -> bool: ...
 
 
 @dataclass
@@ -111,8 +113,9 @@ class Follower:
         if self._topology.sentinel:
             await self._topology.follow_master(pubsub)
         store = self._store
+        held = store.held()  # before the poll: what is acknowledged meanwhile is newer
         reply = await store.poll()
-        if store.table_lost(reply):
+        if store.table_lost(reply, held):
             self.resync_needed = True  # Redis lost its data (restart, flush, failover)
         elif reply.version > store.view.version:
             # Pushes for that version may still be in flight: drain them first.

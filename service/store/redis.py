@@ -535,10 +535,11 @@ class RedisStore:
         """The table as Redis holds it; one that lost data is re-seeded before it is shown,
         so the answer never leaves out a window a replica still holds."""
         for _ in range(3):
+            held = self.held()
             now, flat, epoch, version, high_water = await self._eval(
                 "fault_items", (self._faults, self._meta, self._writers), (self._replica_id,)
             )
-            if self._loss(epoch, int(high_water), int(version)) is None:
+            if self._loss(epoch, int(high_water), int(version), held) is None:
                 return int(now), [codec.decode_fault(b, v) for b, v in codec.pairs(flat)]
             await self.resync()
         raise StoreUnavailable("the table kept changing during the read; retry")
@@ -559,11 +560,18 @@ class RedisStore:
         )
         return snap, reply
 
-    def _loss(self, epoch: str, high_water: int, version: int) -> str | None:
+    def held(self) -> tuple[int, int]:
+        """What this replica knows Redis had: its highest acknowledged report and its
+        view's version. Taken before a read is sent: a report acknowledged or a push
+        applied while the read is in flight must not make its older answer look lost."""
+        return self._acked, self.view.version
+
+    def _loss(self, epoch: str, high_water: int, version: int, held: tuple[int, int]) -> str | None:
         """Why the table in Redis is not (all of) the one this replica holds, or None.
 
         Version numbers alone cannot tell (a replay into an emptied table pushes the
         version past this replica's): the epoch and this replica's own high-water mark can.
+        ``held`` is ``held()`` from before the read.
         """
         if not self._epoch:
             return None  # the first sync: nothing held yet
@@ -571,20 +579,22 @@ class RedisStore:
             return "empty"
         if epoch != self._epoch:
             return "epoch"
-        if high_water < self._acked or version < self.view.version:
+        acked, view_version = held
+        if high_water < acked or version < view_version:
             return "behind"
         if self._merge_next:
             return "failover"
         return None
 
-    def table_lost(self, reply: PollReply) -> bool:
-        """The follower's poll: does Redis's table lack what this replica holds?"""
+    def table_lost(self, reply: PollReply, held: tuple[int, int]) -> bool:
+        """The follower's poll: does Redis's table lack what this replica held when it
+        sent the poll (``held()``)?"""
         self._clock.set(reply.now_ms, mono_ms())
         if not self._epoch and reply.epoch:
             # Another replica's first write gave the table its epoch: this view, kept by
             # its pushes, is a copy of that table now.
             self._epoch = reply.epoch
-        return self._loss(reply.epoch, reply.high_water, reply.version) is not None
+        return self._loss(reply.epoch, reply.high_water, reply.version, held) is not None
 
     async def poll(self) -> PollReply:
         raw = await self._eval("poll", (self._meta, self._writers), (self._replica_id,))
@@ -592,8 +602,9 @@ class RedisStore:
 
     async def resync(self) -> None:
         """Replace the view with Redis's table; a table that lost data is re-seeded first."""
+        held = self.held()
         snap, reply = await self._snapshot()
-        cause = self._loss(reply.epoch, reply.high_water, snap.version)
+        cause = self._loss(reply.epoch, reply.high_water, snap.version, held)
         if cause is not None or (not reply.epoch and snap.version > 0):
             # (a table written before epochs existed gets one now; a new one, with its
             # first write)
