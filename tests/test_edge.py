@@ -214,6 +214,14 @@ def test_partial_bodies_do_not_starve_another_tenant(tmp_path: Path) -> None:
         b.put("/routes/orders", json=ROUTE).raise_for_status()
         for _ in range(20):  # warm up
             assert b.post("/select", json={"topic": "orders"}).status_code == 200
+        # b's own p99 with nothing beside it: on a machine too busy for 50 ms, the bound
+        # is three times that (the stalls must not be what slows b).
+        calm = []
+        for _ in range(200):
+            start = time.perf_counter()
+            assert b.post("/select", json={"topic": "orders"}).status_code == 200
+            calm.append(time.perf_counter() - start)
+        bound = max(0.05, 3 * p99(calm))
         stalled = []
         for _ in range(300):
             s = connect(proc.port)
@@ -229,7 +237,8 @@ def test_partial_bodies_do_not_starve_another_tenant(tmp_path: Path) -> None:
         assert len(latencies) >= 50
         assert set(statuses) == {200}, statuses
         print(f"{len(latencies)} selects, p99 {p99(latencies) * 1000:.1f} ms")
-        assert p99(latencies) < 0.05, f"p99 {p99(latencies) * 1000:.1f} ms"
+        assert p99(latencies) < bound, (
+            f"p99 {p99(latencies) * 1000:.1f} ms (calm p99 {p99(calm) * 1000:.1f} ms)")
         answers = []
         for s in stalled:
             s.settimeout(15)
