@@ -44,6 +44,12 @@
 --         quorum counts: the token's identity with tokens, else the producer), the writer's
 --         sequence number (0 = none), report id ("" = none). A report whose sequence number
 --         or id was applied already changes nothing and is not logged again.
+--         A summary entry (isolation "s": the reports the writer kept local, see
+--         service/store/aggregate.py) reads: broker, latest latency ("" = keep), age ms of
+--         the interval's first report, age ms of the latest, "s", histogram counts per
+--         bucket of service.model.LATENCY_BUCKETS ("c0,c1,..."), 0, 0, "", "", sequence
+--         number, "". It sets the latency of an item that exists and logs
+--         {b=broker h=counts s=first ms p=writer t=latest ms}; no window, no push.
 -- returns {status, now ms, {availableAt}, {version}, {change}, evicted, {quorum}, {duration},
 --   {value}, {probe}, {duplicate}} with one entry per report; evicted: the number of items
 --   dropped to make room; probe: 0 none, 1 passed (a success re-opened a broker on probation),
@@ -215,6 +221,32 @@ for i = FIRST, #ARGV, STRIDE do
     probes[#probes + 1] = 0
     values[#values + 1] = cur or ''
     dups[#dups + 1] = 1
+  elseif ARGV[i + 4] == 's' then
+    -- A summary of the reports this replica kept local (policy.quiet, docs/semantics.md):
+    -- the broker's latest latency ("" = a later report wrote it already) on an item that
+    -- exists (its window, suspects and probation as they are: none of these reports could
+    -- change them), and one histogram entry in the latency log.
+    if seq > 0 then
+      mark(seq)
+    end
+    local cur = redis.call('HGET', KEYS[1], broker)
+    local cur_end = cur and tonumber(string.match(cur, '^%d+,(%d+)')) or now
+    if cur and latency ~= '' and rule ~= 'off' then
+      cur = latency .. string.match(cur, '^%d+(.*)$')
+      redis.call('HSET', KEYS[1], broker, cur)
+    end
+    if log_cap > 0 then
+      redis.call('XADD', KEYS[3], 'MAXLEN', '~', log_cap, '*', 'b', broker, 'h', ARGV[i + 5],
+        's', fmt(now - tonumber(ARGV[i + 2])), 'p', writer, 't', fmt(now - tonumber(ARGV[i + 3])))
+    end
+    ends[#ends + 1] = cur_end
+    versions[#versions + 1] = 0
+    changes[#changes + 1] = 0
+    quorums[#quorums + 1] = 0
+    durations[#durations + 1] = 0
+    probes[#probes + 1] = 0
+    values[#values + 1] = cur or ''
+    dups[#dups + 1] = 0
   else
   if seq > 0 then
     mark(seq)
