@@ -120,7 +120,8 @@ if rule ~= 'off' then
     local new, seen = 0, {}
     for i = FIRST, #ARGV, STRIDE do
       local broker = ARGV[i]
-      if not seen[broker] then
+      -- (a summary entry creates no item)
+      if not seen[broker] and ARGV[i + 4] ~= 's' then
         seen[broker] = true
         if redis.call('HEXISTS', KEYS[1], broker) == 0 then
           new = new + 1
