@@ -549,6 +549,11 @@ class RedisStore:
             view.apply_fault(
                 r.broker_name, codec.decode_fault(r.broker_name, reply.values[i]), reply.versions[i]
             )
+        elif reply.values[i] and r.broker_name not in view.faults:
+            # A broker's first report creates its item without a push (no window): this
+            # replica learns it from the reply, so its next reports can be kept local
+            # (policy.quiet needs the item). No version: the next snapshot or push replaces it.
+            view.faults[r.broker_name] = codec.decode_fault(r.broker_name, reply.values[i])
         view.observe_latency(r.broker_name, r.latency_ms, reply.now_ms)
         return ReportOutcome(
             r.broker_name,
