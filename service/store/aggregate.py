@@ -27,6 +27,8 @@ class Summary:
     """One broker's quiet reports of one interval, as report.lua's summary entry takes it."""
 
     broker: str
+    #: the producer the reports named ("" = none): the log keeps who sent
+    producer: str
     #: the latest report's latency and time (store clock, epoch ms)
     latency_ms: int
     at_ms: int
@@ -50,25 +52,26 @@ class Summary:
 
 
 class Aggregate:
-    """Per broker summaries, bounded by the table's cap (a broker beyond it is reported
-    to the store at once, where the cap is enforced)."""
+    """Summaries per broker and producer, at most ``cap`` of them (a report beyond it is
+    sent to the store at once)."""
 
     def __init__(self, cap: int) -> None:
         self._cap = cap
-        self._by_broker: dict[str, Summary] = {}
+        self._by_broker: dict[tuple[str, str], Summary] = {}
         #: reports summed since the last take (for the flush's metric)
         self.reports = 0
 
     def __len__(self) -> int:
         return len(self._by_broker)
 
-    def add(self, broker: str, latency_ms: int, at_ms: int) -> bool:
+    def add(self, broker: str, producer: str, latency_ms: int, at_ms: int) -> bool:
         """Sum one quiet report; False when the bound is reached (send it instead)."""
-        s = self._by_broker.get(broker)
+        key = (broker, producer)
+        s = self._by_broker.get(key)
         if s is None:
             if len(self._by_broker) >= self._cap:
                 return False
-            s = self._by_broker[broker] = Summary(broker, latency_ms, at_ms, at_ms)
+            s = self._by_broker[key] = Summary(broker, producer, latency_ms, at_ms, at_ms)
         s.add(latency_ms, at_ms)
         self.reports += 1
         return True
@@ -76,12 +79,14 @@ class Aggregate:
     def written(self, broker: str, at_ms: int) -> None:
         """A report at ``at_ms`` wrote the broker's latency in the store: a summed latest
         latency older than it must not overwrite it at the flush (its histogram stays)."""
-        s = self._by_broker.get(broker)
-        if s is not None and s.at_ms <= at_ms:
-            s.latency_ms = -1
+        for (b, _), s in self._by_broker.items():
+            if b == broker and s.at_ms <= at_ms:
+                s.latency_ms = -1
 
     def take(self) -> list[Summary]:
-        out = list(self._by_broker.values())
+        """The summaries, oldest latest report first (the store keeps the last latency it
+        is given for a broker: the newest)."""
+        out = sorted(self._by_broker.values(), key=lambda s: s.at_ms)
         self._by_broker = {}
         self.reports = 0
         return out

@@ -81,9 +81,9 @@ class LogEntry:
     producer: str
     #: when the send completed, epoch ms on the store's clock (a histogram: the latest's)
     at: int
-    #: a histogram entry: one replica's reports that changed no window, per bucket of
-    #: ``model.LATENCY_BUCKETS``, sent in [since, at]; latency_ms is the latest's (-1: not
-    #: known), producer the replica (docs/semantics.md). None: one report.
+    #: a histogram entry: one replica's reports of ``producer`` that changed no window, per
+    #: bucket of ``model.LATENCY_BUCKETS``, sent in [since, at]; latency_ms is -1
+    #: (docs/semantics.md). None: one report.
     histogram: tuple[int, ...] | None = None
     since: int | None = None
 

@@ -351,7 +351,7 @@ class RedisStore:
                     r.broker_name, r.latency_ms, 0, end, now, False, latency_max, duplicate=True
                 )
                 continue
-            if not self._quiet.add(r.broker_name, r.latency_ms, at):
+            if not self._quiet.add(r.broker_name, r.producer, r.latency_ms, at):
                 continue
             metrics.REPORTS_LOCAL.inc()
             view.observe_latency(r.broker_name, r.latency_ms, now)
@@ -397,7 +397,7 @@ class RedisStore:
                     0,
                     0,
                     "",
-                    "",
+                    sm.producer,
                     sm.seq,
                     "",
                 ]

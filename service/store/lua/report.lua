@@ -47,9 +47,9 @@
 --         A summary entry (isolation "s": the reports the writer kept local, see
 --         service/store/aggregate.py) reads: broker, latest latency ("" = keep), age ms of
 --         the interval's first report, age ms of the latest, "s", histogram counts per
---         bucket of service.model.LATENCY_BUCKETS ("c0,c1,..."), 0, 0, "", "", sequence
---         number, "". It sets the latency of an item that exists and logs
---         {b=broker h=counts s=first ms p=writer t=latest ms}; no window, no push.
+--         bucket of service.model.LATENCY_BUCKETS ("c0,c1,..."), 0, 0, "", producer,
+--         sequence number, "". It sets the latency of an item that exists and logs
+--         {b=broker h=counts s=first ms p=producer w=writer t=latest ms}; no window, no push.
 -- returns {status, now ms, {availableAt}, {version}, {change}, evicted, {quorum}, {duration},
 --   {value}, {probe}, {duplicate}} with one entry per report; evicted: the number of items
 --   dropped to make room; probe: 0 none, 1 passed (a success re-opened a broker on probation),
@@ -238,7 +238,8 @@ for i = FIRST, #ARGV, STRIDE do
     end
     if log_cap > 0 then
       redis.call('XADD', KEYS[3], 'MAXLEN', '~', log_cap, '*', 'b', broker, 'h', ARGV[i + 5],
-        's', fmt(now - tonumber(ARGV[i + 2])), 'p', writer, 't', fmt(now - tonumber(ARGV[i + 3])))
+        's', fmt(now - tonumber(ARGV[i + 2])), 'p', ARGV[i + 9], 'w', writer,
+        't', fmt(now - tonumber(ARGV[i + 3])))
     end
     ends[#ends + 1] = cur_end
     versions[#versions + 1] = 0
