@@ -38,11 +38,13 @@ class Summary:
     counts: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BUCKETS))
     #: this replica's sequence number: the summary's identity (0 until it is flushed)
     seq: int = 0
+    #: arrival order of the latest report (ties of ``at_ms`` between producers)
+    order: int = 0
 
-    def add(self, latency_ms: int, at_ms: int) -> None:
+    def add(self, latency_ms: int, at_ms: int, order: int) -> None:
         self.counts[bucket_of(latency_ms)] += 1
         if at_ms >= self.at_ms:
-            self.latency_ms, self.at_ms = latency_ms, at_ms
+            self.latency_ms, self.at_ms, self.order = latency_ms, at_ms, order
         self.since_ms = min(self.since_ms, at_ms)
 
     def wire_counts(self) -> str:
@@ -72,8 +74,8 @@ class Aggregate:
             if len(self._by_broker) >= self._cap:
                 return False
             s = self._by_broker[key] = Summary(broker, producer, latency_ms, at_ms, at_ms)
-        s.add(latency_ms, at_ms)
         self.reports += 1
+        s.add(latency_ms, at_ms, self.reports)
         return True
 
     def written(self, broker: str, at_ms: int) -> None:
@@ -86,7 +88,7 @@ class Aggregate:
     def take(self) -> list[Summary]:
         """The summaries, oldest latest report first (the store keeps the last latency it
         is given for a broker: the newest)."""
-        out = sorted(self._by_broker.values(), key=lambda s: s.at_ms)
+        out = sorted(self._by_broker.values(), key=lambda s: (s.at_ms, s.order))
         self._by_broker = {}
         self.reports = 0
         return out

@@ -93,6 +93,9 @@ _SCRIPTS = ("report", "set_entry", "snapshot", "fault_items", "reach", "lease", 
 SEQ_WINDOW = 256
 #: Windows per re-seed call: a lost table of 10,000 goes back without holding Redis long.
 _RESEED_CHUNK = 200
+#: Summaries per flush call (Lua's unpack takes at most about 8,000 values; a call stays
+#: short): a namespace of 10,000 brokers flushes in ten calls.
+_FLUSH_CHUNK = 1000
 #: Writers remembered: a replica silent longer than a journal keeps a report is forgotten.
 WRITER_CAP = 10_000
 
@@ -369,19 +372,29 @@ class RedisStore:
                 log.warning("flush of local reports failed, retried next interval: %s", exc)
 
     async def flush_reports(self) -> None:
-        """One report.lua call with a summary entry per broker (docs/semantics.md).
+        """report.lua calls (``_FLUSH_CHUNK`` summaries each) with a summary entry per
+        broker and producer (docs/semantics.md).
 
         Each summary gets this replica's next sequence number once; a call that did not
-        answer is retried with the same numbers, so Redis applies it once.
+        answer is retried with the same numbers, so Redis applies it once. While Redis
+        does not answer they wait, at most ``journal_max`` of them (the oldest dropped).
         """
         fresh = self._quiet.take()
         for summary in fresh:
             self._seq += 1
             summary.seq = self._seq
         self._unflushed += fresh
-        if not self._unflushed or not self.synced.is_set() or self._recovering:
+        excess = len(self._unflushed) - self._settings.journal_max
+        if excess > 0:
+            del self._unflushed[:excess]
+            metrics.JOURNAL_DROPPED.labels("full").inc(excess)
+        if not self.synced.is_set() or self._recovering:
             return
-        batch = self._unflushed
+        while self._unflushed:
+            await self._flush_chunk(self._unflushed[:_FLUSH_CHUNK])
+            del self._unflushed[:_FLUSH_CHUNK]
+
+    async def _flush_chunk(self, batch: Sequence[Summary]) -> None:
         keys = self._report_keys()
         for _ in range(3):
             now = self.view.now_ms()
@@ -409,7 +422,6 @@ class RedisStore:
                 continue
             self._wrote()
             self._acked = max(self._acked, *(sm.seq for sm in batch))
-            self._unflushed = []
             metrics.FLUSHES.inc()
             return
         raise StoreUnavailable("the table kept changing during the flush; retry")

@@ -163,8 +163,8 @@ if rule ~= 'off' then
     end
   end
 end
-local ends, versions, changes, quorums, durations, values, probes, dups =
-  {}, {}, {}, {}, {}, {}, {}, {}
+local ends, versions, changes, quorums, durations, values, probes, dups, summaries =
+  {}, {}, {}, {}, {}, {}, {}, {}, {}
 -- The writer's sequence numbers below its high-water mark that were not applied (a call
 -- that failed, or one still in flight): inclusive ranges, oldest first, at most seq_window.
 local gaps = {}
@@ -224,30 +224,26 @@ for i = FIRST, #ARGV, STRIDE do
     dups[#dups + 1] = 1
   elseif ARGV[i + 4] == 's' then
     -- A summary of the reports this replica kept local (policy.quiet, docs/semantics.md):
-    -- the broker's latest latency ("" = a later report wrote it already) on an item that
-    -- exists (its window, suspects and probation as they are: none of these reports could
-    -- change them), and one histogram entry in the latency log.
+    -- one histogram entry in the latency log now; the broker's latest latency ("" = a later
+    -- report wrote it already) after the loop, in one HMGET and one HSET for all summaries,
+    -- on items that exist (window, suspects and probation as they are: none of these
+    -- reports could change them).
     if seq > 0 then
       mark(seq)
-    end
-    local cur = redis.call('HGET', KEYS[1], broker)
-    local cur_end = cur and tonumber(string.match(cur, '^%d+,(%d+)')) or now
-    if cur and latency ~= '' and rule ~= 'off' then
-      cur = latency .. string.match(cur, '^%d+(.*)$')
-      redis.call('HSET', KEYS[1], broker, cur)
     end
     if log_cap > 0 then
       redis.call('XADD', KEYS[3], 'MAXLEN', '~', log_cap, '*', 'b', broker, 'h', ARGV[i + 5],
         's', fmt(now - tonumber(ARGV[i + 2])), 'p', ARGV[i + 9], 'w', writer,
         't', fmt(now - tonumber(ARGV[i + 3])))
     end
-    ends[#ends + 1] = cur_end
+    summaries[#summaries + 1] = {broker, latency, #ends + 1}
+    ends[#ends + 1] = now
     versions[#versions + 1] = 0
     changes[#changes + 1] = 0
     quorums[#quorums + 1] = 0
     durations[#durations + 1] = 0
     probes[#probes + 1] = 0
-    values[#values + 1] = cur or ''
+    values[#values + 1] = ''
     dups[#dups + 1] = 0
   else
   if seq > 0 then
@@ -410,6 +406,29 @@ for i = FIRST, #ARGV, STRIDE do
   probes[#probes + 1] = probe
   values[#values + 1] = value
   dups[#dups + 1] = 0
+  end
+end
+if #summaries > 0 then
+  local names = {}
+  for j, sm in ipairs(summaries) do
+    names[j] = sm[1]
+  end
+  local cur = redis.call('HMGET', KEYS[1], unpack(names))
+  local set = {}
+  for j, sm in ipairs(summaries) do
+    local v = cur[j]
+    if v then
+      if sm[2] ~= '' and rule ~= 'off' then
+        v = sm[2] .. string.match(v, '^%d+(.*)$')
+        set[#set + 1] = sm[1]
+        set[#set + 1] = v
+      end
+      ends[sm[3]] = tonumber(string.match(v, '^%d+,(%d+)'))
+      values[sm[3]] = v
+    end
+  end
+  if #set > 0 then
+    redis.call('HSET', KEYS[1], unpack(set))
   end
 end
 if top > 0 then
