@@ -10,7 +10,6 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.settings import Settings
-
 from tests.procs import wait_until
 
 pytestmark = pytest.mark.integration
