@@ -22,7 +22,12 @@ flushes, the bench's own two ``INFO`` calls.
 Modes alternate, ``--runs`` rounds; medians reported. 127.0.0.1 only. Writes
 ``redis_load.json`` and ``redis_load.md`` under ``--out``.
 
-    python -m bench.redis_load [--runs 3] [--seconds 5] [--brokers 8] [--batch 1]
+    python -m bench.redis_load [--runs 3] [--seconds 5] [--brokers 8] [--batch 1] [--rate 0]
+
+The ratio is a fixed cost per flush interval over the reports of that interval, so it
+falls as the send rate rises: ``--rate 1000 --batch 10`` stands for one sidecar's 1,000
+sends a second (the issue's fleet figure), which a loaded 2-core machine cannot drive as
+single HTTP requests.
 """
 
 from __future__ import annotations
@@ -66,8 +71,11 @@ def _seed(url: str, brokers: int) -> None:
         ).raise_for_status()
 
 
-async def _drive(url: str, brokers: int, seconds: float, concurrency: int, batch: int) -> int:
-    """Fast reports for ``seconds``; returns how many were answered 200."""
+async def _drive(
+    url: str, brokers: int, seconds: float, concurrency: int, batch: int, rate: float = 0
+) -> int:
+    """Fast reports for ``seconds`` (at most ``rate`` a second over all clients, 0 = as
+    fast as they are answered); returns how many were answered 200."""
     names = _names(brokers)
     done = 0
     async with httpx.AsyncClient(base_url=url, timeout=10) as client:
@@ -75,7 +83,12 @@ async def _drive(url: str, brokers: int, seconds: float, concurrency: int, batch
 
         async def worker(seed: int) -> int:
             rnd, n = random.Random(seed), 0
+            period = concurrency * batch / rate if rate else 0.0
+            due = time.monotonic() + period * seed / concurrency
             while time.monotonic() < end:
+                if period:
+                    await asyncio.sleep(max(0.0, due - time.monotonic()))
+                    due += period
                 reports = [
                     {"brokerName": rnd.choice(names), "latencyMs": rnd.randint(5, 200)}
                     for _ in range(batch)
@@ -103,7 +116,7 @@ def one_run(mode: str, args: argparse.Namespace) -> dict[str, Any]:
             _seed(svc.url, args.brokers)
             total0, stats0 = _commands(server)
             reports = asyncio.run(
-                _drive(svc.url, args.brokers, args.seconds, args.concurrency, args.batch)
+                _drive(svc.url, args.brokers, args.seconds, args.concurrency, args.batch, args.rate)
             )
             # The last interval's flush: wait one flush interval so it is counted.
             time.sleep(1.2)
@@ -149,10 +162,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--brokers", type=int, default=8, choices=range(1, 1001), metavar="1..1000")
     p.add_argument("--concurrency", type=int, default=16, choices=range(1, 257), metavar="1..256")
     p.add_argument("--batch", type=int, default=1, choices=range(1, 1001), metavar="1..1000")
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="reports a second over all clients (0: as fast as answered)",
+    )
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     if not 0 < args.seconds <= 600:
         p.error("--seconds must be in (0, 600]")
+    if not 0 <= args.rate <= 1_000_000:
+        p.error("--rate must be in [0, 1000000]")
     runs: list[dict[str, Any]] = []
     for _ in range(args.runs):
         for mode in MODES:
