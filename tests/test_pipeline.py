@@ -37,6 +37,7 @@ from pipeline.analyze import (
     analyze,
     auto_window_s,
     fetch_config,
+    log_resolution,
     recommend,
     replay,
 )
@@ -477,7 +478,10 @@ def test_analysis_returns_known_percentiles(spark: SparkSession, tmp_path: Path)
     first_ok = next(c for c in a.candidates[1:] if c["avoided_ok"] <= budget)
     assert a.recommendation["factor"] == first_ok["name"]
     factor = float(first_ok["name"].lstrip("x"))
-    rule = recommend(a.pooled["p50"], a.pooled["p99"], factor=factor)
+    # the percentiles read at the log's bucket resolution (most reports reach it as
+    # histograms: docs/semantics.md)
+    rule = recommend(log_resolution(a.pooled["p50"]), log_resolution(a.pooled["p99"]),
+                     factor=factor)
     assert a.recommendation["latencyMax"] == list(rule.latency_max)
     assert a.recommendation["notAvailableDuration"] == list(rule.durations)
     report = (tmp_path / "r" / "report.md").read_text()
