@@ -52,10 +52,9 @@ TOKEN_ENV = "DETOUR_TOKEN"
 def add_token_argument(parser: argparse.ArgumentParser, role: str) -> None:
     """``--token``: the Detour token the program sends (needs role ``role``)."""
     parser.add_argument(
-        "--token",
-        default=None,
+        "--token", default=None,
         help=f"Detour {role} token, sent as 'Authorization: Bearer' (default: ${TOKEN_ENV}; "
-        "prefer the variable, a flag shows in the process list; '' sends none)",
+             "prefer the variable, a flag shows in the process list; '' sends none)",
     )
 
 
@@ -120,11 +119,8 @@ def announce(spark: SparkSession, job: str, out: TextIO | None = None) -> None:
     """One line on stderr once Spark is up: the start (several seconds) is over, and where
     its UI is (on loopback for a local run)."""
     sc = spark.sparkContext
-    print(
-        f"{job}: Spark {spark.version} up, master {sc.master}, UI {sc.uiWebUrl or 'off'}",
-        file=out or sys.stderr,
-        flush=True,
-    )
+    print(f"{job}: Spark {spark.version} up, master {sc.master}, UI {sc.uiWebUrl or 'off'}",
+          file=out or sys.stderr, flush=True)
 
 
 def quiet_java_options(options: str | None) -> str:

@@ -103,28 +103,8 @@ MIN_SAMPLES = 1000
 MAX_REPORT_ROWS = 60
 #: Window lengths (s) ``--window`` picks from when not given, and how many windows the
 #: log's span is cut into at most: enough points per line, enough reports per point.
-NICE_WINDOWS_S = (
-    0.1,
-    0.2,
-    0.5,
-    1,
-    2,
-    5,
-    10,
-    15,
-    30,
-    60,
-    120,
-    300,
-    600,
-    900,
-    1800,
-    3600,
-    7200,
-    21600,
-    43200,
-    86400,
-)
+NICE_WINDOWS_S = (0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600,
+                  7200, 21600, 43200, 86400)
 TARGET_WINDOWS = 30
 
 
@@ -174,7 +154,8 @@ class TierTable:
         return cls(
             name,
             tuple(int(x) for x in body.get("latencyMax", DEFAULT_LATENCY_MAX)),
-            tuple(int(x) for x in body.get("notAvailableDuration", DEFAULT_NOT_AVAILABLE_DURATION)),
+            tuple(int(x) for x in body.get("notAvailableDuration",
+                                           DEFAULT_NOT_AVAILABLE_DURATION)),
             int(body.get("isolationLatencyMs", 30000)),
             bool(body.get("lastReportWins", False)),
         )
@@ -186,9 +167,8 @@ class TierTable:
         lat, _, dur = spec.partition(":")
         if not name or not lat or not dur:
             raise ValueError(f"bad tier table {text!r}: want NAME=L1,L2,...:D1,D2,...")
-        table = cls(
-            name, tuple(int(x) for x in lat.split(",")), tuple(int(x) for x in dur.split(","))
-        )
+        table = cls(name, tuple(int(x) for x in lat.split(",")),
+                    tuple(int(x) for x in dur.split(",")))
         table.config()  # raises ValueError when invalid
         return table
 
@@ -217,7 +197,8 @@ def pick(
     """The smallest factor's table whose replay diverts at most ``DIVERT_BUDGET`` of the
     successful sends more than the failure tier alone does (the last one otherwise)."""
     budget = DIVERT_BUDGET * successes + totals[baseline.name]["avoided_ok"]
-    return next((c for c in candidates if totals[c.name]["avoided_ok"] <= budget), candidates[-1])
+    return next((c for c in candidates if totals[c.name]["avoided_ok"] <= budget),
+                candidates[-1])
 
 
 def percentile(sorted_values: Sequence[int], p: float) -> float:
@@ -242,23 +223,16 @@ def recommend_in_process(
         recommend(log_resolution(q50), log_resolution(q99), current.isolation_latency_ms, f)
         for f in FACTORS
     ]
-    baseline = TierTable(
-        "failures-only",
-        (current.isolation_latency_ms,),
-        (FAILURE_WINDOW_MS,),
-        current.isolation_latency_ms,
-    )
+    baseline = TierTable("failures-only", (current.isolation_latency_ms,),
+                         (FAILURE_WINDOW_MS,), current.isolation_latency_ms)
     start, end = min(r[1] for r in reports), max(r[1] for r in reports) + 1
     by_broker: dict[str, list[tuple[int, int, bool]]] = {}
     for broker, at, latency, isolation in reports:
         by_broker.setdefault(broker, []).append((at, latency, isolation))
     totals = {}
     for table in (baseline, *candidates):
-        rows = [
-            asdict(w)
-            for rs in by_broker.values()
-            for w in replay(rs, table, end - start, start, end).values()
-        ]
+        rows = [asdict(w) for rs in by_broker.values()
+                for w in replay(rs, table, end - start, start, end).values()]
         totals[table.name] = _totals(table, rows)
     return pick(candidates, totals, len(ok), baseline)
 
@@ -274,10 +248,8 @@ def recommend(
     # would pass the 3,600,000 ms a tier may be.
     q50 = max(0.0, q50)
     scale = min(max(1.0, q99) * factor, 24_000.0) / RMQ_NORMAL_MS
-    raw = [
-        min(q50, DEFAULT_LATENCY_MAX[1] * scale),
-        *(lat * scale for lat in DEFAULT_LATENCY_MAX[1:]),
-    ]
+    raw = [min(q50, DEFAULT_LATENCY_MAX[1] * scale),
+           *(lat * scale for lat in DEFAULT_LATENCY_MAX[1:])]
     latency: list[int] = []
     for x in raw:
         v = max(0, math.ceil(x - 1e-9))
@@ -377,16 +349,8 @@ def _replay_rows(
     rs = list(reports)
     for table in tables:
         for ws, w in sorted(replay(rs, table, window_ms, start_ms, end_ms).items()):
-            yield (
-                table.name,
-                broker,
-                ws,
-                w.avoided_ms,
-                w.selects,
-                w.avoided_selects,
-                w.avoided_failures,
-                w.avoided_ok,
-            )
+            yield (table.name, broker, ws, w.avoided_ms, w.selects, w.avoided_selects,
+                   w.avoided_failures, w.avoided_ok)
 
 
 REPLAY_SCHEMA = (
@@ -397,8 +361,7 @@ REPLAY_SCHEMA = (
 
 def _totals(table: TierTable, rows: Sequence[Any]) -> dict[str, Any]:
     return {
-        "name": table.name,
-        **table.body(),
+        "name": table.name, **table.body(),
         "selects": sum(int(r["selects"]) for r in rows),
         "avoided_selects": sum(int(r["avoided_selects"]) for r in rows),
         "avoided_failures": sum(int(r["avoided_failures"]) for r in rows),
@@ -433,9 +396,8 @@ class Analysis:
         return next(b for b in self.brokers if b["broker"] == name)
 
     def window(self, broker: str, start_ms: int) -> dict[str, Any]:
-        return next(
-            w for w in self.windows if w["broker"] == broker and w["window_start"] == start_ms
-        )
+        return next(w for w in self.windows
+                    if w["broker"] == broker and w["window_start"] == start_ms)
 
     def table(self, name: str) -> dict[str, Any]:
         return next(t for t in self.tables if t["name"] == name)
@@ -443,7 +405,8 @@ class Analysis:
 
 def load(spark: SparkSession, path: str) -> DataFrame:
     """The exported log: ``broker, latency_ms, isolation, producer, at_ms``."""
-    return spark.read.parquet(path).select("broker", "latency_ms", "isolation", "producer", "at_ms")
+    return spark.read.parquet(path).select("broker", "latency_ms", "isolation", "producer",
+                                           "at_ms")
 
 
 def _pcts(col: Any, ps: Sequence[float]) -> Any:
@@ -456,30 +419,19 @@ def _stats(df: DataFrame, keys: Sequence[str]) -> list[dict[str, Any]]:
     from pyspark.sql import functions as F
 
     ok = F.when(~F.col("isolation"), F.col("latency_ms"))
-    rows = (
-        df.groupBy(*keys)
-        .agg(
-            F.count("*").alias("reports"),
-            F.sum(F.col("isolation").cast("int")).alias("isolations"),
-            _pcts(ok, PERCENTILES).alias("p"),
-            F.max(ok).alias("max"),
-            F.avg(ok).alias("mean"),
-        )
-        .collect()
-    )
+    rows = df.groupBy(*keys).agg(
+        F.count("*").alias("reports"),
+        F.sum(F.col("isolation").cast("int")).alias("isolations"),
+        _pcts(ok, PERCENTILES).alias("p"),
+        F.max(ok).alias("max"),
+        F.avg(ok).alias("mean"),
+    ).collect()
     out = []
     for r in rows:
         p = r["p"] or [None] * len(PERCENTILES)
         d = {k: r[k] for k in keys}
-        d.update(
-            reports=int(r["reports"]),
-            isolations=int(r["isolations"] or 0),
-            p50=p[0],
-            p90=p[1],
-            p99=p[2],
-            max=r["max"],
-            mean=r["mean"],
-        )
+        d.update(reports=int(r["reports"]), isolations=int(r["isolations"] or 0),
+                 p50=p[0], p90=p[1], p99=p[2], max=r["max"], mean=r["mean"])
         out.append(d)
     return sorted(out, key=lambda d: tuple(d[k] for k in keys))
 
@@ -502,9 +454,8 @@ def analyze(
     ship_code(spark)
     df = load(spark, log_path).cache()
     try:
-        span = df.agg(
-            F.count("*").alias("n"), F.min("at_ms").alias("a"), F.max("at_ms").alias("b")
-        ).first()
+        span = df.agg(F.count("*").alias("n"), F.min("at_ms").alias("a"),
+                      F.max("at_ms").alias("b")).first()
         assert span is not None
         n = int(span["n"])
         if n == 0:
@@ -513,41 +464,32 @@ def analyze(
         if window_s is None:
             window_s = auto_window_s(end_ms - start_ms)
         window_ms = max(1, int(window_s * 1000))
-        with_window = df.withColumn("window_start", F.floor(F.col("at_ms") / window_ms) * window_ms)
+        with_window = df.withColumn("window_start",
+                                    F.floor(F.col("at_ms") / window_ms) * window_ms)
         windows = _stats(with_window, ("broker", "window_start"))
         brokers = _stats(df, ("broker",))
 
         ok = df.where(~F.col("isolation"))
-        prow = ok.agg(
-            F.count("*").alias("n"), _pcts(F.col("latency_ms"), RULE_PERCENTILES).alias("p")
-        ).first()
+        prow = ok.agg(F.count("*").alias("n"),
+                      _pcts(F.col("latency_ms"), RULE_PERCENTILES).alias("p")).first()
         assert prow is not None
         successes = int(prow["n"])
         q = prow["p"] if successes else [1.0, 1.0, 1.0, 1.0]
         pooled = {"p50": q[0], "p90": q[1], "p99": q[2], "p999": q[3]}
-        candidates = [
-            recommend(log_resolution(q[0]), log_resolution(q[2]), current.isolation_latency_ms, f)
-            for f in FACTORS
-        ]
-        baseline = TierTable(
-            "failures-only",
-            (current.isolation_latency_ms,),
-            (FAILURE_WINDOW_MS,),
-            current.isolation_latency_ms,
-        )
+        candidates = [recommend(log_resolution(q[0]), log_resolution(q[2]),
+                                current.isolation_latency_ms, f) for f in FACTORS]
+        baseline = TierTable("failures-only", (current.isolation_latency_ms,),
+                             (FAILURE_WINDOW_MS,), current.isolation_latency_ms)
         tables: list[TierTable] = []
         for t in (current, ROCKETMQ, baseline, *candidates, *alternatives):
             if all(t.name != x.name for x in tables):
                 tables.append(t)
-        grouped = (
-            df.select("broker", "at_ms", "latency_ms", "isolation")
-            .rdd.map(lambda r: (r[0], (int(r[1]), int(r[2]), bool(r[3]))))
-            .groupByKey()
-        )
+        grouped = df.select("broker", "at_ms", "latency_ms", "isolation").rdd.map(
+            lambda r: (r[0], (int(r[1]), int(r[2]), bool(r[3])))
+        ).groupByKey()
         replayed = spark.createDataFrame(
-            grouped.flatMap(
-                lambda kv: _replay_rows(kv[0], kv[1], tables, window_ms, start_ms, end_ms)
-            ),
+            grouped.flatMap(lambda kv: _replay_rows(kv[0], kv[1], tables, window_ms, start_ms,
+                                                    end_ms)),
             REPLAY_SCHEMA,
         ).collect()
 
@@ -559,31 +501,18 @@ def analyze(
         seen = {(w["broker"], w["window_start"]) for w in windows}
         for r in replayed:
             if r["tier_table"] == current.name and (r["broker"], r["window_start"]) not in seen:
-                windows.append(
-                    {
-                        "broker": r["broker"],
-                        "window_start": r["window_start"],
-                        "reports": 0,
-                        "isolations": 0,
-                        "p50": None,
-                        "p90": None,
-                        "p99": None,
-                        "max": None,
-                        "mean": None,
-                        "avoided_ms": int(r["avoided_ms"]),
-                    }
-                )
+                windows.append({"broker": r["broker"], "window_start": r["window_start"],
+                                "reports": 0, "isolations": 0, "p50": None, "p90": None,
+                                "p99": None, "max": None, "mean": None,
+                                "avoided_ms": int(r["avoided_ms"])})
         windows.sort(key=lambda w: (w["broker"], w["window_start"]))
         for b in brokers:
-            b["avoided_ms"] = sum(
-                int(r["avoided_ms"])
-                for r in replayed
-                if r["tier_table"] == current.name and r["broker"] == b["broker"]
-            )
+            b["avoided_ms"] = sum(int(r["avoided_ms"]) for r in replayed
+                                  if r["tier_table"] == current.name
+                                  and r["broker"] == b["broker"])
             b["avoided_pct"] = 100.0 * b["avoided_ms"] / (end_ms - start_ms)
-        totals = {
-            t.name: _totals(t, [r for r in replayed if r["tier_table"] == t.name]) for t in tables
-        }
+        totals = {t.name: _totals(t, [r for r in replayed if r["tier_table"] == t.name])
+                  for t in tables}
         chosen = pick(candidates, totals, successes, baseline)
         recommended = {**totals[chosen.name], "name": "recommended", "factor": chosen.name}
         shown = [current.name, ROCKETMQ.name, *(t.name for t in alternatives)]
@@ -593,16 +522,9 @@ def analyze(
         buckets = ok.groupBy(F.floor(F.log2(F.col("latency_ms") + 1)).alias("b")).count()
         histogram = sorted((int(r["b"]), int(r["count"])) for r in buckets.collect())
         result = Analysis(
-            reports=n,
-            start_ms=start_ms,
-            end_ms=end_ms,
-            window_ms=window_ms,
-            current=current.name,
-            pooled=pooled,
-            successes=successes,
-            windows=windows,
-            brokers=brokers,
-            tables=table_rows,
+            reports=n, start_ms=start_ms, end_ms=end_ms, window_ms=window_ms,
+            current=current.name, pooled=pooled, successes=successes, windows=windows,
+            brokers=brokers, tables=table_rows,
             recommendation={k: recommended[k] for k in ("name", "factor", *chosen.body())},
             candidates=[totals[c.name] for c in (baseline, *candidates)],
             histogram=histogram,
@@ -646,59 +568,22 @@ def markdown(a: Analysis) -> str:
         "## Brokers",
         "",
         _md_table(
-            [
-                "broker",
-                "reports",
-                "isolations",
-                "p50 ms",
-                "p90 ms",
-                "p99 ms",
-                "max ms",
-                "avoided s",
-                "avoided %",
-            ],
-            (
-                [
-                    b["broker"],
-                    b["reports"],
-                    b["isolations"],
-                    _ms(b["p50"]),
-                    _ms(b["p90"]),
-                    _ms(b["p99"]),
-                    _ms(b["max"]),
-                    f"{b['avoided_ms'] / 1000:.1f}",
-                    f"{b['avoided_pct']:.1f}",
-                ]
-                for b in a.brokers
-            ),
+            ["broker", "reports", "isolations", "p50 ms", "p90 ms", "p99 ms", "max ms",
+             "avoided s", "avoided %"],
+            ([b["broker"], b["reports"], b["isolations"], _ms(b["p50"]), _ms(b["p90"]),
+              _ms(b["p99"]), _ms(b["max"]), f"{b['avoided_ms'] / 1000:.1f}",
+              f"{b['avoided_pct']:.1f}"] for b in a.brokers),
         ),
         "",
         "## Windows",
         "",
         _md_table(
-            [
-                "broker",
-                "window (UTC)",
-                "reports",
-                "isolations",
-                "p50 ms",
-                "p99 ms",
-                "max ms",
-                "avoided s",
-            ],
-            (
-                [
-                    w["broker"],
-                    _iso(w["window_start"], a.window_ms % 1000 != 0),
-                    w["reports"],
-                    w["isolations"],
-                    _ms(w["p50"]),
-                    _ms(w["p99"]),
-                    _ms(w["max"]),
-                    f"{w['avoided_ms'] / 1000:.1f}",
-                ]
-                for w in a.windows[:MAX_REPORT_ROWS]
-            ),
+            ["broker", "window (UTC)", "reports", "isolations", "p50 ms", "p99 ms", "max ms",
+             "avoided s"],
+            ([w["broker"], _iso(w["window_start"], a.window_ms % 1000 != 0), w["reports"],
+              w["isolations"],
+              _ms(w["p50"]), _ms(w["p99"]), _ms(w["max"]), f"{w['avoided_ms'] / 1000:.1f}"]
+             for w in a.windows[:MAX_REPORT_ROWS]),
         ),
     ]
     if len(a.windows) > MAX_REPORT_ROWS:
@@ -712,29 +597,12 @@ def markdown(a: Analysis) -> str:
         "successful sends it would have sent elsewhere (first order: the same reports).",
         "",
         _md_table(
-            [
-                "table",
-                "latencyMax ms",
-                "notAvailableDuration ms",
-                "selects",
-                "avoided",
-                "failures spared",
-                "successes diverted",
-                "avoided s (all brokers)",
-            ],
-            (
-                [
-                    t["name"],
-                    ", ".join(map(str, t["latencyMax"])),
-                    ", ".join(map(str, t["notAvailableDuration"])),
-                    t["selects"],
-                    t["avoided_selects"],
-                    t["avoided_failures"],
-                    t["avoided_ok"],
-                    f"{t['avoided_ms'] / 1000:.1f}",
-                ]
-                for t in a.tables
-            ),
+            ["table", "latencyMax ms", "notAvailableDuration ms", "selects", "avoided",
+             "failures spared", "successes diverted", "avoided s (all brokers)"],
+            ([t["name"], ", ".join(map(str, t["latencyMax"])),
+              ", ".join(map(str, t["notAvailableDuration"])), t["selects"],
+              t["avoided_selects"], t["avoided_failures"], t["avoided_ok"],
+              f"{t['avoided_ms'] / 1000:.1f}"] for t in a.tables),
         ),
         "",
         "## Recommendation",
@@ -752,28 +620,15 @@ def markdown(a: Analysis) -> str:
         "",
     ]
     if a.successes < MIN_SAMPLES:
-        parts += [
-            f"**Only {a.successes} successful sends: q99 is a guess; collect at "
-            f"least {MIN_SAMPLES} before applying this.**",
-            "",
-        ]
+        parts += [f"**Only {a.successes} successful sends: q99 is a guess; collect at "
+                  f"least {MIN_SAMPLES} before applying this.**", ""]
     body = {k: v for k, v in rec.items() if k not in ("name", "factor")}
     # PUT /config is an admin call: the token comes from DETOUR_TOKEN when it is set.
-    parts += [
-        "```sh",
-        "curl -X PUT http://127.0.0.1:8080/config "
-        '${DETOUR_TOKEN:+-H "Authorization: Bearer $DETOUR_TOKEN"} \\',
-        "  -H 'content-type: application/json' \\",
-        f"  -d '{json.dumps(body)}'",
-        "```",
-        "",
-        "![latency](latency.png)",
-        "",
-        "![avoided](avoided.png)",
-        "",
-        "![histogram](histogram.png)",
-        "",
-    ]
+    parts += ["```sh", "curl -X PUT http://127.0.0.1:8080/config "
+              "${DETOUR_TOKEN:+-H \"Authorization: Bearer $DETOUR_TOKEN\"} \\",
+              "  -H 'content-type: application/json' \\", f"  -d '{json.dumps(body)}'", "```", "",
+              "![latency](latency.png)", "", "![avoided](avoided.png)", "",
+              "![histogram](histogram.png)", ""]
     return "\n".join(parts)
 
 
@@ -798,9 +653,8 @@ def avoided_bars(a: Analysis) -> dict[str, list[tuple[float, float, float]]]:
             if hi <= lo:
                 continue
             slot = (hi - lo) / len(names)
-            bars[name].append(
-                (lo + i * slot, slot * 0.9, 100.0 * by.get(start, 0) / ((hi - lo) * 1000))
-            )
+            bars[name].append((lo + i * slot, slot * 0.9,
+                               100.0 * by.get(start, 0) / ((hi - lo) * 1000)))
     return bars
 
 
@@ -829,14 +683,8 @@ def plot(a: Analysis, out: Path) -> list[Path]:
         ws = [w for w in a.windows if w["broker"] == name and w["p99"] is not None]
         xs = [sum(clipped(w["window_start"])) / 2 for w in ws]  # the window's middle
         line = ax.plot(xs, [w["p99"] for w in ws], marker=".", label=f"{name} p99")
-        ax.plot(
-            xs,
-            [w["p50"] for w in ws],
-            linestyle="--",
-            color=line[0].get_color(),
-            alpha=0.6,
-            label=f"{name} p50",
-        )
+        ax.plot(xs, [w["p50"] for w in ws], linestyle="--",
+                color=line[0].get_color(), alpha=0.6, label=f"{name} p50")
     ax.set_xlim(0, max(span_s, window_s))
     ax.set_yscale("symlog", linthresh=1)
     ax.set_ylim(bottom=0)
@@ -851,13 +699,8 @@ def plot(a: Analysis, out: Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for name, bars in avoided_bars(a).items():
-        ax.bar(
-            [b[0] for b in bars],
-            [b[2] for b in bars],
-            width=[b[1] for b in bars],
-            label=name,
-            align="edge",
-        )
+        ax.bar([b[0] for b in bars], [b[2] for b in bars], width=[b[1] for b in bars],
+               label=name, align="edge")
     ax.set_xlim(0, max(span_s, window_s))
     ax.set_ylim(0, 100)
     ax.set_xlabel(xlabel)
@@ -871,21 +714,15 @@ def plot(a: Analysis, out: Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(9, 4.5))
     if a.histogram:
-        ax.bar(
-            [2**b - 1 for b, _ in a.histogram],
-            [c for _, c in a.histogram],
-            width=[2**b for b, _ in a.histogram],
-            align="edge",
-            color="0.6",
-            label="successful sends",
-        )
+        ax.bar([2 ** b - 1 for b, _ in a.histogram], [c for _, c in a.histogram],
+               width=[2 ** b for b, _ in a.histogram], align="edge", color="0.6",
+               label="successful sends")
     for t in a.tables:
         if t["name"] in (a.current, "recommended"):
             style = "-" if t["name"] == "recommended" else ":"
             for lat in t["latencyMax"]:
-                ax.axvline(
-                    lat, linestyle=style, color="tab:red" if style == "-" else "tab:blue", alpha=0.7
-                )
+                ax.axvline(lat, linestyle=style,
+                           color="tab:red" if style == "-" else "tab:blue", alpha=0.7)
     ax.set_xscale("symlog", linthresh=1)
     ax.set_yscale("log")
     ax.set_xlabel("latency (ms); tiers: recommended (red), current (blue, dotted)")
@@ -903,24 +740,13 @@ def write_report(a: Analysis, out: Path) -> None:
     files = plot(a, out)
     (out / "report.md").write_text(markdown(a))
     with open(out / "windows.csv", "w", newline="") as f:
-        cols = [
-            "broker",
-            "window_start",
-            "reports",
-            "isolations",
-            "p50",
-            "p90",
-            "p99",
-            "max",
-            "mean",
-            "avoided_ms",
-        ]
+        cols = ["broker", "window_start", "reports", "isolations", "p50", "p90", "p99", "max",
+                "mean", "avoided_ms"]
         writer = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(a.windows)
-    a.files = [
-        str(p) for p in (*files, out / "report.md", out / "windows.csv", out / "analysis.json")
-    ]
+    a.files = [str(p) for p in (*files, out / "report.md", out / "windows.csv",
+                                out / "analysis.json")]
     (out / "analysis.json").write_text(json.dumps(asdict(a), indent=2, default=str))
 
 
@@ -934,28 +760,17 @@ def fetch_config(detour: str, token: str | None = None) -> TierTable:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m pipeline.analyze",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = argparse.ArgumentParser(prog="python -m pipeline.analyze", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--log", required=True, help="Parquet from pipeline.export_log")
     p.add_argument("--out", required=True, help="report directory")
-    p.add_argument(
-        "--window",
-        type=float,
-        default=None,
-        help=f"window length, s (default: from the log's span, at most {TARGET_WINDOWS} windows)",
-    )
+    p.add_argument("--window", type=float, default=None,
+                   help="window length, s (default: from the log's span, at most "
+                        f"{TARGET_WINDOWS} windows)")
     p.add_argument("--detour", default=None, help="replay with this Detour's current config")
     p.add_argument("--config", type=Path, default=None, help="... or a config JSON file")
-    p.add_argument(
-        "--tiers",
-        action="append",
-        default=[],
-        metavar="NAME=L1,..:D1,..",
-        help="an alternative tier table to replay (repeatable)",
-    )
+    p.add_argument("--tiers", action="append", default=[], metavar="NAME=L1,..:D1,..",
+                   help="an alternative tier table to replay (repeatable)")
     p.add_argument("--master", default=None)
     add_token_argument(p, "admin")
     args = p.parse_args(argv)

@@ -130,35 +130,18 @@ class Broker:
             else ["--appendonly", "no"]
         )
         return [
-            self.binary,
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            *durability,
-            "--dir",
-            str(self.dir),
-            "--protected-mode",
-            "yes",
-            "--enable-debug-command",
-            "local",
-            "--supervised",
-            "systemd",
-            "--logfile",
-            str(self.dir / "redis.log"),
+            self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+            "--save", "", *durability, "--dir", str(self.dir),
+            "--protected-mode", "yes", "--enable-debug-command", "local",
+            "--supervised", "systemd",
+            "--logfile", str(self.dir / "redis.log"),
         ]
 
     def client(self, timeout_s: float = 2.0) -> redis.Redis:
         """An admin client (one try per command, ``timeout_s`` per call)."""
         return redis.Redis(
-            host="127.0.0.1",
-            port=self.port,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=no_retry(),
-            decode_responses=True,
+            host="127.0.0.1", port=self.port, socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s, retry=no_retry(), decode_responses=True,
         )
 
     def start(self, timeout_s: float = 10.0) -> None:
@@ -174,9 +157,7 @@ class Broker:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
             notify.bind(str(sock_path))
             self.proc = subprocess.Popen(
-                self._args(),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+                self._args(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 env={**os.environ, "NOTIFY_SOCKET": str(sock_path)},
             )
             self.starts += 1
@@ -279,12 +260,8 @@ class Broker:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "brokerName": self.name,
-            "address": self.address,
-            "port": self.port,
-            "pid": self.pid,
-            "writeQueueNums": self.queues,
-            "state": self.state,
+            "brokerName": self.name, "address": self.address, "port": self.port,
+            "pid": self.pid, "writeQueueNums": self.queues, "state": self.state,
             "persist": self.persist,
         }
 
@@ -530,9 +507,8 @@ class Fleet:
             ]
         }
 
-    def register(
-        self, detour_url: str, timeout_s: float = 5.0, token: str | None = None, forget: bool = True
-    ) -> Fleet:
+    def register(self, detour_url: str, timeout_s: float = 5.0,
+                 token: str | None = None, forget: bool = True) -> Fleet:
         """Register the fleet as the topic's route in Detour (raises on a non-2xx answer).
 
         ``forget``: also drop Detour's fault items for these broker names
@@ -601,43 +577,24 @@ class Fleet:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m pipeline.brokers",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = argparse.ArgumentParser(prog="python -m pipeline.brokers", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("start", help="start a fleet, register it, run faults, wait for Ctrl-C")
     s.add_argument("--n", type=int, default=4, help="brokers (default 4)")
     s.add_argument("--queues", type=int, default=4, help="write queues per broker (default 4)")
     s.add_argument("--topic", default="detour-pipeline")
     s.add_argument("--detour", default=None, help="Detour URL to register the route with")
-    s.add_argument(
-        "--fault",
-        action="append",
-        default=[],
-        metavar="SPEC",
-        help="ACTION:BROKER@WHEN[+HOLD], repeatable (see above)",
-    )
-    s.add_argument(
-        "--no-persist",
-        action="store_true",
-        help="--appendonly no: a killed broker loses its messages",
-    )
-    s.add_argument(
-        "--keep-faults",
-        action="store_true",
-        help="keep Detour's fault items for these broker names (by default they "
-        "are dropped: they were an earlier fleet's)",
-    )
+    s.add_argument("--fault", action="append", default=[], metavar="SPEC",
+                   help="ACTION:BROKER@WHEN[+HOLD], repeatable (see above)")
+    s.add_argument("--no-persist", action="store_true",
+                   help="--appendonly no: a killed broker loses its messages")
+    s.add_argument("--keep-faults", action="store_true",
+                   help="keep Detour's fault items for these broker names (by default they "
+                        "are dropped: they were an earlier fleet's)")
     s.add_argument("--dir", type=Path, default=None, help="data dirs (default: a temp dir)")
-    s.add_argument(
-        "--for",
-        dest="for_s",
-        type=float,
-        default=None,
-        help="stop after this many seconds (default: until Ctrl-C)",
-    )
+    s.add_argument("--for", dest="for_s", type=float, default=None,
+                   help="stop after this many seconds (default: until Ctrl-C)")
     add_token_argument(s, "admin")
     return p
 
@@ -655,7 +612,8 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     try:
         fleet.start()
         if args.detour:
-            fleet.register(args.detour, token=detour_token(args.token), forget=not args.keep_faults)
+            fleet.register(args.detour, token=detour_token(args.token),
+                           forget=not args.keep_faults)
 
         def show(event: FaultEvent) -> None:
             out(json.dumps({"fault": asdict(event)}))

@@ -101,11 +101,11 @@ class RunScope:
             s = json.loads(summary.read_text())
             if not s.get("run_id"):
                 raise ValueError(f"{summary} names no run (written before runs had ids)")
-            return cls(str(s["run_id"]), int(s["started_ms"]) or None, int(s["ended_ms"]) or None)
+            return cls(str(s["run_id"]), int(s["started_ms"]) or None,
+                       int(s["ended_ms"]) or None)
         if "/" in text or not text:
-            raise ValueError(
-                f"{text!r} is neither a produce output with _summary.json nor a run id"
-            )
+            raise ValueError(f"{text!r} is neither a produce output with _summary.json "
+                             "nor a run id")
         return cls(text)
 
     def cursor(self) -> str | None:
@@ -145,12 +145,8 @@ def expand(entry: dict[str, Any]) -> list[dict[str, Any]]:
     n = len(latencies)
     since, at = int(entry.get("since") or entry["at"]), int(entry["at"])
     return [
-        {
-            **entry,
-            "latencyMs": lat,
-            "isolation": False,
-            "at": since + (at - since) * (2 * k + 1) // (2 * n),
-        }
+        {**entry, "latencyMs": lat, "isolation": False,
+         "at": since + (at - since) * (2 * k + 1) // (2 * n)}
         for k, lat in enumerate(latencies)
     ]
 
@@ -198,12 +194,8 @@ def export(
     first: str | None = None
     cursor = after if after is not None or scope is None else scope.cursor()
     with (
-        httpx.Client(
-            base_url=detour.rstrip("/"),
-            timeout=timeout_s,
-            transport=transport,
-            headers=auth_headers(token),
-        ) as c,
+        httpx.Client(base_url=detour.rstrip("/"), timeout=timeout_s, transport=transport,
+                     headers=auth_headers(token)) as c,
         pq.ParquetWriter(out, SCHEMA) as writer,
     ):
         for _ in range(max_entries // page + 1):  # bounded by the most entries we will read
@@ -229,33 +221,19 @@ def export(
                 break
         if rows == 0:
             writer.write_table(SCHEMA.empty_table())
-    return Export(
-        rows,
-        pages,
-        first,
-        cursor if scanned else after,
-        str(out),
-        scanned,
-        None if scope is None else scope.run_id,
-    )
+    return Export(rows, pages, first, cursor if scanned else after, str(out), scanned,
+                  None if scope is None else scope.run_id)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m pipeline.export_log",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = argparse.ArgumentParser(prog="python -m pipeline.export_log", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--detour", default="http://127.0.0.1:8080")
     p.add_argument("--out", required=True, help="the Parquet file to write")
     p.add_argument("--after", default=None, help="resume after this log id")
     p.add_argument("--page", type=int, default=MAX_PAGE, help=f"entries per call (<= {MAX_PAGE})")
-    p.add_argument(
-        "--run",
-        default=None,
-        metavar="OUT_DIR|RUN_ID",
-        help="only this produce run's reports: its --out directory or its run id",
-    )
+    p.add_argument("--run", default=None, metavar="OUT_DIR|RUN_ID",
+                   help="only this produce run's reports: its --out directory or its run id")
     add_token_argument(p, "admin")
     args = p.parse_args(argv)
     try:
@@ -263,21 +241,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         p.error(str(exc))
     try:
-        result = export(
-            args.detour,
-            args.out,
-            args.after,
-            args.page,
-            token=detour_token(args.token),
-            scope=scope,
-        )
+        result = export(args.detour, args.out, args.after, args.page,
+                        token=detour_token(args.token), scope=scope)
     except httpx.HTTPStatusError as exc:
         # 401/403: no admin token; the answer's body says which.
         r = exc.response
-        print(
-            f"export_log: {r.request.method} {r.request.url.path}: HTTP {r.status_code} {r.text}",
-            file=sys.stderr,
-        )
+        print(f"export_log: {r.request.method} {r.request.url.path}: HTTP {r.status_code} "
+              f"{r.text}", file=sys.stderr)
         return 2
     print(json.dumps(asdict(result)))
     return 0

@@ -45,8 +45,9 @@ def sample(spark: SparkSession, records: int, partitions: int, payload_bytes: in
     digest = F.sha2(ids, 256)  # 64 hex chars; repeated to the wanted size
     repeats = payload_bytes // 64 + 1
     payload = F.substring(F.repeat(digest, repeats), 1, payload_bytes)
-    return spark.range(0, records, numPartitions=partitions).select(
-        ids.alias("id"), payload.alias("payload"), F.col("id").alias("n")
+    return (
+        spark.range(0, records, numPartitions=partitions)
+        .select(ids.alias("id"), payload.alias("payload"), F.col("id").alias("n"))
     )
 
 
@@ -76,11 +77,8 @@ def generate(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m pipeline.generate",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = argparse.ArgumentParser(prog="python -m pipeline.generate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--records", type=int, required=True)
     p.add_argument("--out", required=True, help="output path (a directory, Spark-style)")
     p.add_argument("--format", choices=FORMATS, default="parquet")
@@ -90,9 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     spark = spark_session("detour-generate", args.master, {"spark.ui.showConsoleProgress": "false"})
     try:
-        n = generate(
-            spark, args.records, args.out, args.format, args.partitions, args.payload_bytes
-        )
+        n = generate(spark, args.records, args.out, args.format, args.partitions,
+                     args.payload_bytes)
         print(f"wrote {n} records to {args.out} ({args.format})")
     finally:
         spark.stop()

@@ -73,13 +73,8 @@ RESULT_SCHEMA = (
 )
 
 #: Counters summed over every partition's DetourClient.
-STAT_KEYS = (
-    "remote_selects",
-    "local_selects",
-    "detour_failures",
-    "sent_reports",
-    "dropped_reports",
-)
+STAT_KEYS = ("remote_selects", "local_selects", "detour_failures", "sent_reports",
+             "dropped_reports")
 
 _PRODUCER_CHARS = re.compile(r"[^A-Za-z0-9_.:@%|/-]")
 _RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,48}")
@@ -158,11 +153,8 @@ class Deliverer:
 
             host, _, port = address.rpartition(":")
             c = redis.Redis(
-                host=host,
-                port=int(port),
-                socket_timeout=self.timeout_s,
-                socket_connect_timeout=self.timeout_s,
-                retry=no_retry(),
+                host=host, port=int(port), socket_timeout=self.timeout_s,
+                socket_connect_timeout=self.timeout_s, retry=no_retry(),
                 health_check_interval=0,
             )
             self._clients[address] = c
@@ -188,12 +180,8 @@ class Deliverer:
 def _client_kwargs(opts: ProduceOptions, producer: str) -> dict[str, Any]:
     """The DetourClient settings; ``producer`` goes with every report to the latency log."""
     return {
-        "timeout": opts.timeout,
-        "mode": opts.mode,
-        "retries": opts.retries,
-        "deadline": opts.deadline,
-        "producer": producer,
-        "token": opts.token,
+        "timeout": opts.timeout, "mode": opts.mode, "retries": opts.retries,
+        "deadline": opts.deadline, "producer": producer, "token": opts.token,
     }
 
 
@@ -248,22 +236,15 @@ def send_partition(
                 avoiding = tuple(last.avoided_brokers)
             sender.update(sent, failed_so_far, avoiding)
             yield (
-                rid,
-                status,
+                rid, status,
                 None if last is None else last.broker_name,
                 None if last is None else last.queue_id,
-                len(attempts),
-                len(failed),
-                [a.queue.broker_name for a in failed],
+                len(attempts), len(failed), [a.queue.broker_name for a in failed],
                 sum(1 for a in attempts if a.queue.avoided_brokers),
                 None if last is None else str(last.decision),
                 None if last is None else bool(last.local),
-                latency,
-                started // 1_000_000,
-                time.time_ns() // 1_000_000,
-                producer,
-                index,
-                error,
+                latency, started // 1_000_000, time.time_ns() // 1_000_000,
+                producer, index, error,
             )
     finally:
         sender.update(sent, failed_so_far, avoiding, final=True)
@@ -309,8 +290,7 @@ def read_input(spark: SparkSession, path: str, fmt: str = "auto") -> DataFrame:
 
     df = load_input(spark, path, fmt)
     payload = (
-        F.col("payload").cast("string")
-        if "payload" in df.columns
+        F.col("payload").cast("string") if "payload" in df.columns
         else F.to_json(F.struct(*[F.col(c) for c in df.columns]))
     )
     return df.select(F.col("id").cast("string").alias("id"), payload.alias("payload"))
@@ -320,15 +300,9 @@ def detect_format(path: str) -> str:
     """``parquet``/``json``/``csv`` from a local path's (or its data files') suffix."""
     suffixes = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv"}
     p = Path(path)
-    candidates = (
-        [p]
-        if p.is_file()
-        else sorted(f for f in p.glob("*") if f.is_file() and not f.name.startswith(("_", ".")))[
-            :100
-        ]
-        if p.is_dir()
-        else []
-    )
+    candidates = [p] if p.is_file() else sorted(
+        f for f in p.glob("*") if f.is_file() and not f.name.startswith(("_", "."))
+    )[:100] if p.is_dir() else []
     for f in candidates:
         for suffix, fmt in suffixes.items():
             if f.name.endswith(suffix) or f.name.endswith(suffix + ".gz"):
@@ -390,12 +364,12 @@ class Summary:
             "per broker           "
             + ", ".join(f"{b}: {n}" for b, n in sorted(self.per_broker.items())),
             "failed attempts on   "
-            + (", ".join(f"{b}: {n}" for b, n in sorted(self.failed_per_broker.items())) or "-"),
+            + (", ".join(f"{b}: {n}" for b, n in sorted(self.failed_per_broker.items()))
+               or "-"),
         ]
         if self.client:
-            lines.append(
-                "clients              " + ", ".join(f"{k}={v}" for k, v in self.client.items())
-            )
+            lines.append("clients              "
+                         + ", ".join(f"{k}={v}" for k, v in self.client.items()))
         return "\n".join(lines)
 
 
@@ -424,10 +398,8 @@ def summarize(results: DataFrame) -> Summary:
     }
     failed_per_broker = {
         r["b"]: int(r["count"])
-        for r in results.select(F.explode("failed_brokers").alias("b"))
-        .groupBy("b")
-        .count()
-        .collect()
+        for r in results.select(F.explode("failed_brokers").alias("b")).groupBy("b")
+        .count().collect()
     }
     records = int(agg["records"] or 0)
     span = max(0.001, ((agg["last"] or 0) - (agg["first"] or 0)) / 1000) if records else 0.0
@@ -505,11 +477,8 @@ def write_summary(out: str, summary: Summary) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m pipeline.produce",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = argparse.ArgumentParser(prog="python -m pipeline.produce", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", required=True, help="dataset with an 'id' column")
     p.add_argument("--format", default="auto", choices=("auto", "parquet", "json", "csv"))
     p.add_argument("--detour", default="http://127.0.0.1:8080", help="Detour's URL")
@@ -522,19 +491,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--deadline", type=float, default=3.0, help="seconds for all attempts")
     p.add_argument("--broker-timeout", type=float, default=0.2, help="broker socket timeout, s")
     p.add_argument("--rate", type=float, default=0.0, help="records/s per partition (0: no cap)")
-    p.add_argument(
-        "--run-id",
-        default=None,
-        type=run_id_arg,
-        help="this run's id, in every report's producer (default: run-<time>-<hex>)",
-    )
+    p.add_argument("--run-id", default=None, type=run_id_arg,
+                   help="this run's id, in every report's producer (default: run-<time>-<hex>)")
     p.add_argument("--master", default=None, help="default: spark-submit's, else local[*]")
-    p.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="a live progress line on stderr (default on)",
-    )
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                   help="a live progress line on stderr (default on)")
     add_token_argument(p, "producer")
     return p
 
@@ -542,38 +503,23 @@ def _parser() -> argparse.ArgumentParser:
 def options(args: argparse.Namespace) -> ProduceOptions:
     """The job's options from its command line; the token from ``--token`` or ``DETOUR_TOKEN``."""
     return ProduceOptions(
-        detour=args.detour,
-        topic=args.topic,
-        mode=args.mode,
-        timeout=args.timeout,
-        retries=args.retries,
-        deadline=args.deadline,
-        broker_timeout=args.broker_timeout,
-        rate=args.rate,
-        run_id=args.run_id or "",
-        token=detour_token(args.token),
+        detour=args.detour, topic=args.topic, mode=args.mode, timeout=args.timeout,
+        retries=args.retries, deadline=args.deadline, broker_timeout=args.broker_timeout,
+        rate=args.rate, run_id=args.run_id or "", token=detour_token(args.token),
     )
 
 
 def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) -> int:
     args = _parser().parse_args(argv)
     opts = options(args)
-    spark = spark_session("detour-produce", args.master, {"spark.ui.showConsoleProgress": "false"})
+    spark = spark_session("detour-produce", args.master,
+                          {"spark.ui.showConsoleProgress": "false"})
     announce(spark, "produce")
-    progress = (
-        Progress("produce", "records", spark.sparkContext, failures="failed attempts")
-        if args.progress
-        else None
-    )
+    progress = Progress("produce", "records", spark.sparkContext,
+                        failures="failed attempts") if args.progress else None
     try:
-        summary = produce(
-            spark,
-            read_input(spark, args.input, args.format),
-            opts,
-            args.out,
-            args.partitions,
-            progress,
-        )
+        summary = produce(spark, read_input(spark, args.input, args.format), opts, args.out,
+                          args.partitions, progress)
         out(summary.table())
         out(json.dumps(asdict(summary), sort_keys=True))
     finally:

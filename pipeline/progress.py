@@ -107,14 +107,8 @@ class ProgressSender:
             return
         self._next = now + self.every_s
         body = {
-            "k": self.address.key,
-            "p": self.partition,
-            "a": self.attempt,
-            "n": done,
-            "f": failed,
-            "v": sorted(self._avoided),
-            "t": total,
-            "d": final,
+            "k": self.address.key, "p": self.partition, "a": self.attempt, "n": done,
+            "f": failed, "v": sorted(self._avoided), "t": total, "d": final,
         }
         self._avoided.clear()
         try:
@@ -206,9 +200,8 @@ class Progress:
         self._sock = socket.socket(_family(bind), socket.SOCK_DGRAM)
         self._sock.bind((bind, 0))
         self._sock.settimeout(0.2)
-        self.address = ProgressAddress(
-            advertised, int(self._sock.getsockname()[1]), secrets.token_hex(8)
-        )
+        self.address = ProgressAddress(advertised, int(self._sock.getsockname()[1]),
+                                       secrets.token_hex(8))
 
     # -- receiving ---------------------------------------------------------------------
 
@@ -219,15 +212,9 @@ class Progress:
             if body.get("k") != self.address.key:
                 return False
             p, a = int(body["p"]), int(body["a"])
-            part = _Part(
-                a,
-                int(body["n"]),
-                int(body["f"]),
-                tuple(str(b) for b in body["v"]),
-                None if body.get("t") is None else int(body["t"]),
-                bool(body["d"]),
-                self._clock(),
-            )
+            part = _Part(a, int(body["n"]), int(body["f"]), tuple(str(b) for b in body["v"]),
+                         None if body.get("t") is None else int(body["t"]), bool(body["d"]),
+                         self._clock())
         except (ValueError, KeyError, TypeError):
             return False
         with self._lock:
@@ -260,12 +247,8 @@ class Progress:
         failed = sum(p.failed for p in parts)
         avoided = sorted({b for p in parts if now - p.seen <= FRESH_S for b in p.avoided})
         total = self.total
-        if (
-            total is None
-            and self.parts is not None
-            and len(parts) >= self.parts
-            and all(p.total is not None for p in parts)
-        ):
+        if total is None and self.parts is not None and len(parts) >= self.parts \
+                and all(p.total is not None for p in parts):
             total = sum(p.total or 0 for p in parts)
         self._history.append((now, done))
         while len(self._history) > 2 and now - self._history[1][0] >= RATE_WINDOW_S:
@@ -274,9 +257,8 @@ class Progress:
         rate = (done - d0) / (now - t0) if now > t0 else 0.0
         eta = (max(0, total - done) / rate) if total is not None and rate > 0 else None
         tasks_done, tasks = self._tasks()
-        return Snapshot(
-            done, failed, tuple(avoided), total, rate, eta, now - self._started, tasks_done, tasks
-        )
+        return Snapshot(done, failed, tuple(avoided), total, rate, eta, now - self._started,
+                        tasks_done, tasks)
 
     def _tasks(self) -> tuple[int | None, int | None]:
         """Tasks done and in all, over the active stages (the status tracker; None when idle)."""
@@ -293,11 +275,8 @@ class Progress:
         return sum(i.numCompletedTasks for i in infos), sum(i.numTasks for i in infos)
 
     def line(self, s: Snapshot, final: bool = False) -> str:
-        parts = [
-            f"{self.label}: {s.done:,}"
-            + (f"/{s.total:,}" if s.total is not None else "")
-            + f" {self.unit}"
-        ]
+        parts = [f"{self.label}: {s.done:,}"
+                 + (f"/{s.total:,}" if s.total is not None else "") + f" {self.unit}"]
         if s.total:
             parts[0] += f" ({min(100.0, 100.0 * s.done / s.total):.0f} %)"
         if final:

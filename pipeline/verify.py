@@ -72,9 +72,8 @@ def brokers_from_detour(
     """
     import httpx
 
-    r = httpx.get(
-        f"{detour.rstrip('/')}/routes/{topic}", headers=auth_headers(token), timeout=timeout_s
-    )
+    r = httpx.get(f"{detour.rstrip('/')}/routes/{topic}", headers=auth_headers(token),
+                  timeout=timeout_s)
     r.raise_for_status()
     refs = []
     for b in r.json()["brokers"]:
@@ -85,12 +84,8 @@ def brokers_from_detour(
 
 
 def read_stream(
-    broker: BrokerRef,
-    topic: str,
-    queue_id: int,
-    timeout_s: float = 5.0,
-    on_page: Callable[[int], None] | None = None,
-    length: int | None = None,
+    broker: BrokerRef, topic: str, queue_id: int, timeout_s: float = 5.0,
+    on_page: Callable[[int], None] | None = None, length: int | None = None,
 ) -> Iterator[tuple[Any, ...]]:
     """Every entry of one stream as ``(id, broker, queue_id, entry, None)``; a broker that
     does not answer yields one ``(None, broker, queue_id, None, error)`` row instead.
@@ -103,14 +98,9 @@ def read_stream(
 
     host, _, port = broker.address.rpartition(":")
     key = stream_key(topic, queue_id)
-    client = redis.Redis(
-        host=host,
-        port=int(port),
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-        retry=no_retry(),
-        decode_responses=True,
-    )
+    client = redis.Redis(host=host, port=int(port), socket_timeout=timeout_s,
+                         socket_connect_timeout=timeout_s, retry=no_retry(),
+                         decode_responses=True)
     try:
         if length is None:
             length = int(client.xlen(key))
@@ -142,13 +132,8 @@ def _lengths(
     for broker, queue_id in streams:
         host, _, port = broker.address.rpartition(":")
         try:
-            with redis.Redis(
-                host=host,
-                port=int(port),
-                socket_timeout=timeout_s,
-                socket_connect_timeout=timeout_s,
-                retry=no_retry(),
-            ) as c:
+            with redis.Redis(host=host, port=int(port), socket_timeout=timeout_s,
+                             socket_connect_timeout=timeout_s, retry=no_retry()) as c:
                 lengths.append(int(c.xlen(stream_key(topic, queue_id))))
         except redis.RedisError:
             lengths.append(None)
@@ -274,10 +259,8 @@ def verify(
     lengths = _lengths(streams_of(brokers), topic, timeout_s=1.0)
     entries = None if None in lengths else sum(n or 0 for n in lengths)
     if progress is not None:
-        progress.say(
-            f"reading {len(lengths)} streams of {len(brokers)} brokers"
-            + (f", {entries:,} entries" if entries is not None else "")
-        )
+        progress.say(f"reading {len(lengths)} streams of {len(brokers)} brokers"
+                     + (f", {entries:,} entries" if entries is not None else ""))
     found = read_brokers(spark, brokers, topic, progress, entries).cache()
     per_id = None
     shuffle = _ShufflePartitions(spark, entries)
@@ -288,9 +271,8 @@ def verify(
         # One shuffle: the expected ids and the messages' ids side by side, grouped once
         # (a distinct, a group-by and a join were three, each a stage of its own).
         per_id = (
-            expected.select(
-                F.col("id").cast("string").alias("id"), F.lit(1).alias("e"), F.lit(0).alias("c")
-            )
+            expected.select(F.col("id").cast("string").alias("id"),
+                            F.lit(1).alias("e"), F.lit(0).alias("c"))
             .unionByName(messages.select("id", F.lit(0).alias("e"), F.lit(1).alias("c")))
             .groupBy("id")
             .agg(F.max("e").alias("e"), F.sum("c").alias("n"))
@@ -321,9 +303,8 @@ def verify(
             duplicated_ids=int(row["dups"]),
             extra_copies=int(row["extra"]),
             unexpected=int(row["unexpected"]),
-            per_broker={
-                r["broker"]: int(r["count"]) for r in messages.groupBy("broker").count().collect()
-            },
+            per_broker={r["broker"]: int(r["count"])
+                        for r in messages.groupBy("broker").count().collect()},
             unreachable={r["broker"]: r["error"] for r in errors},
             missing_sample=sample(exp & (n == 0)) if row["missing"] else [],
             duplicate_sample=sample(n > 1) if row["dups"] else [],
@@ -351,9 +332,8 @@ class _ShufflePartitions:
         if messages is None or spark.sparkContext.getConf().contains(key):
             return
         self.previous = spark.conf.get(key)
-        wanted = max(
-            spark.sparkContext.defaultParallelism, -(-messages // MESSAGES_PER_SHUFFLE_PARTITION)
-        )
+        wanted = max(spark.sparkContext.defaultParallelism,
+                     -(-messages // MESSAGES_PER_SHUFFLE_PARTITION))
         spark.conf.set(key, str(wanted))
 
     def restore(self) -> None:
@@ -376,36 +356,23 @@ def read_ids(spark: SparkSession, path: str, fmt: str = "auto") -> DataFrame:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m pipeline.verify",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = argparse.ArgumentParser(prog="python -m pipeline.verify", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", required=True, help="the dataset that was produced")
     p.add_argument("--format", default="auto", choices=("auto", "parquet", "json", "csv"))
     p.add_argument("--topic", required=True)
     p.add_argument("--detour", default=None, help="read the brokers from the topic's route")
-    p.add_argument(
-        "--broker",
-        action="append",
-        default=[],
-        metavar="NAME=HOST:PORT",
-        help="a broker (repeatable) instead of --detour",
-    )
+    p.add_argument("--broker", action="append", default=[], metavar="NAME=HOST:PORT",
+                   help="a broker (repeatable) instead of --detour")
     p.add_argument("--queues", type=int, default=4, help="queues per --broker (default 4)")
     p.add_argument("--master", default=None)
-    p.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="a live progress line on stderr (default on)",
-    )
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                   help="a live progress line on stderr (default on)")
     add_token_argument(p, "admin")
     args = p.parse_args(argv)
     if args.broker:
-        brokers = [
-            BrokerRef(n, a, args.queues) for n, _, a in (b.partition("=") for b in args.broker)
-        ]
+        brokers = [BrokerRef(n, a, args.queues)
+                   for n, _, a in (b.partition("=") for b in args.broker)]
     elif args.detour:
         brokers = brokers_from_detour(args.detour, args.topic, token=detour_token(args.token))
     else:
@@ -414,9 +381,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     announce(spark, "verify")
     progress = Progress("verify", "entries read", spark.sparkContext) if args.progress else None
     try:
-        result = verify(
-            spark, read_ids(spark, args.input, args.format), brokers, args.topic, progress
-        )
+        result = verify(spark, read_ids(spark, args.input, args.format), brokers, args.topic,
+                        progress)
         print(result.table())
         print(json.dumps({**asdict(result), "ok": result.ok}, sort_keys=True))
     finally:
