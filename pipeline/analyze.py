@@ -24,7 +24,8 @@ also in docs/spark.md). RocketMQ's table reads: up to 100 ms is normal (tiers
 50 and 100, 0 s), 5.5x that opens the first window (550 ms, 30 s), and so on up
 to 15 s (600 s), with failures counted as 30 s. The recommendation keeps that
 shape and moves it to where this fleet's normal is, scale ``s = f * q99 / 100 ms``
-(q99 of successful sends):
+(q99 of successful sends, like q50 read at the latency log's bucket resolution,
+``log_resolution``: most reports reach the log as histograms):
 
 * ``latencyMax`` = [q50, then RocketMQ's 100 ... 15000 ms times ``s``] (whole
   ms, strictly increasing), plus one tier at ``isolationLatencyMs`` for failures;
@@ -75,6 +76,7 @@ from service import strategy
 from service.model import (
     DEFAULT_LATENCY_MAX,
     DEFAULT_NOT_AVAILABLE_DURATION,
+    LATENCY_BUCKETS,
     Config,
 )
 
@@ -172,6 +174,67 @@ class TierTable:
 
 
 ROCKETMQ = TierTable("rocketmq")
+
+
+def log_resolution(q: float) -> float:
+    """``q`` at the latency log's resolution: the upper bound of its ``LATENCY_BUCKETS``
+    bucket (above the last bound, ``q`` itself).
+
+    Why: most reports reach the log as per-bucket counts (docs/semantics.md), so a
+    percentile is known to its bucket, not to the ms. Reading it so from either form of the
+    log makes the recommendation the same from the histograms as from every report.
+    """
+    i = bisect.bisect_right(LATENCY_BUCKETS, q)
+    return float(LATENCY_BUCKETS[i]) if i < len(LATENCY_BUCKETS) else q
+
+
+def pick(
+    candidates: Sequence[TierTable],
+    totals: dict[str, dict[str, Any]],
+    successes: int,
+    baseline: TierTable,
+) -> TierTable:
+    """The smallest factor's table whose replay diverts at most ``DIVERT_BUDGET`` of the
+    successful sends more than the failure tier alone does (the last one otherwise)."""
+    budget = DIVERT_BUDGET * successes + totals[baseline.name]["avoided_ok"]
+    return next((c for c in candidates if totals[c.name]["avoided_ok"] <= budget),
+                candidates[-1])
+
+
+def percentile(sorted_values: Sequence[int], p: float) -> float:
+    """Spark's ``percentile`` (exact, linear between the two nearest ranks), in process."""
+    n = len(sorted_values)
+    pos = p * (n - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, n - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def recommend_in_process(
+    reports: Sequence[tuple[str, int, int, bool]], current: TierTable = ROCKETMQ
+) -> TierTable:
+    """The table ``analyze`` recommends for ``(broker, at_ms, latency_ms, isolation)``
+    reports, computed in this process with the job's own steps (``log_resolution``,
+    ``recommend``, ``replay``, ``pick``): for logs small enough not to need Spark, and to
+    compare two forms of one log (tests/test_log_histograms.py)."""
+    ok = sorted(r[2] for r in reports if not r[3])
+    q50, q99 = (percentile(ok, 0.5), percentile(ok, 0.99)) if ok else (1.0, 1.0)
+    candidates = [
+        recommend(log_resolution(q50), log_resolution(q99), current.isolation_latency_ms, f)
+        for f in FACTORS
+    ]
+    baseline = TierTable("failures-only", (current.isolation_latency_ms,),
+                         (FAILURE_WINDOW_MS,), current.isolation_latency_ms)
+    start, end = min(r[1] for r in reports), max(r[1] for r in reports) + 1
+    by_broker: dict[str, list[tuple[int, int, bool]]] = {}
+    for broker, at, latency, isolation in reports:
+        by_broker.setdefault(broker, []).append((at, latency, isolation))
+    totals = {}
+    for table in (baseline, *candidates):
+        rows = [asdict(w) for rs in by_broker.values()
+                for w in replay(rs, table, end - start, start, end).values()]
+        totals[table.name] = _totals(table, rows)
+    return pick(candidates, totals, len(ok), baseline)
 
 
 def recommend(
@@ -413,7 +476,8 @@ def analyze(
         successes = int(prow["n"])
         q = prow["p"] if successes else [1.0, 1.0, 1.0, 1.0]
         pooled = {"p50": q[0], "p90": q[1], "p99": q[2], "p999": q[3]}
-        candidates = [recommend(q[0], q[2], current.isolation_latency_ms, f) for f in FACTORS]
+        candidates = [recommend(log_resolution(q[0]), log_resolution(q[2]),
+                                current.isolation_latency_ms, f) for f in FACTORS]
         baseline = TierTable("failures-only", (current.isolation_latency_ms,),
                              (FAILURE_WINDOW_MS,), current.isolation_latency_ms)
         tables: list[TierTable] = []
@@ -449,9 +513,7 @@ def analyze(
             b["avoided_pct"] = 100.0 * b["avoided_ms"] / (end_ms - start_ms)
         totals = {t.name: _totals(t, [r for r in replayed if r["tier_table"] == t.name])
                   for t in tables}
-        budget = DIVERT_BUDGET * successes + totals[baseline.name]["avoided_ok"]
-        chosen = next((c for c in candidates if totals[c.name]["avoided_ok"] <= budget),
-                      candidates[-1])
+        chosen = pick(candidates, totals, successes, baseline)
         recommended = {**totals[chosen.name], "name": "recommended", "factor": chosen.name}
         shown = [current.name, ROCKETMQ.name, *(t.name for t in alternatives)]
         table_rows = [totals[name] for name in dict.fromkeys(shown)]

@@ -1,8 +1,11 @@
 """Export Detour's latency log (``GET /latency-log``) to a Parquet file for the analysis job.
 
-Why: the log is every report producers made (broker, latency, isolation,
-producer, time), but it lives in a bounded Redis stream (``DETOUR_LATENCY_LOG_MAX``,
-default 100,000 entries, trimmed oldest first). Exporting it keeps a run's
+Why: the log is what producers reported (broker, latency, isolation, producer, time):
+each report that opened, extended or ended a window or failed, and the rest as one
+histogram per replica, broker and producer per flush (docs/semantics.md), which the
+export expands into one row per report (``expand``) so the analysis reads one form.
+It lives in a bounded Redis stream (``DETOUR_LATENCY_LOG_MAX``, default 100,000
+entries, trimmed oldest first). Exporting it keeps a run's
 evidence after the stream moves on, and Parquet is what Spark reads fastest.
 
 Pages are read oldest first with ``after=<last id>`` and written one row group
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -40,6 +44,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline import add_token_argument, auth_headers, detour_token
+from service.model import LATENCY_BUCKETS
 
 #: The exported columns: the log entry, plus ``at`` as a timestamp for readers that want one.
 SCHEMA = pa.schema(
@@ -117,8 +122,39 @@ class RunScope:
         return self.ended_ms is not None and int(entry["at"]) > self.ended_ms + self.SLACK_MS
 
 
+def bucket_value(i: int) -> int:
+    """The latency a histogram row gets for bucket ``i`` of ``LATENCY_BUCKETS``: the middle
+    of the bucket (whole ms, inside it, so its tier is the one its reports had: the tier
+    edges are bucket bounds); the open last bucket, its lower bound."""
+    lo = LATENCY_BUCKETS[i]
+    if i + 1 >= len(LATENCY_BUCKETS):
+        return lo
+    return (lo + LATENCY_BUCKETS[i + 1] - 1) // 2
+
+
+def expand(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """A log entry as rows of one report each: a histogram entry (one replica's quiet
+    reports of one interval, docs/semantics.md) becomes one row per report it counts, at
+    its bucket's middle, spread evenly over ``[since, at]`` in an order shuffled by the
+    entry's id (deterministic), so the analysis's replay sees them mixed as they came."""
+    counts = entry.get("histogram")
+    if counts is None:
+        return [entry]
+    latencies = [bucket_value(i) for i, c in enumerate(counts) for _ in range(int(c))]
+    random.Random(str(entry["id"])).shuffle(latencies)
+    n = len(latencies)
+    since, at = int(entry.get("since") or entry["at"]), int(entry["at"])
+    return [
+        {**entry, "latencyMs": lat, "isolation": False,
+         "at": since + (at - since) * (2 * k + 1) // (2 * n)}
+        for k, lat in enumerate(latencies)
+    ]
+
+
 def to_table(entries: Sequence[dict[str, Any]]) -> pa.Table:
-    """Log entries (the endpoint's JSON) as a table with ``SCHEMA``."""
+    """Log entries (the endpoint's JSON) as a table with ``SCHEMA``, a histogram entry
+    expanded into its reports (``expand``)."""
+    entries = [row for e in entries for row in expand(e)]
     at = [int(e["at"]) for e in entries]
     return pa.table(
         {
@@ -174,9 +210,10 @@ def export(
                 break
             kept = entries if scope is None else [e for e in entries if scope.keep(e)]
             if kept:
-                writer.write_table(to_table(kept))
+                table = to_table(kept)
+                writer.write_table(table)
                 first = first or str(kept[0]["id"])
-            rows += len(kept)
+                rows += table.num_rows
             scanned += len(entries)
             pages += 1
             cursor = body["next"] or str(entries[-1]["id"])

@@ -193,6 +193,15 @@ DUPLICATE_REPORTS = Counter(
     "Reports whose identity Redis had applied already (a late reply replayed, a retried "
     "batch, an SDK replay): skipped, nothing changed.",
 )
+REPORTS_LOCAL = Counter(
+    "detour_reports_local_total",
+    "Reports that changed nothing another replica must see (policy.quiet): summed on this "
+    "replica and written with the next flush, not one store write each.",
+)
+FLUSHES = Counter(
+    "detour_report_flushes_total",
+    "Flushes of the reports kept local: one script call, one summary per broker.",
+)
 JOURNAL_SIZE = Gauge(
     "detour_journal_reports",
     "Reports accepted while Redis was unreachable, not yet replayed.",

@@ -13,6 +13,60 @@ MAX_LATENCY_MS = 3_600_000
 MAX_WINDOW_MS = 86_400_000
 #: The oldest a replayed report may be: older ones cannot open a window that is still open.
 MAX_REPORT_AGE_MS = MAX_WINDOW_MS
+#: Lower bounds (ms) of the latency log's histogram buckets: a replica sums the reports that
+#: change no window into one histogram per broker per flush (docs/semantics.md). Fixed, so
+#: histograms of every replica and interval add up; they hold RocketMQ's tier edges (50,
+#: 100, 550, 1000, 2000, 3000, 15000) so a tier's count is exact, and finer steps below
+#: 1 s where the analysis reads q50 and q99. The last bucket is open above 60 s.
+LATENCY_BUCKETS: tuple[int, ...] = (
+    0,
+    5,
+    10,
+    15,
+    20,
+    25,
+    30,
+    35,
+    40,
+    45,
+    50,
+    60,
+    70,
+    80,
+    90,
+    100,
+    120,
+    140,
+    160,
+    180,
+    200,
+    250,
+    300,
+    350,
+    400,
+    450,
+    500,
+    550,
+    600,
+    700,
+    800,
+    900,
+    1000,
+    1250,
+    1500,
+    1750,
+    2000,
+    2500,
+    3000,
+    4000,
+    5000,
+    7500,
+    10000,
+    15000,
+    20000,
+    30000,
+    60000,
+)
 
 #: RocketMQ's MQFaultStrategy defaults (client 4.x, unchanged in 5.x).
 DEFAULT_LATENCY_MAX: tuple[int, ...] = (50, 100, 550, 1000, 2000, 3000, 15000)

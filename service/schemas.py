@@ -444,6 +444,17 @@ class LogEntryOut(Body):
     isolation: bool = Field(description="The send failed.", examples=[False])
     producer: str = Field(description="Reporter, empty when not given.", examples=["exec-3"])
     at: EpochMs = Field(description="When the send completed (epoch ms).", examples=[1763791234567])
+    histogram: list[int] | None = Field(
+        None,
+        description="Set on a histogram entry: one replica's reports of one producer that "
+        "changed no window, counted per latency bucket (the buckets' lower bounds, ms: 0, 5, "
+        "10, ... 60000, docs/semantics.md), sent between `since` and `at`; `latencyMs` is "
+        "-1. Left out on an entry for one report.",
+        examples=[[0, 4, 17, 2]],
+    )
+    since: EpochMs | None = Field(
+        None, description="A histogram entry's first report (epoch ms).", examples=[1763791233567]
+    )
 
 
 class LatencyLogOut(Body):

@@ -49,6 +49,10 @@ class Settings(BaseSettings):
     max_batch_body_bytes: int = Field(256 * 1024, ge=1024, le=16 * 1024 * 1024)
     #: Reports kept in the latency log (a Redis stream, trimmed approximately); 0 = no log.
     latency_log_max: int = Field(100_000, ge=0, le=10_000_000)
+    #: How long a replica may sum the reports that change no window (docs/semantics.md)
+    #: before it writes them (their brokers' latest latency and one latency-log histogram
+    #: per broker) to the store; 0 = every report written at once, as one script call.
+    report_flush_ms: int = Field(1000, ge=0, le=60_000)
     #: Events kept in the event log (windows opened, extended, ended early; a Redis stream,
     #: trimmed approximately); 0 = no log.
     events_max: int = Field(10_000, ge=0, le=1_000_000)

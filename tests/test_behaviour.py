@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
+from service.app import create_app
+from service.settings import Settings
 from tests.procs import wait_until
 
 pytestmark = pytest.mark.integration
@@ -342,7 +345,15 @@ def test_batch_takes_a_larger_body_and_caps_the_count(client: TestClient) -> Non
 # -- latency log -------------------------------------------------------------------
 
 
-def test_latency_log_records_every_report_in_order(client: TestClient) -> None:
+@pytest.fixture
+def every_report(settings: Settings) -> Iterator[TestClient]:
+    """The app writing every report at once (``report_flush_ms`` 0): the per-report log."""
+    with TestClient(create_app(settings.model_copy(update={"report_flush_ms": 0}))) as c:
+        yield c
+
+
+def test_latency_log_records_every_report_in_order(every_report: TestClient) -> None:
+    client = every_report
     before = store_now(client)
     client.post("/report-latency", json={"brokerName": "a", "latencyMs": 12.7,
                                          "producer": "exec-1"})

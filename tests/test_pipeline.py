@@ -18,10 +18,10 @@ import secrets
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
@@ -37,11 +37,12 @@ from pipeline.analyze import (
     analyze,
     auto_window_s,
     fetch_config,
+    log_resolution,
     recommend,
     replay,
 )
 from pipeline.brokers import Fleet, no_retry, stream_key
-from pipeline.export_log import RunScope, export, to_table
+from pipeline.export_log import Export, RunScope, export, to_table
 from pipeline.generate import generate, record_id
 from pipeline.produce import ProduceOptions, options, produce, read_input
 from pipeline.produce import _parser as produce_parser
@@ -89,6 +90,19 @@ def detour() -> Iterator[str]:
             svc.stop()
     finally:
         store.stop()
+
+
+def _export_once(detour: str, path: Path, done: Callable[[Export], bool],
+                 **kw: Any) -> Export:
+    """The export once ``done`` holds: a replica writes the reports that changed no window
+    with its next flush (docs/semantics.md, 1 s), so the log is complete a moment after
+    the last send. Bounded: the last export is returned after 15 s."""
+    deadline = time.monotonic() + 15
+    while True:
+        result = export(detour, path, **kw)
+        if done(result) or time.monotonic() > deadline:
+            return result
+        time.sleep(0.2)
 
 
 def _journal_replayed(detour: str) -> float:
@@ -265,8 +279,9 @@ def test_end_to_end_kill_and_stop_brokers_mid_run(
     # out (a failed Detour call) is sent again whole, and a report whose Redis call timed
     # out after Redis ran it is journaled and replayed, so logged twice.
     log = tmp_path / "latency.parquet"
-    exported = export(detour, log, page=5000, scope=RunScope.parse(out))
     attempts = results.agg(F.sum("attempts")).first()[0]  # type: ignore[index]
+    exported = _export_once(detour, log, lambda e: e.rows >= attempts, page=5000,
+                            scope=RunScope.parse(out))
     record_property("log_entries", exported.rows)
     assert summary.run_id == exported.run_id == "e2e"
     again = (summary.client["detour_failures"] * MAX_BATCH
@@ -297,9 +312,12 @@ def test_reports_carry_the_partition_as_producer(spark: SparkSession, tmp_path: 
                                             "id string, payload string")
             produce(spark, records, ProduceOptions(svc.url, "who"), str(tmp_path / "out"),
                     partitions=3)
-        export(svc.url, tmp_path / "log.parquet")
-        producers = pq.read_table(tmp_path / "log.parquet", columns=["producer"]).column(0)
-        assert {p.rsplit("/", 1)[-1] for p in producers.to_pylist()} == {"p0", "p1", "p2"}
+        def three(_: Export) -> bool:
+            producers = pq.read_table(tmp_path / "log.parquet", columns=["producer"]).column(0)
+            return {p.rsplit("/", 1)[-1] for p in producers.to_pylist()} == {"p0", "p1", "p2"}
+
+        _export_once(svc.url, tmp_path / "log.parquet", three)
+        assert three(export(svc.url, tmp_path / "log.parquet"))
     finally:
         svc.stop()
         store.stop()
@@ -370,9 +388,11 @@ def test_the_export_keeps_one_run(detour: str, tmp_path: Path) -> None:
     reports.append({"brokerName": "broker-a", "latencyMs": 1, "producer": "not-a-run"})
     httpx.post(f"{detour}/report-latency:batch", json={"reports": reports},
                timeout=5).raise_for_status()
-    result = export(detour, tmp_path / "x.parquet", scope=RunScope("run-x"))
+    result = _export_once(detour, tmp_path / "x.parquet", lambda e: e.rows >= 6,
+                          scope=RunScope("run-x"))
     table = pq.read_table(tmp_path / "x.parquet")
-    assert result.rows == table.num_rows == 6 and result.scanned >= 13
+    # (entries scanned: a replica's histogram of a producer's reports is one entry)
+    assert result.rows == table.num_rows == 6 and result.scanned >= 6
     assert set(table.column("producer").to_pylist()) == {"run-x/h/1/p0", "run-x/h/1/p1"}
 
     # From a produce output: its _summary.json names the run and when it sent.
@@ -462,7 +482,10 @@ def test_analysis_returns_known_percentiles(spark: SparkSession, tmp_path: Path)
     first_ok = next(c for c in a.candidates[1:] if c["avoided_ok"] <= budget)
     assert a.recommendation["factor"] == first_ok["name"]
     factor = float(first_ok["name"].lstrip("x"))
-    rule = recommend(a.pooled["p50"], a.pooled["p99"], factor=factor)
+    # the percentiles read at the log's bucket resolution (most reports reach it as
+    # histograms: docs/semantics.md)
+    rule = recommend(log_resolution(a.pooled["p50"]), log_resolution(a.pooled["p99"]),
+                     factor=factor)
     assert a.recommendation["latencyMax"] == list(rule.latency_max)
     assert a.recommendation["notAvailableDuration"] == list(rule.durations)
     report = (tmp_path / "r" / "report.md").read_text()
@@ -510,7 +533,8 @@ def test_spark_submit_runs_the_producing_job(
     # The run's reports, and no other run's, from the output directory alone.
     scope = RunScope.parse(out)
     assert scope.run_id.startswith("run-") and scope.run_id in run.stdout
-    exported = export(detour, tmp_path / "log.parquet", scope=scope)
+    exported = _export_once(detour, tmp_path / "log.parquet", lambda e: e.rows >= 500,
+                            scope=scope)
     assert exported.rows >= 500
 
 

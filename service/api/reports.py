@@ -6,6 +6,7 @@ import math
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import JSONResponse
 from pydantic import TypeAdapter
 
 from service import metrics
@@ -129,7 +130,7 @@ async def report_latency_batch(
     "/latency-log",
     response_model=LatencyLogOut,
     responses={**ERRORS, **UNAVAILABLE},
-    summary="Read the latency log: every report, oldest first",
+    summary="Read the latency log: significant reports and histograms, oldest first",
 )
 async def latency_log(
     store: StoreDep,
@@ -144,11 +145,11 @@ async def latency_log(
     limit: Annotated[
         int, Query(ge=1, le=10000, description="Most entries to return.", examples=[1000])
     ] = 1000,
-) -> LatencyLogOut:
+) -> JSONResponse:
     """Page through the latency log (bounded: `DETOUR_LATENCY_LOG_MAX` entries, default
     100,000). `pipeline/export_log.py` turns it into Parquet for the analysis job."""
     entries = await store.latency_log(after, limit)
-    return LatencyLogOut(
+    out = LatencyLogOut(
         entries=[
             LogEntryOut(
                 id=e.id,
@@ -157,8 +158,15 @@ async def latency_log(
                 isolation=e.isolation,
                 producer=e.producer,
                 at=e.at,
+                histogram=None if e.histogram is None else list(e.histogram),
+                since=e.since,
             )
             for e in entries
         ],
         next=entries[-1].id if entries else None,
-    )
+    ).model_dump(mode="json")
+    # An entry for one report keeps its shape: the histogram fields only where they are set.
+    for entry in out["entries"]:
+        if entry["histogram"] is None:
+            del entry["histogram"], entry["since"]
+    return JSONResponse(out)

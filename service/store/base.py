@@ -79,8 +79,13 @@ class LogEntry:
     latency_ms: int
     isolation: bool
     producer: str
-    #: when the send completed, epoch ms on the store's clock
+    #: when the send completed, epoch ms on the store's clock (a histogram: the latest's)
     at: int
+    #: a histogram entry: one replica's reports of ``producer`` that changed no window, per
+    #: bucket of ``model.LATENCY_BUCKETS``, sent in [since, at]; latency_ms is -1
+    #: (docs/semantics.md). None: one report.
+    histogram: tuple[int, ...] | None = None
+    since: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

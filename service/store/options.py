@@ -23,6 +23,7 @@ class StoreOptions:
     events_max: int = 10_000
     max_brokers: int = 10_000
     sync_interval_s: float = 1.0
+    report_flush_ms: int = 1000
 
     @classmethod
     def of(cls, source: object) -> StoreOptions:

@@ -55,6 +55,7 @@ from service import metrics, policy, strategy
 from service.errors import StoreUnavailable, TableFull
 from service.model import MAX_REPORT_AGE_MS, Config, FaultItem, Route
 from service.store import codec
+from service.store.aggregate import Aggregate, RecentIds, Summary
 from service.store.base import (
     REPORT_ID_CAP,
     REPORT_ID_WINDOW_MS,
@@ -92,6 +93,9 @@ _SCRIPTS = ("report", "set_entry", "snapshot", "fault_items", "reach", "lease", 
 SEQ_WINDOW = 256
 #: Windows per re-seed call: a lost table of 10,000 goes back without holding Redis long.
 _RESEED_CHUNK = 200
+#: Summaries per flush call (Lua's unpack takes at most about 8,000 values; a call stays
+#: short): a namespace of 10,000 brokers flushes in ten calls.
+_FLUSH_CHUNK = 1000
 #: Writers remembered: a replica silent longer than a journal keeps a report is forgotten.
 WRITER_CAP = 10_000
 
@@ -136,6 +140,14 @@ async def _wrap_errors() -> AsyncIterator[None]:
         yield
     except (TimeoutError, RedisError, RedisClusterException, OSError) as exc:
         raise StoreUnavailable(f"redis: {exc.__class__.__name__}: {exc}") from exc
+
+
+def _log_entry(entry_id: str, f: Mapping[str, str]) -> LogEntry:
+    """A latency-log entry: one report, or one replica's histogram of quiet reports."""
+    if "h" in f:
+        counts = tuple(int(c) for c in f["h"].split(",") if c)
+        return LogEntry(entry_id, f["b"], -1, False, f["p"], int(f["t"]), counts, int(f["s"]))
+    return LogEntry(entry_id, f["b"], int(f["l"]), f["i"] == "1", f["p"], int(f["t"]))
 
 
 class RedisStore:
@@ -199,6 +211,13 @@ class RedisStore:
         )
         self._follower.on_master_change = self._master_changed
         self._task: asyncio.Task[None] | None = None
+        #: reports kept local (policy.quiet), summed until the next flush; the summaries of
+        #: a flush that did not answer, kept with their sequence numbers for the retry
+        self._flush_ms = settings.report_flush_ms
+        self._quiet = Aggregate(settings.max_brokers)
+        self._unflushed: list[Summary] = []
+        self._quiet_ids = RecentIds(REPORT_ID_WINDOW_MS, REPORT_ID_CAP)
+        self._flusher: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------
     async def start(self) -> None:
@@ -215,8 +234,18 @@ class RedisStore:
         except StoreUnavailable as exc:
             log.warning("redis not reachable at start, will retry: %s", exc.message)
         self._task = asyncio.create_task(self._follower.run_forever(), name="detour-redis-sync")
+        if self._flush_ms > 0:
+            self._flusher = asyncio.create_task(self._flush_forever(), name="detour-flush")
 
     async def close(self) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+        # Graceful stop: one bounded attempt to write what was kept local.
+        with contextlib.suppress(StoreUnavailable, TimeoutError):
+            async with asyncio.timeout(self._settings.redis_timeout_s * 2):
+                await self.flush_reports()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -289,13 +318,113 @@ class RedisStore:
         While the journal holds reports, new ones queue behind them so Redis
         receives every report in the order this replica accepted it.
         """
-        reports = self._number(reports)
         if not self._journal and self.synced.is_set() and not self._recovering:
+            kept = self._keep_quiet(reports) if self._flush_ms > 0 else {}
+            sent = self._number([r for i, r in enumerate(reports) if i not in kept])
+            if not sent:
+                return [kept[i] for i in range(len(reports))]
             try:
-                return await self._report_remote(reports, self._fast_report)
+                outcomes = iter(await self._report_remote(sent, self._fast_report))
             except StoreUnavailable as exc:
                 log.warning("report falls back to the journal: %s", exc.message)
-        return self._report_locally(reports)
+                outcomes = iter(self._report_locally(sent))
+            else:
+                for r in sent:
+                    self._quiet.written(r.broker_name, self.view.now_ms() - r.age_ms)
+            return [kept[i] if i in kept else next(outcomes) for i in range(len(reports))]
+        return self._report_locally(self._number(reports))
+
+    def _keep_quiet(self, reports: Sequence[ReportIn]) -> dict[int, ReportOutcome]:
+        """The reports that change nothing another replica must see (policy.quiet, decided
+        on this replica's copy), summed for the next flush and answered from the copy."""
+        view, config = self.view, self.view.config
+        now = view.now_ms()
+        kept: dict[int, ReportOutcome] = {}
+        for i, r in enumerate(reports):
+            at = now - r.age_ms
+            old = view.faults.get(r.broker_name)
+            if not policy.quiet(old, r.latency_ms, r.isolation, at, config):
+                continue
+            t = strategy.tier(config, r.latency_ms) if config.send_latency_fault_enable else None
+            latency_max = None if t is None else config.latency_max[t]
+            if r.report_id and self._quiet_ids.seen(r.report_id, now):
+                metrics.DUPLICATE_REPORTS.inc()
+                end = old.available_at if old is not None else now
+                kept[i] = ReportOutcome(
+                    r.broker_name, r.latency_ms, 0, end, now, False, latency_max, duplicate=True
+                )
+                continue
+            if not self._quiet.add(r.broker_name, r.producer, r.latency_ms, at):
+                continue
+            metrics.REPORTS_LOCAL.inc()
+            view.observe_latency(r.broker_name, r.latency_ms, now)
+            end = max(old.available_at, at) if old is not None else at
+            kept[i] = ReportOutcome(r.broker_name, r.latency_ms, 0, end, now, False, latency_max)
+        return kept
+
+    async def _flush_forever(self) -> None:
+        """Write the reports kept local every ``report_flush_ms`` (a bounded staleness)."""
+        while True:
+            await asyncio.sleep(self._flush_ms / 1000)
+            try:
+                await self.flush_reports()
+            except StoreUnavailable as exc:
+                log.warning("flush of local reports failed, retried next interval: %s", exc)
+
+    async def flush_reports(self) -> None:
+        """report.lua calls (``_FLUSH_CHUNK`` summaries each) with a summary entry per
+        broker and producer (docs/semantics.md).
+
+        Each summary gets this replica's next sequence number once; a call that did not
+        answer is retried with the same numbers, so Redis applies it once. While Redis
+        does not answer they wait, at most ``journal_max`` of them (the oldest dropped).
+        """
+        fresh = self._quiet.take()
+        for summary in fresh:
+            self._seq += 1
+            summary.seq = self._seq
+        self._unflushed += fresh
+        excess = len(self._unflushed) - self._settings.journal_max
+        if excess > 0:
+            del self._unflushed[:excess]
+            metrics.JOURNAL_DROPPED.labels("full").inc(excess)
+        if not self.synced.is_set() or self._recovering:
+            return
+        while self._unflushed:
+            await self._flush_chunk(self._unflushed[:_FLUSH_CHUNK])
+            del self._unflushed[:_FLUSH_CHUNK]
+
+    async def _flush_chunk(self, batch: Sequence[Summary]) -> None:
+        keys = self._report_keys()
+        for _ in range(3):
+            now = self.view.now_ms()
+            args = self._head_args(self.view.config)
+            for sm in batch:
+                args += [
+                    sm.broker,
+                    "" if sm.latency_ms < 0 else sm.latency_ms,
+                    max(0, now - sm.since_ms),
+                    max(0, now - sm.at_ms),
+                    "s",
+                    sm.wire_counts(),
+                    0,
+                    0,
+                    "",
+                    sm.producer,
+                    sm.seq,
+                    "",
+                ]
+            reply = ReportReply.decode(
+                await self._eval("flush", keys, args, self._scripts["report"])
+            )
+            if reply.status in (STALE_CONFIG, TABLE_LOST):
+                await self.resync()
+                continue
+            self._wrote()
+            self._acked = max(self._acked, *(sm.seq for sm in batch))
+            metrics.FLUSHES.inc()
+            return
+        raise StoreUnavailable("the table kept changing during the flush; retry")
 
     def _report_locally(self, reports: Sequence[ReportIn]) -> list[ReportOutcome]:
         """Apply to this replica's view at once and journal for replay."""
@@ -332,21 +461,10 @@ class RedisStore:
     ) -> tuple[list[Any], list[int | None]]:
         """report.lua's ARGV for ``reports`` under ``config``, and each report's tier."""
         enabled = config.send_latency_fault_enable
-        rule = ("overwrite" if config.last_report_wins else "extend") if enabled else "off"
         tiers = [
             strategy.tier(config, r.latency_ms, r.isolation) if enabled else None for r in reports
         ]
-        args: list[Any] = [
-            self.view.config_version,
-            rule,
-            self._channel,
-            self._log_max,
-            self._settings.max_brokers,
-            _policy_arg(config, self._events_max),
-            self._epoch_arg(),
-            self._replica_id,
-            integrity_arg(self._acked),
-        ]
+        args = self._head_args(config)
         for r, t in zip(reports, tiers, strict=True):
             args += [
                 r.broker_name,
@@ -364,11 +482,24 @@ class RedisStore:
             ]
         return args, tiers
 
-    async def _report_remote(
-        self, reports: Sequence[ReportIn], script: AsyncScript | None = None
-    ) -> list[ReportOutcome]:
-        view = self.view
-        keys = (
+    def _head_args(self, config: Config) -> list[Any]:
+        """report.lua's ARGV[1..9]: the config, rule, bounds, epoch, writer and integrity."""
+        enabled = config.send_latency_fault_enable
+        rule = ("overwrite" if config.last_report_wins else "extend") if enabled else "off"
+        return [
+            self.view.config_version,
+            rule,
+            self._channel,
+            self._log_max,
+            self._settings.max_brokers,
+            _policy_arg(config, self._events_max),
+            self._epoch_arg(),
+            self._replica_id,
+            integrity_arg(self._acked),
+        ]
+
+    def _report_keys(self) -> tuple[str, ...]:
+        return (
             self._faults,
             self._meta,
             self._log,
@@ -378,6 +509,12 @@ class RedisStore:
             self._writers_seen,
             self._report_ids,
         )
+
+    async def _report_remote(
+        self, reports: Sequence[ReportIn], script: AsyncScript | None = None
+    ) -> list[ReportOutcome]:
+        view = self.view
+        keys = self._report_keys()
         for _ in range(3):
             config = view.config
             args, tiers = self._report_args(reports, config)
@@ -424,6 +561,11 @@ class RedisStore:
             view.apply_fault(
                 r.broker_name, codec.decode_fault(r.broker_name, reply.values[i]), reply.versions[i]
             )
+        elif reply.values[i] and r.broker_name not in view.faults:
+            # A broker's first report creates its item without a push (no window): this
+            # replica learns it from the reply, so its next reports can be kept local
+            # (policy.quiet needs the item). No version: the next snapshot or push replaces it.
+            view.faults[r.broker_name] = codec.decode_fault(r.broker_name, reply.values[i])
         view.observe_latency(r.broker_name, r.latency_ms, reply.now_ms)
         return ReportOutcome(
             r.broker_name,
@@ -443,10 +585,7 @@ class RedisStore:
             rows: list[tuple[str, dict[str, str]]] = await self._client.xrange(
                 self._log, min=f"({after}" if after else "-", max="+", count=limit
             )  # type: ignore[assignment]
-        return [
-            LogEntry(entry_id, f["b"], int(f["l"]), f["i"] == "1", f["p"], int(f["t"]))
-            for entry_id, f in rows
-        ]
+        return [_log_entry(entry_id, f) for entry_id, f in rows]
 
     async def events(self, since: str | None, limit: int, latest: bool = False) -> list[Event]:
         rows: list[tuple[str, dict[str, str]]]

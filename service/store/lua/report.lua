@@ -44,6 +44,12 @@
 --         quorum counts: the token's identity with tokens, else the producer), the writer's
 --         sequence number (0 = none), report id ("" = none). A report whose sequence number
 --         or id was applied already changes nothing and is not logged again.
+--         A summary entry (isolation "s": the reports the writer kept local, see
+--         service/store/aggregate.py) reads: broker, latest latency ("" = keep), age ms of
+--         the interval's first report, age ms of the latest, "s", histogram counts per
+--         bucket of service.model.LATENCY_BUCKETS ("c0,c1,..."), 0, 0, "", producer,
+--         sequence number, "". It sets the latency of an item that exists and logs
+--         {b=broker h=counts s=first ms p=producer w=writer t=latest ms}; no window, no push.
 -- returns {status, now ms, {availableAt}, {version}, {change}, evicted, {quorum}, {duration},
 --   {value}, {probe}, {duplicate}} with one entry per report; evicted: the number of items
 --   dropped to make room; probe: 0 none, 1 passed (a success re-opened a broker on probation),
@@ -114,7 +120,8 @@ if rule ~= 'off' then
     local new, seen = 0, {}
     for i = FIRST, #ARGV, STRIDE do
       local broker = ARGV[i]
-      if not seen[broker] then
+      -- (a summary entry creates no item)
+      if not seen[broker] and ARGV[i + 4] ~= 's' then
         seen[broker] = true
         if redis.call('HEXISTS', KEYS[1], broker) == 0 then
           new = new + 1
@@ -156,8 +163,8 @@ if rule ~= 'off' then
     end
   end
 end
-local ends, versions, changes, quorums, durations, values, probes, dups =
-  {}, {}, {}, {}, {}, {}, {}, {}
+local ends, versions, changes, quorums, durations, values, probes, dups, summaries =
+  {}, {}, {}, {}, {}, {}, {}, {}, {}
 -- The writer's sequence numbers below its high-water mark that were not applied (a call
 -- that failed, or one still in flight): inclusive ranges, oldest first, at most seq_window.
 local gaps = {}
@@ -215,6 +222,29 @@ for i = FIRST, #ARGV, STRIDE do
     probes[#probes + 1] = 0
     values[#values + 1] = cur or ''
     dups[#dups + 1] = 1
+  elseif ARGV[i + 4] == 's' then
+    -- A summary of the reports this replica kept local (policy.quiet, docs/semantics.md):
+    -- one histogram entry in the latency log now; the broker's latest latency ("" = a later
+    -- report wrote it already) after the loop, in one HMGET and one HSET for all summaries,
+    -- on items that exist (window, suspects and probation as they are: none of these
+    -- reports could change them).
+    if seq > 0 then
+      mark(seq)
+    end
+    if log_cap > 0 then
+      redis.call('XADD', KEYS[3], 'MAXLEN', '~', log_cap, '*', 'b', broker, 'h', ARGV[i + 5],
+        's', fmt(now - tonumber(ARGV[i + 2])), 'p', ARGV[i + 9], 'w', writer,
+        't', fmt(now - tonumber(ARGV[i + 3])))
+    end
+    summaries[#summaries + 1] = {broker, latency, #ends + 1}
+    ends[#ends + 1] = now
+    versions[#versions + 1] = 0
+    changes[#changes + 1] = 0
+    quorums[#quorums + 1] = 0
+    durations[#durations + 1] = 0
+    probes[#probes + 1] = 0
+    values[#values + 1] = ''
+    dups[#dups + 1] = 0
   else
   if seq > 0 then
     mark(seq)
@@ -376,6 +406,29 @@ for i = FIRST, #ARGV, STRIDE do
   probes[#probes + 1] = probe
   values[#values + 1] = value
   dups[#dups + 1] = 0
+  end
+end
+if #summaries > 0 then
+  local names = {}
+  for j, sm in ipairs(summaries) do
+    names[j] = sm[1]
+  end
+  local cur = redis.call('HMGET', KEYS[1], unpack(names))
+  local set = {}
+  for j, sm in ipairs(summaries) do
+    local v = cur[j]
+    if v then
+      if sm[2] ~= '' and rule ~= 'off' then
+        v = sm[2] .. string.match(v, '^%d+(.*)$')
+        set[#set + 1] = sm[1]
+        set[#set + 1] = v
+      end
+      ends[sm[3]] = tonumber(string.match(v, '^%d+,(%d+)'))
+      values[sm[3]] = v
+    end
+  end
+  if #set > 0 then
+    redis.call('HSET', KEYS[1], unpack(set))
   end
 end
 if top > 0 then
