@@ -152,16 +152,15 @@ class EdgeProtocol(HttpToolsProtocol):
             super().data_received(data)
             return
         shedder = edge.shedder
-        if shedder is not None and self._phase == _IDLE:
-            now = time.monotonic_ns()
-            if now < shedder.shedding_until and (
-                self.cycle is None or self.cycle.response_complete
-            ):
-                data = self._refuse_fast(data, edge, shedder)
-                # The refusals' time is not the started requests' work.
-                shedder.turns.exclude(time.monotonic_ns() - now)
-                if not data:
-                    return
+        if (
+            shedder is not None
+            and self._phase == _IDLE
+            and (self.cycle is None or self.cycle.response_complete)
+            and time.monotonic_ns() < shedder.shedding_until
+        ):
+            data = self._refuse_fast(data, edge, shedder)
+            if not data:
+                return
         limit = edge.limits.max_header_bytes
         while data:
             if self._phase == _BODY:

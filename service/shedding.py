@@ -67,12 +67,8 @@ class TurnBudget:
     an in-flight bound of 32 and no budget (docs/BENCHMARKS.md, overload).
 
     CPU time, not wall time, so that an idle loop waiting for the next request does not
-    look like a long turn. The time the protocol spent refusing without the parser is
-    left out (``exclude``): the budget bounds the work a turn *starts*; counting the
-    refusals too would, once they alone fill a budget, hold the limit at one start per
-    turn however little the started requests cost (docs/BENCHMARKS.md, "Overload").
-    Pure bookkeeping, clocks injected: the caller marks where a turn begins (``begin``)
-    and asks per request (``may_start``).
+    look like a long turn. Pure bookkeeping, clocks injected: the caller marks where a
+    turn begins (``begin``) and asks per request (``may_start``).
     """
 
     def __init__(
@@ -84,17 +80,11 @@ class TurnBudget:
         self.started = 0
         self._cpu_ns = cpu_ns
         self._turn_began = cpu_ns()
-        self._excluded_ns = 0
-
-    def exclude(self, ns: int) -> None:
-        """Leave ``ns`` of this turn's time (spent refusing) out of its judgement."""
-        self._excluded_ns += ns
 
     def begin(self) -> None:
         """A new turn read its first request: judge the turn before it."""
         now = self._cpu_ns()
-        used, self._turn_began = now - self._turn_began - self._excluded_ns, now
-        self._excluded_ns = 0
+        used, self._turn_began = now - self._turn_began, now
         self.started = 0
         if self.budget_ns <= 0:
             return  # no budget: the limit stays at the ceiling

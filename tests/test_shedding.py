@@ -246,26 +246,6 @@ def test_turn_budget_halves_the_limit_after_a_long_turn_and_adds_one_after_a_sho
     assert turns.limit == 64
 
 
-def test_time_spent_refusing_is_left_out_of_the_turn_budget() -> None:
-    """Turns of 5 ms of which 4.5 ms were refusals: the started work (0.5 ms) is under a
-    1 ms budget, so the limit grows back instead of sinking to one start per turn."""
-    cpu = CpuClock()
-    turns = TurnBudget(budget_ms=1.0, ceiling=8, cpu_ns=cpu)
-    cpu.ns += 5_000_000
-    turns.begin()
-    assert turns.limit == 4  # a long turn with nothing excluded halves the limit
-    limits = []
-    for _ in range(3):
-        turns.exclude(4_500_000)
-        cpu.ns += 5_000_000
-        turns.begin()
-        limits.append(turns.limit)
-    assert limits == [5, 6, 7]
-    cpu.ns += 5_000_000  # the exclusion applied to its own turn only
-    turns.begin()
-    assert turns.limit == 3
-
-
 def test_a_zero_turn_budget_never_limits() -> None:
     cpu = CpuClock()
     turns = TurnBudget(budget_ms=0, ceiling=8, cpu_ns=cpu)
