@@ -7,9 +7,13 @@ returns a constant precomputed JSON body and never reads or parses the request.
 Whatever Detour's /select is slower than this, Detour's own code costs: body
 validation, the strategy, response serialisation, its middleware.
 
-Run it the way the benchmark does::
+Beside it the raw-ASGI floor (``create_raw_app``): the same server and bodies with no
+framework at all, what uvicorn alone costs; the hot-path targets are ratios to it.
+
+Run them the way the benchmark does::
 
     .venv/bin/python -m uvicorn bench.floor:create_app --factory --port 8090 --no-access-log
+    .venv/bin/python -m uvicorn bench.floor:create_raw_app --factory --port 8091 --no-access-log
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import sys
 from pathlib import Path
 
 from fastapi import FastAPI, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tests.procs import HttpProcess, free_port
 
@@ -68,6 +73,53 @@ def create_app() -> FastAPI:
     return app
 
 
+def create_raw_app() -> ASGIApp:
+    """The raw-ASGI floor: one coroutine, no framework, the same constant bodies.
+
+    What uvicorn (its httptools protocol and the ASGI cycle) costs alone; the issue's
+    hot-path targets are ratios to this. It does not read the request body either.
+    """
+    bodies = {
+        "/select": _encode(SELECT_ANSWER),
+        "/report-latency": _encode(REPORT_ANSWER),
+        "/readyz": _encode({"status": "ready", "store": "none"}),
+    }
+    heads = {
+        path: {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+        for path, body in bodies.items()
+    }
+    messages = {path: {"type": "http.response.body", "body": body} for path, body in bodies.items()}
+    missing = {"type": "http.response.start", "status": 404, "headers": [(b"content-length", b"0")]}
+    empty = {"type": "http.response.body", "body": b""}
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        path = scope["path"]
+        head = heads.get(path)
+        if head is None:
+            await send(missing)
+            await send(empty)
+            return
+        await send(head)
+        await send(messages[path])
+
+    return app
+
+
 class FloorServer(HttpProcess):
     """``uvicorn bench.floor:create_app --factory`` as its own process group, on a free port.
 
@@ -76,12 +128,13 @@ class FloorServer(HttpProcess):
     Its ``timeout_graceful_shutdown`` only matters when stopping and is left out.
     """
 
-    def __init__(self, workers: int = 1, log_path: Path | None = None) -> None:
+    def __init__(self, workers: int = 1, log_path: Path | None = None, raw: bool = False) -> None:
         port = free_port()
+        factory = "bench.floor:create_raw_app" if raw else "bench.floor:create_app"
         args = [
-            sys.executable, "-m", "uvicorn", "bench.floor:create_app", "--factory",
+            sys.executable, "-m", "uvicorn", factory, "--factory",
             "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
             "--log-level", "warning", "--no-access-log", "--no-proxy-headers",
             "--no-server-header",
         ]  # fmt: skip
-        super().__init__("floor", args, port, None, log_path)
+        super().__init__("raw-floor" if raw else "floor", args, port, None, log_path)

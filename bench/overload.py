@@ -116,8 +116,10 @@ def run_endpoint(ep: Endpoint, args: argparse.Namespace, work: Path) -> dict[str
                 cap = capacity(svc.url, ep, args.duration, work)
                 under = offer(svc.port, ep, cap / 2, args.conns, args.duration, seed=2 * i + 1)
                 wait_for_quiet(30)
-                over = offer(svc.port, ep, cap * args.factor, args.conns, args.duration,
-                             seed=2 * i + 2)
+                # A fixed rate compares code versions at the same load (their measured
+                # capacities differ run to run on a busy machine).
+                rate = args.over_rate or cap * args.factor
+                over = offer(svc.port, ep, rate, args.conns, args.duration, seed=2 * i + 2)
                 shed = shed_counts(svc.url)
                 if args.cpu_quota_us:
                     throttled = cpu.throttled()
@@ -231,6 +233,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="cap Detour's CPU with a cgroup: this quota per period (root; "
                         "1000 with --cpu-period-us 3333 is 0.3 cores)")
     p.add_argument("--cpu-period-us", type=int, default=3333)
+    p.add_argument("--over-rate", type=float, default=None,
+                   help="offer this many requests/s in the over phase instead of "
+                        "--factor x the measured capacity")
     p.add_argument("--markdown", type=Path, help="also write the section to this file")
     args = p.parse_args(argv)
     given = sys.argv[1:] if argv is None else list(argv)

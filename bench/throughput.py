@@ -150,12 +150,17 @@ class Servers:
     redis: RedisServer
     detour: ServiceProcess
     floor: FloorServer
+    #: The raw-ASGI floor (no framework): the hot-path targets are ratios to it.
+    raw: FloorServer
+
+    def _server(self, side: str) -> ServiceProcess | FloorServer:
+        return {"detour": self.detour, "floor": self.floor, "raw": self.raw}[side]
 
     def url(self, side: str) -> str:
-        return self.detour.url if side == "detour" else self.floor.url
+        return self._server(side).url
 
     def pids(self, side: str) -> list[int]:
-        return process_tree((self.detour if side == "detour" else self.floor).proc.pid)
+        return process_tree(self._server(side).proc.pid)
 
 
 @contextmanager
@@ -172,8 +177,10 @@ def started(workers: int, log_dir: Path | None) -> Iterator[Servers]:
         stack.callback(detour.stop)
         floor = FloorServer(workers=workers, log_path=log("floor"))
         stack.callback(floor.stop)
+        raw = FloorServer(workers=workers, log_path=log("raw"), raw=True)
+        stack.callback(raw.stop)
         prepare_detour(detour.url)
-        yield Servers(workers, redis, detour, floor)
+        yield Servers(workers, redis, detour, floor, raw)
 
 
 def measure(
@@ -189,7 +196,7 @@ def measure(
 ) -> tuple[WrkResult, dict[str, float]]:
     """One wrk run plus the CPU the server (and Redis, for Detour) spent per request."""
     url = servers.url(side)
-    check_answer(url, endpoint, floor=side == "floor")
+    check_answer(url, endpoint, floor=side != "detour")
     waited, busy_before = wait_for_quiet(quiet_wait_s) if quiet_wait_s > 0 else (0.0, -1.0)
     pids = servers.pids(side)
     redis_pid = servers.redis.proc.pid
@@ -259,8 +266,10 @@ def _measure_until_clean(
 #: One repeat: (side, endpoint) pairs, floor and Detour adjacent; the mix runs last
 #: because it leaves windows open, which are reset right after it.
 PLAN: tuple[tuple[str, str], ...] = (
+    ("raw", "select"),
     ("floor", "select"),
     ("detour", "select"),
+    ("raw", "report"),
     ("floor", "report"),
     ("detour", "report"),
     ("detour", "report-mix"),
@@ -268,11 +277,11 @@ PLAN: tuple[tuple[str, str], ...] = (
 
 
 def _ordered(repeat: int) -> list[tuple[str, str]]:
-    """Alternate which side of each floor/Detour pair goes first, repeat by repeat."""
+    """Alternate the order within each raw/floor/Detour group, repeat by repeat."""
     plan = list(PLAN)
     if repeat % 2 == 1:
-        plan[0], plan[1] = plan[1], plan[0]
-        plan[2], plan[3] = plan[3], plan[2]
+        plan[0:3] = plan[2::-1]
+        plan[3:6] = plan[5:2:-1]
     return plan
 
 
@@ -370,13 +379,17 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                    == (w, c, "detour", ep)]
             flo = [r for r in runs if (r["workers"], r["connections"], r["side"], r["endpoint"])
                    == (w, c, "floor", floor_ep)]
+            raw = [r for r in runs if (r["workers"], r["connections"], r["side"], r["endpoint"])
+                   == (w, c, "raw", floor_ep)]
             if not det or not flo:
                 continue
             d, f = _side(det), _side(flo)
+            a = _side(raw) if raw else None
             rows.append({
                 "workers": w, "connections": c, "endpoint": ep, "floor_endpoint": floor_ep,
-                "detour": d, "floor": f,
+                "detour": d, "floor": f, "raw": a,
                 "ratio_rps": d["rps"] / f["rps"] if f["rps"] else 0.0,
+                "ratio_raw": d["rps"] / a["rps"] if a and a["rps"] else 0.0,
             })  # fmt: skip
     return rows
 
@@ -388,17 +401,20 @@ def to_markdown(result: dict[str, Any]) -> str:
         "report-mix": "/report-latency (mix)",
     }
     lines = [
-        "| workers | conns | Detour endpoint | floor req/s | Detour req/s | Detour/floor "
+        "| workers | conns | Detour endpoint | raw ASGI req/s | floor req/s | Detour req/s "
+        "| Detour/raw ASGI | Detour/floor "
         "| floor p50 / p99 ms | Detour p50 / p99 ms | server CPU µs/req floor / Detour (+Redis) "
         "| errors |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in result["summary"]:
         d, f = row["detour"], row["floor"]
+        a = row.get("raw") or {"rps": 0.0}
         redis = f" (+{d['redis_cpu_us_per_req']:.0f})" if row["endpoint"] != "select" else ""
         lines.append(
             f"| {row['workers']} | {row['connections']} | {label[row['endpoint']]} "
-            f"| {f['rps']:,.0f} | {d['rps']:,.0f} | **{row['ratio_rps']:.2f}x** "
+            f"| {a['rps']:,.0f} | {f['rps']:,.0f} | {d['rps']:,.0f} "
+            f"| **{row.get('ratio_raw', 0.0):.2f}x** | {row['ratio_rps']:.2f}x "
             f"| {f['p50_ms']:.2f} / {f['p99_ms']:.2f} | {d['p50_ms']:.2f} / {d['p99_ms']:.2f} "
             f"| {f['server_cpu_us_per_req']:.0f} / {d['server_cpu_us_per_req']:.0f}{redis} "
             f"| {f['errors'] + d['errors']} |"

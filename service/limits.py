@@ -94,7 +94,7 @@ def duplicate_key(body: bytes) -> str | None:
     return _first_duplicate(json.loads(body, object_pairs_hook=_Pairs), "")
 
 
-def _has_body(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bool, bytes | None]:
+def has_body(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bool, bytes | None]:
     """Whether the request carries a body, and its Content-Type."""
     has_body = False
     content_type = None
@@ -144,7 +144,7 @@ class BodyLimit:
                 except ValueError:
                     too_large = False
                 if too_large:
-                    await self._reject(send, limit)
+                    await self.reject(send, limit)
                     return
                 break
 
@@ -163,7 +163,7 @@ class BodyLimit:
 
         await self.app(scope, limited_receive, send)
 
-    async def _reject(self, send: Send, limit: int) -> None:
+    async def reject(self, send: Send, limit: int) -> None:
         body = json.dumps(
             error_body("PAYLOAD_TOO_LARGE", f"request body over {limit} bytes", "body")
         ).encode()
@@ -200,7 +200,7 @@ class JsonBodies:
                 "Content-Type",
             )
         ).encode()
-        self._refusal_start: Message = {
+        self.refusal_start: Message = {
             "type": "http.response.start",
             "status": 415,
             "headers": [
@@ -208,19 +208,19 @@ class JsonBodies:
                 (b"content-length", str(len(body)).encode()),
             ],
         }
-        self._refusal_body: Message = {"type": "http.response.body", "body": body}
+        self.refusal_body: Message = {"type": "http.response.body", "body": body}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        has_body, content_type = _has_body(scope["headers"])
-        if not has_body:
+        expected, content_type = has_body(scope["headers"])
+        if not expected:
             await self.app(scope, receive, send)
             return
         if not is_json(content_type):
-            await send(self._refusal_start)
-            await send(self._refusal_body)
+            await send(self.refusal_start)
+            await send(self.refusal_body)
             return
         chunks: list[bytes] = []
 

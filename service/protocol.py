@@ -20,7 +20,12 @@ nginx and Envoy have (docs/security.md, "The HTTP edge"), each a setting:
   deadline and the connection bound instead).
 
 It also keeps what shedding needs (service/shedding.py): each request's arrival time in
-its scope, and the shedder's refusals written before Detour's app runs. The shedder and
+its scope, and the shedder's refusals written before Detour's app runs. While the
+service is shedding, refusals skip the parser too (``_refuse_fast``): at a message
+boundary the raw bytes are scanned for whole simple requests, and all the refusals of
+one read go out in one write. At 5x overload a refusal through uvicorn's callbacks
+costs about a fifth of a select, so refusals alone would eat the CPU
+(docs/BENCHMARKS.md, "Overload"). The shedder and
 the limits come from the app's lifespan state (``EDGE_STATE``), so the protocol has no
 global of its own; without them it behaves as uvicorn's.
 """
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import time
 from dataclasses import dataclass
@@ -53,6 +59,18 @@ _STREAM_HIGH_WATER = 16 * 1024
 
 # Where a connection is in its current request.
 _IDLE, _HEAD, _BODY = 0, 1, 2
+
+#: A whole simple HTTP/1.1 head, for the refusal fast path: a request line with an
+#: origin-form target, then ``name:value`` lines whose names are tokens, then the empty
+#: line. Anything else (HTTP/1.0, folded or malformed lines) is left to the parser.
+_SIMPLE_HEAD = re.compile(
+    rb"[A-Z]{1,16} (/[^ ?\r\n]*)[^ \r\n]* HTTP/1\.1\r\n"
+    rb"((?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[^\r\n]*\r\n)*)\r\n"
+)
+#: Headers that change how a request is framed or whether the connection stays open:
+#: a head carrying any of them (even inside a value) is left to the parser.
+_NOT_SIMPLE = (b"transfer-encoding", b"connection", b"expect", b"upgrade")
+_CONTENT_LENGTH = re.compile(rb"(?:^|\n)content-length:[ \t]*([0-9]{1,12})[ \t]*\r\n")
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +122,9 @@ class EdgeProtocol(HttpToolsProtocol):
     #: This connection's request counts as waiting for its body (not in flight).
     _awaiting_body = False
     _refused = False
+    #: The next message was already admitted by the refusal fast path: the shedder is
+    #: not asked again for it.
+    _admitted = False
 
     # Connection --------------------------------------------------------------------
 
@@ -130,6 +151,16 @@ class EdgeProtocol(HttpToolsProtocol):
         if edge is None:
             super().data_received(data)
             return
+        shedder = edge.shedder
+        if (
+            shedder is not None
+            and self._phase == _IDLE
+            and (self.cycle is None or self.cycle.response_complete)
+            and time.monotonic_ns() < shedder.shedding_until
+        ):
+            data = self._refuse_fast(data, edge, shedder)
+            if not data:
+                return
         limit = edge.limits.max_header_bytes
         while data:
             if self._phase == _BODY:
@@ -207,7 +238,11 @@ class EdgeProtocol(HttpToolsProtocol):
         if shedder is None or path in EXEMPT_RAW:
             super().on_headers_complete()
             return
-        reason = shedder.refusal()
+        if self._admitted:
+            self._admitted = False
+            reason = None
+        else:
+            reason = shedder.refusal()
         if reason is None:
             super().on_headers_complete()
             return
@@ -246,6 +281,65 @@ class EdgeProtocol(HttpToolsProtocol):
         # of the app's waiting for its body, so it stops being left out of in flight.
         self._stop_awaiting_body()
         super().on_response_complete()
+
+    # Refusals without the parser ----------------------------------------------------
+
+    def _refuse_fast(self, data: bytes, edge: Edge, shedder: Shedder) -> bytes:
+        """Refuse the whole simple requests at the start of ``data``; returns the rest.
+
+        Called only between messages, with nothing of this connection being answered,
+        while the service is shedding. Each whole request whose head is simple (see
+        ``_SIMPLE_HEAD``, ``_NOT_SIMPLE``; within the head bounds) and whose body is in
+        ``data`` too is put to the shedder; the refused ones are answered 503 in one
+        write, whatever their Host or path (they never reach the app; the probes and
+        scrapes are left to the parser, as they are never shed). The first request the
+        shedder admits, or anything not simple or not whole, goes to the parser with
+        the rest: the scan never looks further than the head bound, and never past
+        what the parser would accept.
+        """
+        limits = edge.limits
+        end = len(data)
+        pos = 0
+        refused: dict[str, int] = {}
+        while pos < end:
+            head = _SIMPLE_HEAD.match(data, pos, min(end, pos + limits.max_header_bytes))
+            if head is None or head.group(1) in EXEMPT_RAW:
+                break
+            fields = head.group(2).lower()
+            if fields.count(b"\r\n") > limits.max_headers or any(
+                name in fields for name in _NOT_SIMPLE
+            ):
+                break
+            stop = head.end()
+            lengths = fields.count(b"content-length")
+            if lengths:
+                length = _CONTENT_LENGTH.search(fields)
+                if lengths > 1 or length is None:
+                    break
+                stop += int(length.group(1))
+            if stop > end:
+                break  # the body is still arriving: the parser reads it
+            reason = shedder.refusal()
+            if reason is None:
+                self._admitted = True
+                break
+            refused[reason] = refused.get(reason, 0) + 1
+            pos = stop
+        if not refused:
+            return data
+        count = sum(refused.values())
+        for reason, n in refused.items():
+            shedder.count_refusal(reason, n)
+        self._unset_keepalive_if_required()
+        self._disarm()  # between requests now, as after any answered request
+        self.transport.write(shedder.busy_response * count)
+        self.server_state.total_requests += count
+        if pos == end:
+            # Idle until the next request: uvicorn's keep-alive timeout applies.
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+        return data[pos:]
 
     # Bounds --------------------------------------------------------------------------
 

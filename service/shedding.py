@@ -228,8 +228,8 @@ class Shedder:
             app = self._refusing_apps[reason] = refuse
         return app
 
-    def count_refusal(self, reason: str) -> None:
-        self._shed_series[reason].inc()
+    def count_refusal(self, reason: str, count: int = 1) -> None:
+        self._shed_series[reason].inc(count)
 
     async def _refuse(self, send: Send, reason: str) -> None:
         self.count_refusal(reason)
