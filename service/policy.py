@@ -440,9 +440,7 @@ def counts_toward_latency_quorum(
     for failures; a latency measured by the producer alone may be its own connection
     set-up, GC pause or CPU starvation.
     """
-    return (
-        not isolation and duration_ms > 0 and config.latency_quorum > 1 and origin != "broker"
-    )
+    return not isolation and duration_ms > 0 and config.latency_quorum > 1 and origin != "broker"
 
 
 def latency_vote(

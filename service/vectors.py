@@ -181,7 +181,9 @@ def _named() -> Iterator[tuple[str, Table, Ask, Draws]]:
         )
     # latencyQuorum=2: p1's cold first send to d took 795 ms (the 550 ms tier, 30 s), short
     # of the quorum: p1 keeps away from d, the others do not
-    cold = {"broker-d": FaultItem("broker-d", 795, NOW - 500, slow=(("p1", NOW - 500, NOW + 29_500),))}
+    cold = {
+        "broker-d": FaultItem("broker-d", 795, NOW - 500, slow=(("p1", NOW - 500, NOW + 29_500),))
+    }
     for producer in ("p1", "p2", None):
         yield (
             f"latencyQuorum 2: a slow answer of p1 on d, asked by {producer}",

@@ -6,15 +6,18 @@ Pure properties first (the rule and the select), then the API on both stores.
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service import policy
+from service.client import DetourClient
 from service.decide import Ask, Table, decide
 from service.model import BrokerRoute, Config, FaultItem, Route
 from service.store import codec
+from tests.procs import ServiceProcess, wait_until
 from tests.test_behaviour import items, put_route, select
 from tests.test_behaviour_policy import configure, metric
 
@@ -186,3 +189,59 @@ def test_latency_quorum_bounds_are_422_naming_the_field(client: TestClient) -> N
         r = client.put("/config", json={"latencyQuorum": bad})
         assert r.status_code == 422, r.text
         assert "latencyQuorum" in r.text
+
+
+# -- live: a service process, cached SDK clients --------------------------------------------
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_live_a_cold_send_is_avoided_by_its_producer_alone(
+    store: str, request: pytest.FixtureRequest
+) -> None:
+    """A real service (memory or Redis store) and cached clients: p1's cold 795 ms send to
+    d keeps p1 away from d (its own report, then the pushed item), while p2 decides with
+    d in rotation in-process and at /select; p2's slow answer then opens d's window for
+    all, and a third producer's cached client learns it from the stream."""
+    url = request.getfixturevalue("redis_url") if store == "redis" else None
+    with ServiceProcess(url) as svc, httpx.Client(base_url=svc.url, timeout=10) as admin:
+        admin.put("/config", json={"latencyQuorum": 2}).raise_for_status()
+        body = {"brokers": [{"brokerName": b, "writeQueueNums": 2} for b in "abcd"]}
+        admin.put("/routes/t", json=body).raise_for_status()
+        clients = [DetourClient(svc.url, mode="cached", timeout=2.0, producer=p)
+                   for p in ("p1", "p2", "p3")]
+        try:
+            for c in clients:
+                assert c.wait_ready(10), "the cached client's stream never delivered a snapshot"
+            p1, p2, p3 = clients
+            p1.report("d", 795)
+            assert {p1.select("t").broker_name for _ in range(16)} == {"a", "b", "c"}
+            wait_until(
+                lambda: all(admin.post("/select", json={"topic": "t", "producer": "p1"})
+                            .json()["brokerName"] != "d" for _ in range(8)),
+                10,
+                "Detour avoids d for p1",
+            )
+            # the pushed item (the service's copy of p1's vote) keeps p1's own decision
+            assert {p1.select("t").broker_name for _ in range(16)} == {"a", "b", "c"}
+            assert {p2.select("t").broker_name for _ in range(16)} == {"a", "b", "c", "d"}
+            served = {admin.post("/select", json={"topic": "t", "producer": "p2"})
+                      .json()["brokerName"] for _ in range(16)}
+            assert served == {"a", "b", "c", "d"}
+            assert all(i["available"] for i in admin.get("/fault-items").json()["items"])
+
+            p2.report("d", 640)
+            wait_until(
+                lambda: not {i["brokerName"]: i for i in admin.get("/fault-items")
+                             .json()["items"]}["d"]["available"],
+                10,
+                "the quorum opens d's window for everyone",
+            )
+            wait_until(
+                lambda: all(p3.select("t").broker_name != "d" for _ in range(16)),
+                10,
+                "p3's cached client avoids d",
+            )
+        finally:
+            for c in clients:
+                c.close()
