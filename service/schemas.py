@@ -434,7 +434,8 @@ class EventOut(Body):
     )
     kind: Literal["opened", "extended", "ended", "quorum"] = Field(
         description="`opened`: a window opened; `extended`: an open window moved; `ended`: a "
-        "window ended early; `quorum`: opened because `isolationQuorum` producers agreed.",
+        "window ended early; `quorum`: opened because `isolationQuorum` (or `latencyQuorum`) "
+        "producers agreed.",
         examples=["opened"],
     )
     reason: Literal[

@@ -341,16 +341,18 @@ def test_progress_line_moves_while_records_are_sent(
 COLD_RECORDS = 4_000
 
 
-def _cold_run(spark: SparkSession, detour: str, tmp_path: Path, quorum: int) -> dict[str, int]:
+def _cold_run(
+    spark: SparkSession, detour: str, tmp_path: Path, quorum: int
+) -> tuple[dict[str, int], list[str]]:
     """One produce run on a fresh fleet whose broker-d answers its very first reply 0.8 s
     late (a stand-in's cold start, met by one partition only), under ``latencyQuorum``;
-    the records delivered per broker."""
+    the records delivered per broker, and the windows the run opened for everyone."""
     topic = f"cold-{quorum}"
     src, out = str(tmp_path / f"in-{quorum}"), str(tmp_path / f"out-{quorum}")
-    records = read_input(spark, src) if Path(src).exists() else None
-    if records is None:
-        generate(spark, COLD_RECORDS, src, "parquet", partitions=4)
-        records = read_input(spark, src)
+    generate(spark, COLD_RECORDS, src, "parquet", partitions=4)
+    records = read_input(spark, src)
+    since = httpx.get(f"{detour}/events", params={"latest": "true", "limit": 1},
+                      timeout=5).json()["events"]
     httpx.put(f"{detour}/config", json={"latencyQuorum": quorum}, timeout=5).raise_for_status()
     with Fleet(4, topic, 4) as fleet:
         fleet.register(detour)
@@ -369,11 +371,17 @@ def _cold_run(spark: SparkSession, detour: str, tmp_path: Path, quorum: int) -> 
                                   deadline=5.0, run_id=f"cold{quorum}")
             summary = produce(spark, records, opts, out, partitions=4)
             assert proxy.held == 1, "the cold first answer never happened"
+            params = {"since": since[0]["id"]} if since else {}
+            events = httpx.get(f"{detour}/events", params={**params, "limit": 1000},
+                               timeout=5).json()["events"]
         finally:
             proxy.close()
-            httpx.delete(f"{detour}/fault-items/broker-d", timeout=5)
+            for name in fleet.brokers:
+                httpx.delete(f"{detour}/fault-items/{name}", timeout=5)
     assert summary.records == COLD_RECORDS and summary.failed == 0
-    return summary.per_broker
+    opened = [f"{e['brokerName']} {e['kind']}/{e['reason']} tier {e['tierMs']} by "
+              f"{e['reporters']}" for e in events if e["kind"] in ("opened", "quorum")]
+    return summary.per_broker, opened
 
 
 @pytest.mark.spark
@@ -385,13 +393,17 @@ def test_a_cold_first_send_no_longer_starves_a_broker(
     a 30 s window for every partition. With latencyQuorum 2 only that partition keeps
     away from broker-d; the others keep sending to it."""
     try:
-        before = _cold_run(spark, detour, tmp_path, 1)
-        after = _cold_run(spark, detour, tmp_path, 2)
+        before, opened_before = _cold_run(spark, detour, tmp_path, 1)
+        after, opened_after = _cold_run(spark, detour, tmp_path, 2)
     finally:
         httpx.put(f"{detour}/config", json={"latencyQuorum": 1}, timeout=5)
     record_property("per_broker_quorum_1", before)
     record_property("per_broker_quorum_2", after)
-    print("cold first send, per broker: latencyQuorum 1", before, "latencyQuorum 2", after)
+    print("cold first send, per broker: latencyQuorum 1", before, opened_before,
+          "latencyQuorum 2", after, opened_after)
+    assert any(o.startswith("broker-d opened/latency") for o in opened_before), opened_before
+    # a single slow answer no longer opens a window for everyone (a quorum of two may)
+    assert not any("opened/latency" in o for o in opened_after), opened_after
     fair = COLD_RECORDS / 4
     # RocketMQ's rule on a shared table: broker-d starved for the whole run.
     assert before.get("broker-d", 0) < 0.2 * fair, before
