@@ -454,7 +454,8 @@ def latency_vote(
     """Add ``producer``'s slow answer at ``at_ms`` (its own window ending ``end_ms``);
     (slow votes after, latency quorum reached, voters).
 
-    As ``quorum_vote``: one entry per producer (its latest answer, its latest window end),
+    As ``quorum_vote``: one entry per producer (its latest answer, its latest window end;
+    under ``lastReportWins`` the window of this answer),
     distinct producers answering slowly within ``quorumWindowMs`` of ``now`` count; when
     they reach ``latencyQuorum`` the votes are cleared (the window opens for everyone).
     An entry is kept while it still votes or its producer's window lasts, at most
@@ -465,7 +466,9 @@ def latency_vote(
     at, end = at_ms, end_ms
     for p, a, e in slow:
         if p == producer:
-            at, end = max(at, a), max(end, e)
+            # lastReportWins: this answer's window replaces the producer's own, as a report
+            # overwrites RocketMQ's per-producer item
+            at, end = max(at, a), end if config.last_report_wins else max(end, e)
     entries = sorted([*kept, (producer, at, end)], key=lambda v: (v[1], v[0]))[-MAX_SUSPECTS:]
     voters = {p for p, a, _ in entries if a > since}
     if len(voters) >= config.latency_quorum:
@@ -562,6 +565,10 @@ def apply(
         suspected = not reached
         if suspected:
             duration = 0
+    elif config.last_report_wins and any(v[0] == producer for v in slow):
+        # lastReportWins (RocketMQ 4.x) overwrites the producer's own window too, as its
+        # per-producer table would: a fast answer ends it
+        slow = tuple(v for v in slow if v[0] != producer)
     isolations = old.isolations if old is not None else 0
     if isolation and duration > 0:
         duration, isolations = backoff(config, duration, old, at_ms, jitter_roll)

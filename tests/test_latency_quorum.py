@@ -89,6 +89,36 @@ def test_window_opens_for_all_exactly_when_the_quorum_agrees(
         item = out.item
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(2, 4),
+    st.booleans(),
+    st.lists(st.tuples(st.integers(0, 40_000), st.sampled_from((0, 80, 600, 1500, 2500, 20_000)),
+                       st.booleans()), min_size=1, max_size=10),
+)
+def test_a_single_producer_decides_as_with_rocketmqs_table(
+    quorum: int, last_report_wins: bool, reports: list[tuple[int, int, bool]]
+) -> None:
+    """One producer alone: whatever latencyQuorum is, its selects pick what they pick with
+    the quorum at 1 (RocketMQ's own table, fed by its own reports), after every report,
+    under either update rule."""
+    rocketmq = Config(last_report_wins=last_report_wins)
+    mine = Config(last_report_wins=last_report_wins, latency_quorum=quorum)
+    ref: FaultItem | None = None
+    item: FaultItem | None = None
+    t = NOW
+    for dt, latency, isolation in reports:
+        t += dt
+        ref = policy.apply(ref, "d", latency, isolation, None, "p1", t, t, rocketmq).item
+        item = policy.apply(item, "d", latency, isolation, None, "p1", t, t, mine).item
+        for later in (t, t + 29_999, t + 30_001):
+            for counter in range(8):
+                a = decide(Table(ROUTE, rocketmq, {"d": ref}, counter, later), Ask(producer="p1"))
+                b = decide(Table(ROUTE, mine, {"d": item}, counter, later), Ask(producer="p1"))
+                assert a.selection.queue == b.selection.queue, (later - t, counter)
+                assert a.selection.next_counter == b.selection.next_counter
+
+
 def test_votes_older_than_the_quorum_window_do_not_count() -> None:
     config = Config(latency_quorum=2, quorum_window_ms=10_000)
     first = slow(config, None, "p1")

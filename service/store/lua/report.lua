@@ -230,7 +230,7 @@ for i = FIRST, #ARGV, STRIDE do
   local isolation, producer, voter = ARGV[i + 4], ARGV[i + 5], ARGV[i + 9]
   local old = redis.call('HGET', KEYS[1], broker)
   local old_end, old_iso, suspects, old_probation, reach = nil, 0, {}, false, ''
-  local slow = {}
+  local slow, own_ended = {}, false
   if old then
     local head, tail = string.match(old, '^([^;]*)(.*)$')
     local _, e, n, pr, rc = string.match(head, '^(%d+),(%d+),?(%d*),?(%d*),?(%d*)$')
@@ -286,7 +286,10 @@ for i = FIRST, #ARGV, STRIDE do
       local since, kept, mine, mine_end = now - quorum_window, {}, at, at + duration
       for _, s in ipairs(slow) do
         if s[1] == voter then
-          mine, mine_end = math.max(mine, s[2]), math.max(mine_end, s[3])
+          mine = math.max(mine, s[2])
+          if rule ~= 'overwrite' then
+            mine_end = math.max(mine_end, s[3])
+          end
         elseif s[2] > since or s[3] > now then
           kept[#kept + 1] = s
         end
@@ -307,6 +310,16 @@ for i = FIRST, #ARGV, STRIDE do
       else
         slow, quorum_state, duration = kept, 1, 0
       end
+    elseif rule == 'overwrite' and #slow > 0 then
+      -- lastReportWins overwrites the reporter's own window too
+      local kept = {}
+      for _, s in ipairs(slow) do
+        if s[1] ~= voter then
+          kept[#kept + 1] = s
+        end
+      end
+      own_ended = #kept < #slow
+      slow = kept
     end
     local iso = old_iso
     if isolation == '1' and duration > 0 then
@@ -396,8 +409,8 @@ for i = FIRST, #ARGV, STRIDE do
         'b', broker, 't', ARGV[i + 8], 'n', reporters, 'e', fmt(new_end), 'a', fmt(at))
     end
     -- A suspect is pushed too: its producer avoids the broker on every replica; so is a
-    -- probation set or lifted.
-    if change > 0 or quorum_state > 0 or probation ~= old_probation then
+    -- slow vote ended by lastReportWins, and a probation set or lifted.
+    if change > 0 or quorum_state > 0 or own_ended or probation ~= old_probation then
       version = redis.call('HINCRBY', KEYS[2], 'version', 1)
       redis.call('PUBLISH', ARGV[3], cjson.encode({k = 'fault', v = version, f = broker, x = value}))
     end
