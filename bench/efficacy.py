@@ -116,14 +116,16 @@ class FaultSpec:
         return {"kill": "crash", "stop": "hang", "slow": "slow"}[self.action]
 
 
-def scaled_config(scale: float) -> dict[str, Any]:
-    """The ``PUT /config`` body: RocketMQ's tiers with every window divided by ``scale``."""
+def scaled_config(scale: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``PUT /config`` body: RocketMQ's tiers with every window divided by ``scale``,
+    and ``extra`` policy fields (``--config``, e.g. ``{"latencyQuorum": 2}``) on top."""
     return {
         "sendLatencyFaultEnable": True,
         "latencyMax": list(LATENCY_MAX),
         "notAvailableDuration": [int(round(d / scale)) for d in NOT_AVAILABLE],
         "isolationLatencyMs": 30000,
         "lastReportWins": False,
+        **(extra or {}),
     }
 
 
@@ -539,7 +541,7 @@ def run_arm(arm: str, repeat: int, producers: Producers, detour: str | None,
             args: argparse.Namespace, faults: Sequence[FaultSpec],
             tick: Callable[[float], None]) -> ArmResult:
     topic = f"efficacy-{arm}-{repeat}"
-    config = scaled_config(args.scale)
+    config = scaled_config(args.scale, args.config)
     slow = [f for f in faults if f.action == "slow"]
     with Fleet(args.brokers, topic, args.queues) as fleet:
         proxy = None
@@ -763,6 +765,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("bench/out"))
     p.add_argument("--img", type=Path, default=None, help="write the plots here too")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--config", type=json.loads, default={},
+                   help='extra Config fields (JSON) for every arm, e.g. \'{"latencyQuorum": 2}\'')
     args = p.parse_args(argv)
     args.arm_list = [a for a in args.arms.split(",") if a]
     if set(args.arm_list) - set(ARMS):
@@ -770,6 +774,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if not (1 <= args.producers <= 64 and 0 < args.rate <= 200 and args.repeats >= 1
             and 2 <= args.brokers <= 26 and args.duration > 0):
         p.error("--producers 1..64, --rate 0..200, --brokers 2..26, --repeats >= 1")
+    try:
+        from service.model import Config
+
+        Config.from_wire(scaled_config(args.scale, args.config))
+    except (TypeError, ValueError) as exc:
+        p.error(f"--config: {exc}")
     try:
         args.fault_list = [FaultSpec.parse(x) for x in args.faults.split(",") if x.strip()]
     except ValueError as exc:
@@ -831,7 +841,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.out / "efficacy.json").write_text(json.dumps({
         "command": command, "wall_s": round(wall, 1),
         "machine": {"nproc": os.cpu_count(), "python": platform.python_version()},
-        "config": scaled_config(args.scale), "summary": summary(results),
+        "config": scaled_config(args.scale, args.config), "summary": summary(results),
         "results": [asdict(r) for r in results],
     }, indent=1))
     (args.out / "efficacy.md").write_text(md)

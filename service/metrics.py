@@ -116,8 +116,9 @@ ORDERED = Counter(
 )
 QUORUM = Counter(
     "detour_quorum_reports_total",
-    "Failures subject to isolationQuorum, by broker and outcome: suspected (short of the "
-    "quorum: only the reporter avoids the broker) or reached (isolated for everyone).",
+    "Failures subject to isolationQuorum and slow answers subject to latencyQuorum, by "
+    "broker and outcome: suspected (short of the quorum: only the reporter avoids the "
+    "broker) or reached (the window opened for everyone).",
     ["namespace", "broker", "outcome"],
 )
 EVENTS = Counter(

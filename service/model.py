@@ -215,9 +215,19 @@ class Config:
     )
     quorum_window_ms: int = _field(
         60000,
-        "How recent a failure must be to count toward the quorum (ms).",
+        "How recent a failure (or a slow answer, for `latencyQuorum`) must be to count toward "
+        "the quorum (ms).",
         ge=1,
         le=MAX_WINDOW_MS,
+    )
+    latency_quorum: int = _field(
+        1,
+        "Distinct producers whose slow answers (a latency tier with a window, not `origin: "
+        "broker`) it takes, within `quorumWindowMs`, to open that window for everyone; below "
+        "it only the reporters avoid the broker, as with RocketMQ's per-producer table. 1 = "
+        "every slow answer opens it for all (RocketMQ with one table).",
+        ge=1,
+        le=MAX_QUORUM,
     )
     # Envoy's and gRPC's ejection backoff.
     repeat_multiplier: bool = _field(
@@ -362,6 +372,10 @@ class FaultItem:
     #: the active detector's last reading: True (a TCP connect succeeded), False (refused or
     #: timed out), None (never checked); pickOneAtLeast prefers reachable brokers
     reachable: bool | None = None
+    #: producers whose slow answers are short of the latency quorum: (producer, when it
+    #: answered slowly (ms), the end of its own window (ms)); each avoids the broker alone
+    #: until its window ends
+    slow: tuple[tuple[str, int, int], ...] = ()
 
     def is_available(self, now_ms: int) -> bool:
         return now_ms >= self.available_at

@@ -101,12 +101,14 @@ NOTHING_AVOIDED = Avoidance((), frozenset(), ())
 def producer_windows(
     faults: Mapping[str, FaultItem], producer: str | None, config: Config
 ) -> dict[str, int]:
-    """Window ends (ms) that apply to ``producer`` alone: its failures short of the quorum.
+    """Window ends (ms) that apply to ``producer`` alone: its failures short of the
+    isolation quorum and its slow answers short of the latency quorum.
 
-    A lone reporter may have a broken link of its own; it keeps away from the
-    broker as if it had isolated it, without deciding for every producer.
+    A lone reporter may have a broken link, a cold connection or a GC pause of its own;
+    it keeps away from the broker as RocketMQ's per-producer table would, without
+    deciding for every producer.
     """
-    if producer is None or config.isolation_quorum <= 1:
+    if producer is None or (config.isolation_quorum <= 1 and config.latency_quorum <= 1):
         return {}
     duration = strategy.report_duration(config, 0, True)
     out: dict[str, int] = {}
@@ -114,6 +116,9 @@ def producer_windows(
         for who, at in item.suspects:
             if who == producer:
                 out[broker] = max(out.get(broker, 0), at + duration)
+        for who, _, end in item.slow:
+            if who == producer:
+                out[broker] = max(out.get(broker, 0), end)
     return out
 
 
@@ -425,6 +430,52 @@ def quorum_vote(
     return tuple(entries), False, len(voters)
 
 
+def counts_toward_latency_quorum(
+    config: Config, isolation: bool, duration_ms: int, origin: str | None
+) -> bool:
+    """A slow answer waits for the latency quorum unless the broker said it was the cause.
+
+    Only answers whose tier has a window count (faster ones open nothing anyway);
+    ``origin: "broker"`` (the broker reported itself busy or slow) decides at once, as
+    for failures; a latency measured by the producer alone may be its own connection
+    set-up, GC pause or CPU starvation.
+    """
+    return not isolation and duration_ms > 0 and config.latency_quorum > 1 and origin != "broker"
+
+
+def latency_vote(
+    slow: tuple[tuple[str, int, int], ...],
+    producer: str,
+    at_ms: int,
+    end_ms: int,
+    now_ms: int,
+    config: Config,
+) -> tuple[tuple[tuple[str, int, int], ...], bool, int]:
+    """Add ``producer``'s slow answer at ``at_ms`` (its own window ending ``end_ms``);
+    (slow votes after, latency quorum reached, voters).
+
+    As ``quorum_vote``: one entry per producer (its latest answer, its latest window end;
+    under ``lastReportWins`` the window of this answer),
+    distinct producers answering slowly within ``quorumWindowMs`` of ``now`` count; when
+    they reach ``latencyQuorum`` the votes are cleared (the window opens for everyone).
+    An entry is kept while it still votes or its producer's window lasts, at most
+    ``MAX_SUSPECTS`` of the newest.
+    """
+    since = now_ms - config.quorum_window_ms
+    kept = [(p, a, e) for p, a, e in slow if p != producer and (a > since or e > now_ms)]
+    at, end = at_ms, end_ms
+    for p, a, e in slow:
+        if p == producer:
+            # lastReportWins: this answer's window replaces the producer's own, as a report
+            # overwrites RocketMQ's per-producer item
+            at, end = max(at, a), end if config.last_report_wins else max(end, e)
+    entries = sorted([*kept, (producer, at, end)], key=lambda v: (v[1], v[0]))[-MAX_SUSPECTS:]
+    voters = {p for p, a, _ in entries if a > since}
+    if len(voters) >= config.latency_quorum:
+        return (), True, len(voters)
+    return tuple(entries), False, len(voters)
+
+
 def backoff(
     config: Config, base_ms: int, old: FaultItem | None, at_ms: int, jitter_roll: int
 ) -> tuple[int, int]:
@@ -465,9 +516,10 @@ class Applied:
     duration_ms: int
     #: index into latencyMax of the report's tier, None below every tier
     tier: int | None
-    #: the failure made the quorum and isolated the broker for everyone
+    #: the failure (or slow answer) made its quorum: the window opened for everyone
     quorum_reached: bool = False
-    #: the failure is short of the quorum: only its producer avoids the broker
+    #: the failure (or slow answer) is short of its quorum: only its producer avoids
+    #: the broker
     suspected: bool = False
     #: producers behind the report: the quorum's voters, else 1
     reporters: int = 1
@@ -496,6 +548,7 @@ def apply(
     tier = strategy.tier(config, latency_ms, isolation)
     duration = 0 if tier is None else config.not_available_duration[tier]
     suspects = old.suspects if old is not None else ()
+    slow = old.slow if old is not None else ()
     reached = suspected = False
     reporters = 1
     if counts_toward_quorum(config, isolation, origin):
@@ -504,6 +557,18 @@ def apply(
         suspected = not reached
         if suspected:
             duration = 0
+    elif counts_toward_latency_quorum(config, isolation, duration, origin):
+        slow, reached, voters = latency_vote(
+            slow, producer, at_ms, at_ms + duration, now_ms, config
+        )
+        reporters = voters if reached else 1
+        suspected = not reached
+        if suspected:
+            duration = 0
+    elif config.last_report_wins and any(v[0] == producer for v in slow):
+        # lastReportWins (RocketMQ 4.x) overwrites the producer's own window too, as its
+        # per-producer table would: a fast answer ends it
+        slow = tuple(v for v in slow if v[0] != producer)
     isolations = old.isolations if old is not None else 0
     if isolation and duration > 0:
         duration, isolations = backoff(config, duration, old, at_ms, jitter_roll)
@@ -522,9 +587,9 @@ def apply(
         probation, probe = False, "passed"
     reachable = old.reachable if old is not None else None
     item = FaultItem(
-        broker_name, latency_ms, base.available_at, isolations, suspects, probation, reachable
+        broker_name, latency_ms, base.available_at, isolations, suspects, probation, reachable, slow
     )
-    return Applied(item, duration, tier, reached and isolation, suspected, reporters, probe)
+    return Applied(item, duration, tier, reached, suspected, reporters, probe)
 
 
 # ---------------------------------------------------------------- the event log
@@ -580,7 +645,9 @@ def quiet(
       store's to enforce);
     - a broker on probation goes (a success may pass the probe);
     - with ``lastReportWins`` a report over a window open at its time goes (it ends the
-      window). A window the copy does not know yet is not ended by a report kept local:
+      window), and so does one for a broker with slow votes (``latencyQuorum``: it may end
+      its producer's own window, as it would in that producer's RocketMQ table). A window
+      the copy does not know yet is not ended by a report kept local:
       it stays until the next report after the push, longer, never shorter;
     - with the ``extend`` rule a zero-length report leaves every window as it is
       (``max(old end, at)``), whatever the store holds: it never needs the store.
@@ -594,4 +661,4 @@ def quiet(
     t = strategy.tier(config, latency_ms, False)
     if t is not None and config.not_available_duration[t] > 0:
         return False
-    return not (config.last_report_wins and old.available_at > at_ms)
+    return not (config.last_report_wins and (old.available_at > at_ms or bool(old.slow)))

@@ -234,7 +234,8 @@ class SelectRequest(Body):
         max_length=128,
         pattern=r"^[A-Za-z0-9_.:@%|/-]{1,128}$",
         description="Who asks: brokers this producer alone failed on (short of "
-        "`isolationQuorum`) are avoided for it.",
+        "`isolationQuorum`) or answered slowly from (short of `latencyQuorum`) are avoided "
+        "for it.",
         examples=["spark-executor-3"],
     )
     sharding_key: str | None = Field(
@@ -314,7 +315,8 @@ class ReportRequest(Body):
         None,
         description="Where a failure came from: `broker` (the broker answered with an error or "
         "too slowly) isolates at once; `local` (connect refused, timeout: maybe the producer's "
-        "own network) or unstated counts toward `isolationQuorum`.",
+        "own network) or unstated counts toward `isolationQuorum` (a slow answer's toward "
+        "`latencyQuorum`).",
         examples=[None],
     )
     producer: str | None = Field(
@@ -323,7 +325,8 @@ class ReportRequest(Body):
         max_length=128,
         pattern=r"^[A-Za-z0-9_.:@%|/-]{1,128}$",
         description="Who sent (host, pod, executor id): recorded in the latency log, and the "
-        "voter for `isolationQuorum` (reports without one vote as one anonymous producer).",
+        "voter for `isolationQuorum` and `latencyQuorum` (reports without one vote as one "
+        "anonymous producer).",
         examples=["spark-executor-3"],
     )
     report_id: str | None = Field(
@@ -471,7 +474,8 @@ class EventOut(Body):
     )
     kind: Literal["opened", "extended", "ended", "quorum"] = Field(
         description="`opened`: a window opened; `extended`: an open window moved; `ended`: a "
-        "window ended early; `quorum`: opened because `isolationQuorum` producers agreed.",
+        "window ended early; `quorum`: opened because `isolationQuorum` (or `latencyQuorum`) "
+        "producers agreed.",
         examples=["opened"],
     )
     reason: Literal[

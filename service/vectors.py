@@ -48,6 +48,7 @@ def fault_json(item: FaultItem) -> dict[str, Any]:
         "availableAt": item.available_at,
         "isolations": item.isolations,
         "suspects": [[who, at] for who, at in item.suspects],
+        "slow": [[who, at, end] for who, at, end in item.slow],
         "probation": item.probation,
         "reachable": item.reachable,
     }
@@ -178,6 +179,24 @@ def _named() -> Iterator[tuple[str, Table, Ask, Draws]]:
             Ask(producer=producer),
             Draws(),
         )
+    # latencyQuorum=2: p1's cold first send to d took 795 ms (the 550 ms tier, 30 s), short
+    # of the quorum: p1 keeps away from d, the others do not
+    cold = {
+        "broker-d": FaultItem("broker-d", 795, NOW - 500, slow=(("p1", NOW - 500, NOW + 29_500),))
+    }
+    for producer in ("p1", "p2", None):
+        yield (
+            f"latencyQuorum 2: a slow answer of p1 on d, asked by {producer}",
+            Table(_ABCD, Config(latency_quorum=2), cold, 3, NOW),
+            Ask(producer=producer),
+            Draws(),
+        )
+    yield (
+        "latencyQuorum 2: p1's own window on d has ended",
+        Table(_ABCD, Config(latency_quorum=2), cold, 3, NOW + 30_000),
+        Ask(producer="p1"),
+        Draws(),
+    )
     # row 4: maxAvoidedPercent=0, a isolated
     for counter in (0, 4):
         yield (
@@ -241,6 +260,8 @@ def _named() -> Iterator[tuple[str, Table, Ask, Draws]]:
 
 _BROKERS = tuple(f"broker-{c}" for c in "abcdefgh")
 _PRODUCERS = ("p1", "p2", "p3")
+#: Window lengths (ms) of the default tiers a slow answer can open.
+_SLOW = (30_000, 60_000, 120_000)
 
 
 def _random_config(rng: random.Random) -> Config:
@@ -254,7 +275,7 @@ def _random_config(rng: random.Random) -> Config:
             values[f.name] = rng.choice(f.choices)
         elif f.name.endswith("_percent"):
             values[f.name] = rng.choice((0, 25, 50, 75, 100))
-        elif f.name == "isolation_quorum":
+        elif f.name in ("isolation_quorum", "latency_quorum"):
             values[f.name] = rng.randint(1, 3)
         elif f.ge is not None and f.le is not None:
             values[f.name] = rng.randint(f.ge, min(f.le, 100_000))
@@ -290,6 +311,12 @@ def random_table(rng: random.Random) -> tuple[Table, Ask, Draws]:
             suspects,
             rng.random() < 0.3,
             rng.choice((None, True, False)),
+            tuple(
+                sorted(
+                    (p, NOW - (ago := rng.randint(0, 70_000)), NOW - ago + rng.choice(_SLOW))
+                    for p in rng.sample(_PRODUCERS, rng.randint(0, 2))
+                )
+            ),
         )
     # What a decider sees: the table's latency for every fault item, its own peak EWMA
     # where it has one (service/view.py ``latency_scores``).

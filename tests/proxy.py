@@ -21,6 +21,9 @@ class DelayProxy:
         self.target_port = target_port
         self.port = free_port()
         self.hold_s = 0.0
+        #: hold the very first reply (of any connection) this long, once: a cold first
+        #: answer (connection set-up, a cache warming) that only one client meets
+        self.hold_first_s = 0.0
         #: replies that were held back (a test asserts the fault it caused happened)
         self.held = 0
         self._lock = threading.Lock()
@@ -62,6 +65,10 @@ class DelayProxy:
                 if not data:
                     break
                 hold = self.hold_s if replies else 0.0
+                if replies and self.hold_first_s > 0:
+                    with self._lock:
+                        first, self.hold_first_s = self.hold_first_s, 0.0
+                    hold = max(hold, first)
                 if hold > 0:
                     with self._lock:
                         self.held += 1

@@ -28,6 +28,7 @@ DEFAULT_CONFIG = {
     "enforcementPercent": 100,
     "isolationQuorum": 1,
     "quorumWindowMs": 60000,
+    "latencyQuorum": 1,
     "repeatMultiplier": False,
     "maxIsolationMs": 3600000,
     "repeatDecayMs": 600000,

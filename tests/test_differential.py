@@ -42,7 +42,7 @@ def _field_value(name: str) -> st.SearchStrategy[Any]:
         return st.sampled_from(f.choices)
     if name.endswith("_percent"):
         return st.integers(0, 100)
-    if name == "isolation_quorum":
+    if name in ("isolation_quorum", "latency_quorum"):
         return st.integers(1, 4)
     assert f.ge is not None and f.le is not None
     return st.integers(f.ge, min(f.le, 1_000_000))
@@ -54,8 +54,9 @@ def configs(draw: st.DrawFn) -> Config:
     values = {
         f.name: draw(_field_value(f.name))
         for f in CONFIG_FIELDS
-        # the quorum always drawn: a producer's own windows need it above 1
-        if f.kind is not tuple and (f.name == "isolation_quorum" or draw(st.booleans()))
+        # the quorums always drawn: a producer's own windows need one above 1
+        if f.kind is not tuple
+        and (f.name in ("isolation_quorum", "latency_quorum") or draw(st.booleans()))
     }
     if draw(st.booleans()):
         tiers = sorted(draw(st.sets(st.integers(0, 40_000), min_size=1, max_size=6)))
@@ -87,6 +88,17 @@ def situations(draw: st.DrawFn) -> tuple[Config, Route, dict[str, FaultItem], di
                 unique_by=lambda s: s[0],
             )
         )
+        slow = draw(
+            st.lists(
+                st.tuples(
+                    st.sampled_from((producer or "p1", *PRODUCERS)),
+                    st.integers(NOW - 200_000, NOW),
+                    st.integers(0, 200_000),
+                ),
+                max_size=3,
+                unique_by=lambda s: s[0],
+            )
+        )
         faults[b] = FaultItem(
             b,
             draw(st.integers(0, 40_000)),
@@ -95,6 +107,7 @@ def situations(draw: st.DrawFn) -> tuple[Config, Route, dict[str, FaultItem], di
             tuple(suspects),
             draw(st.booleans()),
             draw(st.sampled_from((None, True, False))),
+            tuple(sorted((p, at, at + length) for p, at, length in slow)),
         )
     request = {
         "counter": draw(st.integers(0, 1 << 20)),

@@ -105,6 +105,18 @@ def test_fault_specs_and_scaled_config() -> None:
     c = efficacy.scaled_config(40)
     assert c["notAvailableDuration"] == [0, 0, 750, 1500, 3000, 4500, 15000]
     assert c["latencyMax"] == [50, 100, 550, 1000, 2000, 3000, 15000]
+    assert efficacy.scaled_config(40, {"latencyQuorum": 2})["latencyQuorum"] == 2
+
+
+def test_config_option_is_checked_against_the_config_rules(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = efficacy.parse_args(["--config", '{"latencyQuorum": 2}'])
+    assert args.config == {"latencyQuorum": 2}
+    for bad in ('{"latencyQuorum": 0}', '{"latencyQuorum": "x"}', "not json"):
+        with pytest.raises(SystemExit):
+            efficacy.parse_args(["--config", bad])
+    assert "--config" in capsys.readouterr().err
 
 
 @pytest.mark.e2e

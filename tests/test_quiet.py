@@ -27,6 +27,11 @@ OPEN = FaultItem("b", 700, NOW + 30_000)
         (FaultItem("b", 20, NOW - 1000, probation=True), 20, False, Config(), False),
         (OPEN, 20, False, Config(last_report_wins=True), False),  # ends the window
         (ENDED, 20, False, Config(last_report_wins=True), True),
+        # a producer's own slow window (latencyQuorum) that its fast answer may end
+        (FaultItem("b", 20, NOW - 1000, slow=(("p", NOW - 500, NOW + 29_500),)), 20, False,
+         Config(last_report_wins=True, latency_quorum=2), False),
+        (FaultItem("b", 20, NOW - 1000, slow=(("p", NOW - 500, NOW + 29_500),)), 20, False,
+         Config(latency_quorum=2), True),  # extend: the vote and its window stay
         (None, 20, False, Config(send_latency_fault_enable=False), True),  # only logged
         (None, 20, True, Config(send_latency_fault_enable=False), False),  # failures logged
     ],

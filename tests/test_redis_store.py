@@ -24,7 +24,7 @@ from tests.procs import PATIENT_CALL_TIMEOUT_S, RedisServer, wait_until
 def stored_form(item: FaultItem) -> str:
     """The one string the Lua scripts write for ``item`` (the format codec.decode_fault
     reads): the fields past ``latencyMs,availableAt`` only as far as the policy keeps more."""
-    if not item.isolations and not item.suspects and not item.probation \
+    if not item.isolations and not item.suspects and not item.slow and not item.probation \
             and item.reachable is None:
         return f"{item.current_latency_ms},{item.available_at}"
     head = f"{item.current_latency_ms},{item.available_at},{item.isolations}"
@@ -32,7 +32,8 @@ def stored_form(item: FaultItem) -> str:
         head += f",{int(item.probation)},{int(item.reachable)}"
     elif item.probation:
         head += ",1"
-    return head + "".join(f";{p}={a}" for p, a in item.suspects)
+    return (head + "".join(f";{p}={a}" for p, a in item.suspects)
+            + "".join(f";{p}={a}={e}" for p, a, e in item.slow))
 
 pytestmark = pytest.mark.integration
 
@@ -179,7 +180,8 @@ def test_report_lua_matches_the_python_rule(raw: redis.Redis) -> None:
 
 
 def test_report_lua_matches_the_policy(raw: redis.Redis) -> None:
-    """Differential test: report.lua and policy.apply agree on quorum, backoff and jitter."""
+    """Differential test: report.lua and policy.apply agree on both quorums, backoff and
+    jitter."""
     script = _report_script(raw)
     rng = random.Random(11)
     model: dict[str, FaultItem] = {}
@@ -193,21 +195,24 @@ def test_report_lua_matches_the_policy(raw: redis.Redis) -> None:
             jitter_percent=rng.choice([0, 0, 10, 100]),
             last_report_wins=rng.random() < 0.2,
             probe_on_expiry=rng.random() < 0.5,
+            latency_quorum=rng.choice([1, 2, 3]),
         )
         batch = []
         args: list[Any] = [0, "overwrite" if config.last_report_wins else "extend",
                            f"{PREFIX}:changes", 1000, 10_000, _policy_arg(config), "",
                            "test", integrity_arg(0)]
         for _ in range(rng.randint(1, 4)):
-            isolation = rng.random() < 0.7
-            report = (rng.choice("ab"), rng.choice([0, 10, 550, 15000]), isolation,
+            isolation = rng.random() < 0.5
+            report = (rng.choice("ab"), rng.choice([0, 10, 550, 1200, 15000]), isolation,
                       rng.choice([None, "broker", "local"]), rng.choice(["p1", "p2", "p3", ""]),
                       rng.choice([0, 0, 3, 40_000, 700_000]),
                       rng.randrange(policy.JITTER_SCALE))
             broker, latency, isolation, origin, producer, age, roll = report
             duration = strategy.report_duration(config, latency, isolation)
             args += [broker, latency, duration, age, int(isolation), producer,
-                     int(policy.counts_toward_quorum(config, isolation, origin)), roll, "",
+                     1 if policy.counts_toward_quorum(config, isolation, origin)
+                     else 2 if policy.counts_toward_latency_quorum(
+                         config, isolation, duration, origin) else 0, roll, "",
                      producer, 0, ""]
             batch.append(report)
         reply = script(keys=REPORT_KEYS, args=args)

@@ -56,6 +56,7 @@ def _server_fault(body: dict[str, Any]) -> FaultItem:
         tuple((who, at) for who, at in body["suspects"]),
         body["probation"],
         body["reachable"],
+        tuple((who, at, end) for who, at, end in body["slow"]),
     )
 
 
@@ -123,9 +124,12 @@ def test_the_corpus_exercises_every_kind_of_decision() -> None:
         seen["producer window"] += case["config"]["isolationQuorum"] > 1 and any(
             f["suspects"] for f in case["faults"]
         )
+        seen["slow window"] += case["config"]["latencyQuorum"] > 1 and any(
+            f["slow"] for f in case["faults"]
+        )
     wanted = (
         "available pick_one_at_least round_robin panic dryRun probe unenforced avoided p2c".split()
-        + ["ordered home", "ordered wait", "ordered remap", "producer window"]
+        + ["ordered home", "ordered wait", "ordered remap", "producer window", "slow window"]
     )
     for what in wanted:
         assert seen[what] >= 2, f"the corpus has too few cases of {what}: {seen}"

@@ -48,6 +48,7 @@ def fault_event(broker: str, item: FaultItem | None) -> dict[str, object]:
         "availableAt": item.available_at,
         "isolations": item.isolations,
         "suspects": [[who, at] for who, at in item.suspects],
+        "slow": [[who, at, end] for who, at, end in item.slow],
         "probation": item.probation,
         "reachable": item.reachable,
     }

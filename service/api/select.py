@@ -50,7 +50,8 @@ async def select(request: Request) -> Response:
 
     **Beyond RocketMQ** (docs/policy.md; every knob is in the config and off by default):
     `shardingKey` picks `queues[crc32(key) % n]` (`ordered`); `producer` adds the windows
-    of this producer's own failures short of `isolationQuorum`; `maxAvoidedPercent`,
+    of this producer's own failures short of `isolationQuorum` and slow answers short of
+    `latencyQuorum`; `maxAvoidedPercent`,
     `panicThresholdPercent` and `enforcementPercent` decide which open windows are
     obeyed (`unenforcedBrokers`, `panic`, `dryRun`); `selection: p2c-ewma` picks the
     faster of two random available queues instead of walking round-robin.

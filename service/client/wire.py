@@ -149,8 +149,9 @@ def fault(body: Mapping[str, Any]) -> FaultItem | None:
 
     Besides the window, what a select reads of it: ``probation`` (probeOnExpiry),
     ``reachable`` (the active detector) and ``suspects`` (``[[producer, ms], ...]``,
-    failures short of the isolation quorum); a service that does not send them has
-    none of them set.
+    failures short of the isolation quorum) and ``slow`` (``[[producer, ms, window end
+    ms], ...]``, slow answers short of the latency quorum); a service that does not send
+    them has none of them set.
     """
     if body.get("deleted"):
         return None
@@ -165,6 +166,7 @@ def fault(body: Mapping[str, Any]) -> FaultItem | None:
         tuple((str(who), int(at)) for who, at in body.get("suspects", ())),
         bool(body.get("probation", False)),
         reachable,
+        tuple((str(who), int(at), int(end)) for who, at, end in body.get("slow", ())),
     )
 
 

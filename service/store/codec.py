@@ -23,6 +23,7 @@ REPORT_POLICY = (
     "max_isolations",
     "event_log_cap",
     "probe_on_expiry",
+    "latency_quorum",
 )
 REPORT_POLICY_COMPUTED = frozenset(REPORT_POLICY) - {f.name for f in CONFIG_FIELDS}
 
@@ -67,23 +68,33 @@ def decode_route(topic: str, raw: str) -> Route:
 def encode_fault(item: FaultItem) -> str:
     """A fault item in the form report.lua writes it (decode_fault's inverse): the fields
     past ``latencyMs,availableAt`` only as far as the item keeps more."""
-    if not item.isolations and not item.suspects and not item.probation and item.reachable is None:
+    if (
+        not item.isolations
+        and not item.suspects
+        and not item.slow
+        and not item.probation
+        and item.reachable is None
+    ):
         return f"{item.current_latency_ms},{item.available_at}"
     head = f"{item.current_latency_ms},{item.available_at},{item.isolations}"
     if item.reachable is not None:
         head += f",{int(item.probation)},{int(item.reachable)}"
     elif item.probation:
         head += ",1"
-    return head + "".join(f";{p}={a}" for p, a in item.suspects)
+    votes = "".join(f";{p}={a}={e}" for p, a, e in item.slow)
+    return head + "".join(f";{p}={a}" for p, a in item.suspects) + votes
 
 
 def decode_fault(broker: str, raw: str) -> FaultItem:
     """A fault item as report.lua and reach.lua write it: ``latencyMs,availableAt``, then
-    ``,isolations[,probation 1/0[,reachable 1/0]]`` and ``;producer=at`` per suspect, only
-    as far as the policy keeps more (producer ids cannot contain ``;`` or ``=``)."""
-    head, *suspects = raw.split(";")
+    ``,isolations[,probation 1/0[,reachable 1/0]]``, ``;producer=at`` per suspect and
+    ``;producer=at=end`` per slow answer short of the latency quorum, only as far as the
+    policy keeps more (producer ids cannot contain ``;`` or ``=``)."""
+    head, *entries = raw.split(";")
     latency, end, *rest = head.split(",")
-    pairs = tuple((p, int(a)) for p, _, a in (s.partition("=") for s in suspects))
+    split = [e.split("=") for e in entries]
+    pairs = tuple((v[0], int(v[1])) for v in split if len(v) == 2)
+    slow = tuple((v[0], int(v[1]), int(v[2])) for v in split if len(v) == 3)
     return FaultItem(
         broker,
         int(latency),
@@ -92,6 +103,7 @@ def decode_fault(broker: str, raw: str) -> FaultItem:
         pairs,
         rest[1:2] == ["1"],
         None if len(rest) < 3 else rest[2] == "1",
+        slow,
     )
 
 

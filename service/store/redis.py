@@ -114,6 +114,16 @@ def _policy_arg(config: Config, events_max: int = 0) -> str:
     )
 
 
+def _vote(config: Config, report: ReportIn, duration_ms: int) -> int:
+    """report.lua's quorum value for a report: 1 a failure that waits for the isolation
+    quorum, 2 a slow answer that waits for the latency quorum, 0 neither."""
+    if policy.counts_toward_quorum(config, report.isolation, report.origin):
+        return 1
+    if policy.counts_toward_latency_quorum(config, report.isolation, duration_ms, report.origin):
+        return 2
+    return 0
+
+
 def integrity_arg(acked: int) -> str:
     """report.lua's ARGV[9]: what the writer saw applied, and the bounds of the identities."""
     return ",".join(
@@ -466,14 +476,15 @@ class RedisStore:
         ]
         args = self._head_args(config)
         for r, t in zip(reports, tiers, strict=True):
+            duration = 0 if t is None else config.not_available_duration[t]
             args += [
                 r.broker_name,
                 r.latency_ms,
-                0 if t is None else config.not_available_duration[t],
+                duration,
                 r.age_ms,
                 int(r.isolation),
                 r.producer,
-                int(policy.counts_toward_quorum(config, r.isolation, r.origin)),
+                _vote(config, r, duration),
                 random.randrange(policy.JITTER_SCALE) if config.jitter_percent else 0,
                 "" if t is None else config.latency_max[t],
                 r.voter_id,

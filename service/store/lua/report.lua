@@ -2,7 +2,8 @@
 -- and append each to the latency log. The rule is service.policy.apply (a differential
 -- test feeds both the same reports).
 -- KEYS[1] faults hash (broker -> "latencyMs,availableAt" or, when the policy keeps more,
---         "latencyMs,availableAt,isolations[,probation[,reachable]];producer=at;...": see
+--         "latencyMs,availableAt,isolations[,probation[,reachable]];producer=at;...", then
+--         ";producer=at=end" per slow answer short of the latency quorum: see
 --         service/store/codec.py; a report keeps the detector's reachable as it is)
 -- KEYS[2] meta hash (version, config_version, config)
 -- KEYS[3] latency log stream (entries b=broker l=latency ms i=isolation 0/1 p=producer
@@ -28,7 +29,8 @@
 --         found in KEYS[5] (each pushed as a delete); if live windows still fill it, nothing is
 --         written. A dropped item takes its isolation count and suspects with it.
 -- ARGV[6] policy: "quorum,quorumWindowMs,keepMs,repeat(0/1),maxIsolationMs,repeatDecayMs,
---         jitterPercent,jitterScale,maxSuspects,maxIsolations,eventLogCap,probeOnExpiry(0/1)"
+--         jitterPercent,jitterScale,maxSuspects,maxIsolations,eventLogCap,probeOnExpiry(0/1),
+--         latencyQuorum"
 --         (eventLogCap 0 = no log)
 -- ARGV[7] the table epoch the caller holds: a table with another epoch (or none: emptied,
 --         flushed, failed over) is not written (status -3). "+id": the caller holds no table
@@ -39,7 +41,8 @@
 --         means the table lost writes (status -3)
 -- ARGV[10..] twelve values per report, applied in order: broker, latency ms, the tier's window
 --         duration ms, age ms (the report happened at now - age), isolation (0/1), producer
---         ("" = none), quorum (1: a failure that waits for the quorum), jitter roll
+--         ("" = none), quorum (1: a failure that waits for the isolation quorum, 2: a slow
+--         answer that waits for the latency quorum), jitter roll
 --         (0..jitterScale-1), the tier's latencyMax ms ("" below every tier), voter (who the
 --         quorum counts: the token's identity with tokens, else the producer), the writer's
 --         sequence number (0 = none), report id ("" = none). A report whose sequence number
@@ -104,6 +107,7 @@ end
 local quorum, quorum_window, keep_ms, repeat_on = p[1], p[2], p[3], p[4] == 1
 local max_isolation, decay, jitter_pct, jitter_scale = p[5], p[6], p[7], p[8]
 local max_suspects, max_isolations, event_cap, probe_on = p[9], p[10], p[11], p[12] == 1
+local latency_quorum = p[13] or 1
 
 local function fmt(n)
   return string.format('%.0f', n)
@@ -256,6 +260,7 @@ for i = FIRST, #ARGV, STRIDE do
   local isolation, producer, voter = ARGV[i + 4], ARGV[i + 5], ARGV[i + 9]
   local old = redis.call('HGET', KEYS[1], broker)
   local old_end, old_iso, suspects, old_probation, reach = nil, 0, {}, false, ''
+  local slow, own_ended = {}, false
   if old then
     local head, tail = string.match(old, '^([^;]*)(.*)$')
     local _, e, n, pr, rc = string.match(head, '^(%d+),(%d+),?(%d*),?(%d*),?(%d*)$')
@@ -263,8 +268,12 @@ for i = FIRST, #ARGV, STRIDE do
     old_end = tonumber(e)
     old_iso = tonumber(n) or 0
     old_probation = pr == '1'
-    for who, when in string.gmatch(tail, ';([^=;]*)=(%d+)') do
-      suspects[#suspects + 1] = {who, tonumber(when)}
+    for who, when, ends_at in string.gmatch(tail, ';([^=;]*)=(%d+)=?(%d*)') do
+      if ends_at == '' then
+        suspects[#suspects + 1] = {who, tonumber(when)}
+      else
+        slow[#slow + 1] = {who, tonumber(when), tonumber(ends_at)}
+      end
     end
   end
   local version, change, quorum_state, value, reporters, probe = 0, 0, 0, '', 1, 0
@@ -302,6 +311,45 @@ for i = FIRST, #ARGV, STRIDE do
       else
         suspects, quorum_state, duration = kept, 1, 0
       end
+    elseif ARGV[i + 6] == '2' then
+      -- policy.latency_vote: one entry per producer (latest answer, latest window end).
+      local since, kept, mine, mine_end = now - quorum_window, {}, at, at + duration
+      for _, s in ipairs(slow) do
+        if s[1] == voter then
+          mine = math.max(mine, s[2])
+          if rule ~= 'overwrite' then
+            mine_end = math.max(mine_end, s[3])
+          end
+        elseif s[2] > since or s[3] > now then
+          kept[#kept + 1] = s
+        end
+      end
+      kept[#kept + 1] = {voter, mine, mine_end}
+      table.sort(kept, by_time)
+      while #kept > max_suspects do
+        table.remove(kept, 1)
+      end
+      local voters = 0
+      for _, s in ipairs(kept) do
+        if s[2] > since then
+          voters = voters + 1
+        end
+      end
+      if voters >= latency_quorum then
+        slow, quorum_state, reporters = {}, 2, voters
+      else
+        slow, quorum_state, duration = kept, 1, 0
+      end
+    elseif rule == 'overwrite' and #slow > 0 then
+      -- lastReportWins overwrites the reporter's own window too
+      local kept = {}
+      for _, s in ipairs(slow) do
+        if s[1] ~= voter then
+          kept[#kept + 1] = s
+        end
+      end
+      own_ended = #kept < #slow
+      slow = kept
     end
     local iso = old_iso
     if isolation == '1' and duration > 0 then
@@ -343,7 +391,7 @@ for i = FIRST, #ARGV, STRIDE do
       probation, probe = false, 1
     end
     value = latency .. ',' .. fmt(new_end)
-    if iso > 0 or #suspects > 0 or probation or reach ~= '' then
+    if iso > 0 or #suspects > 0 or #slow > 0 or probation or reach ~= '' then
       value = value .. ',' .. fmt(iso)
       if reach ~= '' then
         value = value .. ',' .. (probation and '1' or '0') .. ',' .. reach
@@ -352,6 +400,9 @@ for i = FIRST, #ARGV, STRIDE do
       end
       for _, s in ipairs(suspects) do
         value = value .. ';' .. s[1] .. '=' .. fmt(s[2])
+      end
+      for _, s in ipairs(slow) do
+        value = value .. ';' .. s[1] .. '=' .. fmt(s[2]) .. '=' .. fmt(s[3])
       end
     end
     redis.call('HSET', KEYS[1], broker, value)
@@ -388,8 +439,8 @@ for i = FIRST, #ARGV, STRIDE do
         'b', broker, 't', ARGV[i + 8], 'n', reporters, 'e', fmt(new_end), 'a', fmt(at))
     end
     -- A suspect is pushed too: its producer avoids the broker on every replica; so is a
-    -- probation set or lifted.
-    if change > 0 or quorum_state > 0 or probation ~= old_probation then
+    -- slow vote ended by lastReportWins, and a probation set or lifted.
+    if change > 0 or quorum_state > 0 or own_ended or probation ~= old_probation then
       version = redis.call('HINCRBY', KEYS[2], 'version', 1)
       redis.call('PUBLISH', ARGV[3], cjson.encode({k = 'fault', v = version, f = broker, x = value}))
     end
