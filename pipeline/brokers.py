@@ -14,9 +14,11 @@ The faults are what a broker host really does:
     sleep    DEBUG SLEEP <hold>: the whole server blocks (a GC-like stall)
 
 Durability: RDB snapshots are off (``--save ""``) but the append-only file is on
-(``appendfsync everysec``), so a SIGKILLed broker keeps what it acknowledged, as
-a RocketMQ broker keeps its commit log when the process dies: the write reaches
-the kernel before the reply leaves. With ``persist=False`` (``--no-persist``) a
+(``appendfsync no``), so a SIGKILLed broker keeps what it acknowledged, as a RocketMQ
+broker keeps its commit log when the process dies: the write reaches the kernel before
+the reply leaves, and a process kill does not lose the kernel's page cache. Not
+``everysec``: while a background fsync is slow (a busy disk), Redis then postpones the
+file write by up to 2 s and still replies, so a kill loses acknowledged messages. With ``persist=False`` (``--no-persist``) a
 broker runs ``--appendonly no`` and a kill loses its messages for real.
 
 A fault spec is ``ACTION:BROKER@WHEN[+HOLD]``: WHEN is ``5000r`` (once the
@@ -125,7 +127,7 @@ class Broker:
 
     def _args(self) -> list[str]:
         durability = (
-            ["--appendonly", "yes", "--appendfsync", "everysec"]
+            ["--appendonly", "yes", "--appendfsync", "no"]
             if self.persist
             else ["--appendonly", "no"]
         )
