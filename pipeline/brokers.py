@@ -18,8 +18,9 @@ Durability: RDB snapshots are off (``--save ""``) but the append-only file is on
 broker keeps its commit log when the process dies: the write reaches the kernel before
 the reply leaves, and a process kill does not lose the kernel's page cache. Not
 ``everysec``: while a background fsync is slow (a busy disk), Redis then postpones the
-file write by up to 2 s and still replies, so a kill loses acknowledged messages. With ``persist=False`` (``--no-persist``) a
-broker runs ``--appendonly no`` and a kill loses its messages for real.
+file write by up to 2 s and still replies, so a kill loses acknowledged messages. With
+``persist=False`` (``--no-persist``) a broker runs ``--appendonly no`` and a kill loses
+its messages for real.
 
 A fault spec is ``ACTION:BROKER@WHEN[+HOLD]``: WHEN is ``5000r`` (once the
 fleet holds 5,000 messages) or ``2.5s`` (after the schedule starts); HOLD is
