@@ -86,7 +86,7 @@ _SELECTS = """
 import json, os, sys, time
 import httpx
 url, token, max_n, max_s, stop = sys.argv[1:6]
-latencies, statuses = [], []
+latencies, statuses, errors = [], [], []
 deadline = time.monotonic() + float(max_s)
 with httpx.Client(base_url=url, timeout=10, headers={"Authorization": "Bearer " + token}) as c:
     c.post("/select", json={"topic": "t"})  # connected
@@ -98,8 +98,10 @@ with httpx.Client(base_url=url, timeout=10, headers={"Authorization": "Bearer " 
         r = c.post("/select", json={"topic": "t"})
         latencies.append(time.perf_counter() - start)
         statuses.append(r.status_code)
+        if r.status_code != 200:
+            errors.append(r.json().get("error"))
         time.sleep(0.002)
-print(json.dumps({"latencies": latencies, "statuses": statuses}), flush=True)
+print(json.dumps({"latencies": latencies, "statuses": statuses, "errors": errors}), flush=True)
 """
 
 
@@ -114,6 +116,7 @@ class Selects:
         self.max_s = max_s
         self.latencies: list[float] = []
         self.statuses: list[int] = []
+        self.errors: list[str] = []
 
     def __enter__(self) -> Selects:
         assert self._proc.stdout is not None
@@ -128,18 +131,30 @@ class Selects:
             end_process(self._proc)
         result = json.loads(out)
         self.latencies, self.statuses = result["latencies"], result["statuses"]
+        self.errors = result["errors"]
 
     def wait(self, timeout_s: float) -> None:
         """Until it has made all its selects (or ``timeout_s``)."""
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._proc.wait(timeout_s)
 
-    def check(self, least: int = 100, calm_p99_s: float = 0.0) -> None:
+    def check(self, least: int = 100, calm_p99_s: float = 0.0, shed_per_mille: int = 0) -> None:
         """Every select answered, p99 within the bound (``calm_p99_s``: the same
-        producer's p99 with no load beside it, from ``calm_p99``)."""
+        producer's p99 with no load beside it, from ``calm_p99``).
+
+        ``shed_per_mille``: where the test itself makes the replica shed (a storm of
+        connects past the in-flight bound), a busy machine may also fast-fail a few of
+        the other tenant's selects. Those must be the shedder's ``SYSTEM_BUSY`` (the SDK
+        answers it locally at once), at most this many per thousand; nothing else.
+        """
         assert len(self.statuses) >= least, len(self.statuses)
         refused = [s for s in self.statuses if s != 200]
-        assert not refused, f"{len(refused)} of {len(self.statuses)} selects refused: {refused[:5]}"
+        shed = [e for s, e in zip(refused, self.errors, strict=True)
+                if s == 503 and e == "SYSTEM_BUSY"]
+        allowed = len(self.statuses) * shed_per_mille // 1000
+        assert len(refused) == len(shed) <= allowed, (
+            f"{len(refused)} of {len(self.statuses)} selects refused: "
+            f"{list(zip(refused, self.errors, strict=True))[:5]}")
         bound = max(P99_S, CALM_FACTOR * calm_p99_s)
         assert p99(self.latencies) < bound, (
             f"p99 {p99(self.latencies) * 1000:.1f} ms over {len(self.latencies)} selects "
@@ -337,7 +352,7 @@ def test_clients_that_never_read_are_dropped_and_memory_stays_bounded(
                     for s in clients:
                         s.close()
                 after.append(rss_kb(pid))
-        selects.check(least=100, calm_p99_s=calm)
+        selects.check(least=100, calm_p99_s=calm, shed_per_mille=5)
         # Bounded: while it lasted, each held its buffers (16 KiB in the process above a
         # fixed kernel buffer) and a slice of the shared snapshot, never its own copy
         # (600 copies of the snapshot alone would be 210 MB).
