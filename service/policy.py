@@ -603,9 +603,7 @@ def apply(
     if config.ramp_ms and duration == 0 and probe is None:
         end = ramp_end(old, end, at_ms)
     reachable = old.reachable if old is not None else None
-    item = FaultItem(
-        broker_name, latency_ms, end, isolations, suspects, probation, reachable, slow
-    )
+    item = FaultItem(broker_name, latency_ms, end, isolations, suspects, probation, reachable, slow)
     return Applied(item, duration, tier, reached, suspected, reporters, probe)
 
 

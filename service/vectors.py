@@ -263,15 +263,22 @@ def _named() -> Iterator[tuple[str, Table, Ask, Draws]]:
     for ago, roll in ((250, 0.01), (250, 0.5), (1600, 0.1), (1600, 0.2), (3000, 0.99)):
         yield (
             f"rampMs 3000: window ended {ago} ms ago, ramp roll {roll}",
-            Table(_ABCD, ramp, {"broker-c": FaultItem("broker-c", 3, NOW - ago)}, 2, NOW),
+            Table(_ABCD, ramp, {"broker-c": FaultItem("broker-c", 3, NOW - ago)}, 9, NOW),
             Ask(),
             Draws(ramp=roll),
         )
     early = {"broker-b": FaultItem("broker-b", 30000, NOW - 5, probation=True, reachable=True)}
     yield (
         "earlyRecovery: the detector found the broker back, the free probe goes first",
-        Table(_ABCD, Config(early_recovery=True, detector_enable=True), early, 0, NOW, {},
-              ("broker-b",)),
+        Table(
+            _ABCD,
+            Config(early_recovery=True, detector_enable=True),
+            early,
+            0,
+            NOW,
+            {},
+            ("broker-b",),
+        ),
         Ask(),
         Draws(),
     )
