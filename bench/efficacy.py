@@ -19,7 +19,7 @@ brokers (8 ``redis-server`` processes x 2 queues, ``pipeline.brokers``), one
 ``detour-recover``
     ``detour-cached`` with the recovery settings docs/policy.md recommends
     (``RECOVER``: the staggered return ``rampMs`` 3000, ``earlyRecovery`` with the
-    active detector every 500 ms). Neither is scaled: the ramp covers the time a slow
+    active detector every 500 ms, ``repeatMultiplier``). Neither is scaled: the ramp covers the time a slow
     answer takes to be reported, the detector's interval the time to notice a restart,
     and neither of those is scaled either.
 
@@ -92,6 +92,7 @@ ARMS = ("no-avoidance", "per-producer", "detour-cached", "detour-http", "detour-
 #: The recovery arm's extra Config (docs/policy.md's recommended recovery settings).
 RECOVER: dict[str, Any] = {
     "rampMs": 3000, "earlyRecovery": True, "detectorEnable": True, "detectIntervalMs": 500,
+    "repeatMultiplier": True,
 }
 #: A send at least this long is a bad attempt: RocketMQ's first tier that opens a window.
 SLOW_MS = 550.0

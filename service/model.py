@@ -295,8 +295,9 @@ class Config:
         "Early recovery: a broker in an open window that the active detector found refusing "
         "connections and then reachable again is put on probation at once (probe sends, as "
         "with `probeOnExpiry`); a probe's success returns it to all before its window ends, a "
-        "failure re-isolates it (with backoff when `repeatMultiplier` is on). Needs "
-        "`detectorEnable`.",
+        "failure re-isolates it (with backoff when `repeatMultiplier` is on, and a broker "
+        "isolated again within `repeatDecayMs`, e.g. a flapping one, waits out its window). "
+        "Needs `detectorEnable`.",
     )
 
     def __post_init__(self) -> None:

@@ -730,13 +730,16 @@ def reach(item: FaultItem, reachable: bool, now_ms: int, config: Config) -> Faul
     the detector had found refusing connections (``reachable`` False) and now reaches is
     evidence the broker is back: its window ends now and it goes on probation, so the next
     select probes it (``on_probation``). A first reading never counts (a hung or slow
-    process accepts connections too: only a refusal then an accept says it restarted).
+    process accepts connections too: only a refusal then an accept says it restarted). A
+    repeat offender (``isolations`` above 1: repeatMultiplier counted it isolated again
+    within repeatDecayMs, e.g. a flapping broker) waits out its window.
     """
     if (
         config.early_recovery
         and config.send_latency_fault_enable
         and reachable
         and item.reachable is False
+        and item.isolations <= 1
         and now_ms < item.available_at
     ):
         return replace(item, available_at=now_ms, probation=True, reachable=True)

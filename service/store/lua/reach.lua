@@ -7,7 +7,8 @@
 -- KEYS[3] window ends (report.lua's KEYS[5]: broker -> availableAt)
 -- ARGV[1] change channel
 -- ARGV[2] earlyRecovery (1/0; 0 with avoidance off): a broker in an open window read
---         unreachable before and reachable now gets its window ended now, on probation
+--         unreachable before and reachable now, isolated at most once recently, gets its
+--         window ended now, on probation
 -- ARGV[3..] pairs: broker, reachable (1/0); a broker without an item is skipped
 -- returns {{broker, version, value}, ...} for every item that changed
 local t = redis.call('TIME')
@@ -27,7 +28,7 @@ for i = 3, #ARGV, 2 do
       if pr == '' then
         pr = '0'
       end
-      if early and reach == '1' and rc == '0' and now < tonumber(e) then
+      if early and reach == '1' and rc == '0' and tonumber(n) <= 1 and now < tonumber(e) then
         -- policy.reach: refused, then reachable: back on probation, the window ends now
         e, pr = string.format('%.0f', now), '1'
         redis.call('ZADD', KEYS[3], now, broker)
