@@ -19,9 +19,9 @@ brokers (8 ``redis-server`` processes x 2 queues, ``pipeline.brokers``), one
 ``detour-recover``
     ``detour-cached`` with the recovery settings docs/policy.md recommends
     (``RECOVER``: the staggered return ``rampMs`` 3000, ``earlyRecovery`` with the
-    active detector every 500 ms, ``repeatMultiplier``). Neither is scaled: the ramp covers the time a slow
-    answer takes to be reported, the detector's interval the time to notice a restart,
-    and neither of those is scaled either.
+    active detector every 500 ms, ``repeatMultiplier``). Neither is scaled: the ramp
+    covers the time a slow answer takes to be reported, the detector's interval the
+    time to notice a restart, and neither of those is scaled either.
 
 The fault schedule (``--faults``, seconds from the start of each arm):
 
