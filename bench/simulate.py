@@ -604,6 +604,13 @@ def markdown(results: Sequence[ArmResult], world: World, command: str, wall_s: f
             f"| {r.producers:,} | {r.arm} | {' | '.join(cells)} | {r.failed_attempts:,} | "
             f"{r.exhausted:,} | {r.latency_ms.get('p99', math.nan):,.1f} | {r.wall_s:.1f} |"
         )
+    lines += ["", "Back in rotation: median s from a fault's end to its broker's first good send "
+              "(restart to first send, for a crash):", "",
+              "| producers | strategy | " + " | ".join(KINDS) + " |",
+              "|---:|---|" + "---:|" * len(KINDS)]
+    for r in results:
+        lines.append(f"| {r.producers:,} | {r.arm} | " + " | ".join(
+            f"{r.kinds[k]['to_traffic_s']:,.2f}" if k in r.kinds else "" for k in KINDS) + " |")
     for m in sorted({r.producers for r in results}):
         rs = ratios(results, m)
         if not rs:
