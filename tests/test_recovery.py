@@ -7,7 +7,6 @@ docs/policy.md, "Staggered return" and "Early recovery", says what each pins.
 from __future__ import annotations
 
 import dataclasses
-import socketserver
 import threading
 import time
 from collections import Counter
@@ -25,7 +24,7 @@ from service.model import BrokerRoute, Config, FaultItem, Route
 from service.policy import Draws
 from tests.procs import free_port, wait_until
 from tests.test_behaviour import DEFAULT_CONFIG, items, put_route, select
-from tests.test_behaviour_policy import configure, events, fail
+from tests.test_behaviour_policy import _Accepting, _Hangup, configure, events, fail
 
 NOW = 1_764_000_000_000
 ROUTE = Route.from_brokers("t", [BrokerRoute(b, 2) for b in ("a", "b", "c", "d")])
@@ -175,16 +174,6 @@ def test_a_broker_whose_slow_window_ended_gets_a_small_share_at_first(
     end = items(client)["a"]["availableAt"]
     client.post("/report-latency", json={"brokerName": "a", "latencyMs": 3})
     assert items(client)["a"]["availableAt"] == end
-
-
-class _Accepting(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
-class _Hangup(socketserver.BaseRequestHandler):
-    def handle(self) -> None:  # accept, then close: all a detector needs
-        self.request.close()
 
 
 @pytest.fixture
