@@ -136,9 +136,9 @@ def avoidance(
     ``enforce_roll`` is a uniform draw in [0, 1): the select enforces windows when
     ``roll * 100 < enforcementPercent``. ``local`` holds windows of this producer
     alone (``producer_windows``). ``ramp_roll``, a uniform draw in [0, 1), decides which
-    brokers still ramping up after their window this select skips (``ramp_skips``). Order:
-    the dry run first (an unenforced select
-    obeys nothing), then maxAvoidedPercent (the worst brokers stay avoided, the
+    brokers still ramping up after their window this select skips (``ramp_skips``; they
+    count as detected, like an open window). Order: the dry run first (an unenforced
+    select obeys nothing), then maxAvoidedPercent (the worst brokers stay avoided, the
     least bad by pickOneAtLeast's ranking are served), then the panic threshold on
     what remains available.
     """
