@@ -16,6 +16,12 @@ brokers (8 ``redis-server`` processes x 2 queues, ``pipeline.brokers``), one
 ``detour-http``
     the same, SDK remote mode: a ``POST /select`` and a ``POST /report-latency``
     per attempt.
+``detour-recover``
+    ``detour-cached`` with the recovery settings docs/policy.md recommends
+    (``RECOVER``: the staggered return ``rampMs`` 3000, ``earlyRecovery`` with the
+    active detector every 500 ms, ``repeatMultiplier``). Neither is scaled: the ramp
+    covers the time a slow answer takes to be reported, the detector's interval the
+    time to notice a restart, and neither of those is scaled either.
 
 The fault schedule (``--faults``, seconds from the start of each arm):
 
@@ -42,7 +48,9 @@ made them; messages that exhausted their 3 attempts; message send time
 (every attempt, select and report included) p50/p99/max; the time from a fault
 to the last bad attempt on its broker; the time from the recovery (restart,
 SIGCONT, delay off) to the broker's first good send, and to the broker's
-carrying at least half its fair share of good sends again (in a 0.25 s bin).
+carrying at least half its fair share of good sends again (in a 0.25 s bin); and the
+share of the never-faulty brokers' fair traffic lost to false avoidance (per 1 s, each
+such broker's shortfall below their mean, summed, over their good sends).
 
 Producers are forked once at the start and reused by every arm; each arm gets a
 fresh fleet, and Detour's table is cleared between arms. 127.0.0.1 only; every
@@ -80,7 +88,12 @@ import httpx
 from pipeline.brokers import Fleet, free_port
 from tests.procs import end_process
 
-ARMS = ("no-avoidance", "per-producer", "detour-cached", "detour-http")
+ARMS = ("no-avoidance", "per-producer", "detour-cached", "detour-http", "detour-recover")
+#: The recovery arm's extra Config (docs/policy.md's recommended recovery settings).
+RECOVER: dict[str, Any] = {
+    "rampMs": 3000, "earlyRecovery": True, "detectorEnable": True, "detectIntervalMs": 500,
+    "repeatMultiplier": True,
+}
 #: A send at least this long is a bad attempt: RocketMQ's first tier that opens a window.
 SLOW_MS = 550.0
 DEFAULT_FAULTS = "kill:broker-b@2+6,stop:broker-c@10+5,slow:broker-d@18+8"
@@ -275,7 +288,8 @@ def run_producer(index: int, producers: int, job: Job, conn: Connection) -> dict
                              retries=job.retries, deadline=job.deadline_s)
     else:
         assert job.detour is not None
-        client = DetourClient(job.detour, mode="cached" if job.arm == "detour-cached" else "remote",
+        cached = job.arm in ("detour-cached", "detour-recover")
+        client = DetourClient(job.detour, mode="cached" if cached else "remote",
                               retries=job.retries, deadline=job.deadline_s,
                               producer=f"efficacy-{index}")
         if not client.wait_ready(15):
@@ -463,9 +477,35 @@ class ArmResult:
     #: sorted message send times, ms, at most 2,000 evenly spaced (for the CDF plot)
     latency_sample: list[float] = field(default_factory=list)
     other_bad: int = 0
+    #: share (%) of the never-faulty brokers' fair traffic lost to false avoidance
+    healthy_lost_pct: float = 0.0
 
 
 BIN_S = 0.25
+#: Bins of the false-avoidance measure, s: long enough that round robin is even in each.
+FAIR_BIN_S = 1.0
+
+
+def healthy_lost(attempts: Sequence[tuple[float, float, int, bool, int]], healthy: Sequence[int],
+                 duration_s: float) -> float:
+    """The share (%) of the never-faulty brokers' fair traffic they did not get: per
+    ``FAIR_BIN_S``, each one's shortfall of good sends below their mean, summed, over
+    all their good sends. 0 when every healthy broker got its round-robin share; a window
+    on a healthy broker (a send slowed by the machine, not the broker) shows here."""
+    if not healthy:
+        return 0.0
+    bins = int(duration_s / FAIR_BIN_S) + 8
+    good = [[0] * len(healthy) for _ in range(bins)]
+    where = {b: i for i, b in enumerate(healthy)}
+    for a in attempts:
+        if a[2] in where and a[3] and a[1] * 1000 < SLOW_MS and a[0] >= 0:
+            good[min(bins - 1, int(a[0] / FAIR_BIN_S))][where[a[2]]] += 1
+    short = total = 0.0
+    for row in good:
+        mean = sum(row) / len(row)
+        total += sum(row)
+        short += sum(max(0.0, mean - x) for x in row)
+    return 100.0 * short / total if total else 0.0
 
 
 def analyse(arm: str, repeat: int, brokers: list[str], out: list[dict[str, Any]],
@@ -518,6 +558,8 @@ def analyse(arm: str, repeat: int, brokers: list[str], out: list[dict[str, Any]]
             "to_share_s": None if share_at is None else round(share_at - f.end_s, 3),
         })
     all_bad = sum(1 for a in attempts if is_bad(a))
+    faulty = {brokers.index(f.broker) for f in faults}
+    healthy = [i for i in range(n) if i not in faulty]
     step = max(1, len(lat) // 2000)
     return ArmResult(
         arm=arm, repeat=repeat, producers=len(out), messages=len(messages),
@@ -527,6 +569,7 @@ def analyse(arm: str, repeat: int, brokers: list[str], out: list[dict[str, Any]]
         max_ms=round(lat[-1], 1) if lat else math.nan, faults=fault_rows,
         bad_bins=bins, latency_sample=[round(x, 3) for x in lat[::step]] + lat[-1:],
         other_bad=all_bad - attributed,
+        healthy_lost_pct=round(healthy_lost(attempts, healthy, duration_s), 2),
     )
 
 
@@ -541,7 +584,8 @@ def run_arm(arm: str, repeat: int, producers: Producers, detour: str | None,
             args: argparse.Namespace, faults: Sequence[FaultSpec],
             tick: Callable[[float], None]) -> ArmResult:
     topic = f"efficacy-{arm}-{repeat}"
-    config = scaled_config(args.scale, args.config)
+    extra = {**RECOVER, **args.config} if arm == "detour-recover" else args.config
+    config = scaled_config(args.scale, extra)
     slow = [f for f in faults if f.action == "slow"]
     with Fleet(args.brokers, topic, args.queues) as fleet:
         proxy = None
@@ -608,6 +652,7 @@ def summary(results: Sequence[ArmResult]) -> dict[str, dict[str, Any]]:
             "p99_ms": _median([r.p99_ms for r in rs]),
             "max_ms": _median([r.max_ms for r in rs]),
             "other_bad": _median([r.other_bad for r in rs]),
+            "healthy_lost_pct": _median([r.healthy_lost_pct for r in rs]),
             "kinds": kinds,
         }
     return out
@@ -629,8 +674,9 @@ def markdown(results: Sequence[ArmResult], args: argparse.Namespace, command: st
         f"{args.slow_ms:g} ms. Medians of {runs} run(s); wall time {wall_s:.0f} s.",
         "",
         "| strategy | messages | failed attempts | exhausted | p50 ms | p99 ms | max ms | "
-        + " | ".join(f"bad on {k} broker (producers)" for k in kinds) + " |",
-        "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(kinds),
+        + " | ".join(f"bad on {k} broker (producers)" for k in kinds)
+        + " | healthy brokers' fair share lost % |",
+        "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(kinds) + "---:|",
     ]
     for arm, a in s.items():
         cells = []
@@ -641,7 +687,8 @@ def markdown(results: Sequence[ArmResult], args: argparse.Namespace, command: st
         lines.append(
             f"| {arm} | {a['messages']:,.0f} | {a['failed_attempts']:,.0f} | "
             f"{a['exhausted']:.0f} | {_f(a['p50_ms'])} | {_f(a['p99_ms'])} | "
-            f"{_f(a['max_ms'], '{:.0f}')} | " + " | ".join(cells) + " |")
+            f"{_f(a['max_ms'], '{:.0f}')} | " + " | ".join(cells)
+            + f" | {_f(a['healthy_lost_pct'])} |")
     lines += [
         "",
         "| strategy | " + " | ".join(
@@ -679,7 +726,7 @@ def markdown(results: Sequence[ArmResult], args: argparse.Namespace, command: st
 
 
 COLORS = {"no-avoidance": "tab:gray", "per-producer": "tab:red",
-          "detour-cached": "tab:blue", "detour-http": "tab:cyan"}
+          "detour-cached": "tab:blue", "detour-http": "tab:cyan", "detour-recover": "tab:green"}
 SHADE = {"crash": "tab:red", "hang": "tab:orange", "slow": "gold"}
 
 

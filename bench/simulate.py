@@ -40,6 +40,14 @@ Strategies, each over the same faults:
     ``<delay>`` after the send completed (1 ms, 100 ms, 1 s by default:
     ``--delays``); the reporting producer applies its own report at once, as the
     SDK does. Producers keep their own round-robin counters (cached mode).
+``detour-recover-<delay>``
+    The same with the recovery settings docs/policy.md recommends (``RECOVER``):
+    the staggered return (``rampMs`` 3000), early recovery with the active
+    detector every 500 ms (a crashed or flapping broker reads unreachable, any
+    other reachable; its reading reaches the producers ``<delay>`` later) and
+    ``repeatMultiplier``. These selects and reports go through ``service.policy``
+    (``choose`` while a broker ramps up or waits for its probe, ``apply``, ``reach``):
+    each producer hands out its own probes, as the SDK's cached mode does.
 
 Counted: a *bad attempt* is one that failed (refused or timed out) or took at
 least 550 ms (the first tier that opens a window). Bad attempts are
@@ -86,7 +94,7 @@ from typing import Any
 
 import numpy as np
 
-from service import strategy
+from service import policy, strategy
 from service.model import BrokerRoute, Config, FaultItem, Route
 
 TOPIC = "sim"
@@ -97,7 +105,10 @@ KINDS = ("crash", "hang", "slow", "flapping")
 # broker states
 UP, REFUSED, HANG, SLOW = 0, 1, 2, 3
 # heap events
-EV_STATE, EV_DONE = 0, 1
+EV_STATE, EV_DONE, EV_DETECT, EV_REACH = 0, 1, 2, 3
+#: The recovery arms' config (docs/policy.md's recommended recovery settings).
+RECOVER = Config(ramp_ms=3000, early_recovery=True, detector_enable=True,
+                 detect_interval_ms=500, repeat_multiplier=True)
 
 _SAMPLES = 1 << 20
 _MASK = _SAMPLES - 1
@@ -144,6 +155,8 @@ class Arm:
     #: "none", "per-producer" or "detour"
     kind: str
     delay_ms: int = 0
+    #: a Detour arm with the recovery settings (``RECOVER``)
+    recover: bool = False
 
 
 def arms(delays_ms: Sequence[int] = (1, 100, 1000)) -> list[Arm]:
@@ -151,6 +164,9 @@ def arms(delays_ms: Sequence[int] = (1, 100, 1000)) -> list[Arm]:
     for d in delays_ms:
         label = f"{d // 1000} s" if d >= 1000 and d % 1000 == 0 else f"{d} ms"
         out.append(Arm(f"detour-{label.replace(' ', '')}", "detour", d))
+    for d in delays_ms:
+        label = f"{d // 1000} s" if d >= 1000 and d % 1000 == 0 else f"{d} ms"
+        out.append(Arm(f"detour-recover-{label.replace(' ', '')}", "detour", d, True))
     return out
 
 
@@ -246,7 +262,8 @@ def simulate(
     names = broker_names(world.brokers)
     route = Route.from_brokers(TOPIC, [BrokerRoute(b, world.queues) for b in names])
     index = {b: i for i, b in enumerate(names)}
-    config = Config()
+    recover = arm.recover
+    config = RECOVER if recover else Config()
     lrw = config.last_report_wins
     enabled = arm.kind != "none"
     per_producer = arm.kind == "per-producer"
@@ -262,11 +279,18 @@ def simulate(
     samples: list[float] = np.exp(rng.normal(mu, world.latency_sigma, _SAMPLES)).tolist()
     order = sorted(range(producers), key=lambda p: phases[p])
     phase_of = [phases[p] for p in order]
+    # the recovery arms: the ramp's rolls (their own generator, so the latency draws stay
+    # the other arms'), each producer's probes handed out, brokers that may ramp or probe
+    rolls: list[float] = (
+        np.random.default_rng([world.seed, producers, 1]).random(_SAMPLES).tolist()
+        if recover else [])
+    probed: list[dict[str, tuple[int, int]]] = [{} for _ in range(producers)] if recover else []
+    special: set[str] = set()
 
     tables: list[dict[str, FaultItem]] = [{} for _ in range(producers)] if per_producer else []
     table: dict[str, FaultItem] = {}
     own: list[dict[str, FaultItem] | None] = [None] * producers
-    arrivals: deque[tuple[int, int, str, int, int]] = deque()
+    arrivals: deque[tuple[int, int, str, int, int, bool]] = deque()
     empty: dict[str, FaultItem] = {}
 
     nb = world.brokers
@@ -287,6 +311,9 @@ def simulate(
     for t, b, s, fid, arg in transitions(faults):
         heap.append((t, seq, EV_STATE, b, s, fid, arg))
         seq += 1
+    if recover:
+        heap.append((0, seq, EV_DETECT))
+        seq += 1
     heapq.heapify(heap)
 
     timeout = world.timeout_ms
@@ -300,6 +327,19 @@ def simulate(
     ks = 0
     n_attempts = n_failed = n_slow = n_exhausted = 0
 
+    def recovering(t: int) -> bool:
+        """Whether a broker ramps up or waits for its probe now (the policy decides then)."""
+        gone = []
+        busy = False
+        for nm in special:
+            item = table.get(nm)
+            if item is None or (not item.probation and t - item.available_at >= config.ramp_ms):
+                gone.append(nm)
+            elif t >= item.available_at:
+                busy = True
+        special.difference_update(gone)
+        return busy
+
     def attempt(p: int, t: int, last: str | None, n: int, elapsed: float) -> None:
         nonlocal ks, seq, n_attempts, n_failed, n_slow, n_exhausted
         view: Mapping[str, FaultItem]
@@ -310,7 +350,17 @@ def simulate(
             view = table if o is None else ChainMap(o, table)
         else:
             view = empty
-        sel = select(route, counters[p], view, t, last, enabled)
+        if recover and special and recovering(t):
+            mine = probed[p]
+            probes = [nm for nm in special
+                      if policy.probe_free(table[nm], t, config, mine.get(nm))]
+            choice = policy.choose(route, counters[p], view, t, last, config,
+                                   policy.Draws(ramp=rolls[ks & _MASK]), probes=probes)
+            if choice.probe is not None:
+                mine[choice.probe] = (table[choice.probe].available_at, t)
+            sel = choice.selection
+        else:
+            sel = select(route, counters[p], view, t, last, enabled)
         counters[p] = sel.next_counter
         name = sel.queue.broker_name
         b = index[name]
@@ -358,6 +408,9 @@ def simulate(
             if per_producer:
                 tb = tables[p]
                 tb[name] = apply_report(tb.get(name), name, ms, 0, t, lrw)
+            elif recover:
+                table[name] = policy.apply(table.get(name), name, ms, False, None, "", t, t,
+                                           config).item
             else:
                 table[name] = apply_report(table.get(name), name, ms, 0, t, lrw)
             lat_out.append(elapsed + lat)
@@ -375,8 +428,10 @@ def simulate(
             o = own[p]
             if o is None:
                 o = own[p] = {}
-            o[name] = apply_report(o.get(name) or table.get(name), name, ms, duration, t, lrw)
-            arrivals.append((t + delay, p, name, ms, duration))
+            old = o.get(name) or table.get(name)
+            o[name] = (policy.apply(old, name, ms, failed, None, "", t, t, config).item
+                       if recover else apply_report(old, name, ms, duration, t, lrw))
+            arrivals.append((t + delay, p, name, ms, duration, failed))
         if not failed:
             lat_out.append(elapsed)
         elif n < retries and elapsed < deadline:
@@ -385,9 +440,14 @@ def simulate(
             n_exhausted += 1
             lat_out.append(elapsed)
 
-    def arrive(a: tuple[int, int, str, int, int]) -> None:
-        t, p, name, ms, duration = a
-        item = apply_report(table.get(name), name, ms, duration, t, lrw)
+    def arrive(a: tuple[int, int, str, int, int, bool]) -> None:
+        t, p, name, ms, duration, failed = a
+        if recover:
+            item = policy.apply(table.get(name), name, ms, failed, None, "", t - delay, t,
+                                config).item
+            special.add(name)  # it may ramp up once its window ends
+        else:
+            item = apply_report(table.get(name), name, ms, duration, t, lrw)
         table[name] = item
         o = own[p]
         if o is not None:
@@ -409,6 +469,26 @@ def simulate(
             ended_at[ended] = t
             await_traffic[b] = ended
 
+    def detect(ev: tuple[Any, ...]) -> None:
+        """The active detector's round: a crashed (or flapping, while down) broker refuses
+        connections, any other accepts them; the readings reach the table ``delay`` later."""
+        nonlocal seq
+        t = ev[0]
+        for nm, item in table.items():
+            if t < item.available_at or policy.on_probation(item, t, config):
+                heappush(heap, (t + delay, seq, EV_REACH, nm, state[index[nm]] != REFUSED, t))
+                seq += 1
+        heappush(heap, (t + config.detect_interval_ms, seq, EV_DETECT))
+        seq += 1
+
+    def reach(ev: tuple[Any, ...]) -> None:
+        t, _, _, nm, reading, _read_at = ev
+        item = table.get(nm)
+        if item is not None:
+            table[nm] = policy.reach(item, reading, t, config)
+            if table[nm].probation:
+                special.add(nm)
+
     def advance(t: float) -> None:
         """Handle every heap event and table arrival due at or before ``t``, in time order."""
         while heap or arrivals:
@@ -424,8 +504,13 @@ def simulate(
                 ev = heappop(heap)
                 if ev[2] == EV_DONE:
                     done(ev)
-                else:
+                elif ev[2] == EV_STATE:
                     state_change(ev)
+                elif ev[2] == EV_DETECT:
+                    if ev[0] < world.duration_s * 1000:
+                        detect(ev)
+                else:
+                    reach(ev)
 
     periods = int(world.duration_s * 1000 // period)
     tick_every = max(1, 60_000 // period)
@@ -519,6 +604,13 @@ def markdown(results: Sequence[ArmResult], world: World, command: str, wall_s: f
             f"| {r.producers:,} | {r.arm} | {' | '.join(cells)} | {r.failed_attempts:,} | "
             f"{r.exhausted:,} | {r.latency_ms.get('p99', math.nan):,.1f} | {r.wall_s:.1f} |"
         )
+    lines += ["", "Back in rotation: median s from a fault's end to its broker's first good send "
+              "(restart to first send, for a crash):", "",
+              "| producers | strategy | " + " | ".join(KINDS) + " |",
+              "|---:|---|" + "---:|" * len(KINDS)]
+    for r in results:
+        lines.append(f"| {r.producers:,} | {r.arm} | " + " | ".join(
+            f"{r.kinds[k]['to_traffic_s']:,.2f}" if k in r.kinds else "" for k in KINDS) + " |")
     for m in sorted({r.producers for r in results}):
         rs = ratios(results, m)
         if not rs:
@@ -539,6 +631,9 @@ ARM_STYLE: dict[str, tuple[str, str]] = {
     "detour-1ms": ("tab:blue", "^"),
     "detour-100ms": ("tab:cyan", "v"),
     "detour-1s": ("tab:purple", "D"),
+    "detour-recover-1ms": ("tab:green", "<"),
+    "detour-recover-100ms": ("tab:olive", ">"),
+    "detour-recover-1s": ("tab:brown", "P"),
 }
 
 

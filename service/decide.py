@@ -19,7 +19,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from service.model import Config, FaultItem, Route
-from service.policy import Choice, Draws, choose
+from service.policy import Choice, Draws, choose, probation_on
 
 #: What a select gets when no rule of its config needs a random value.
 NO_DRAWS = Draws()
@@ -45,7 +45,7 @@ class Table(NamedTuple):
     #: peak-EWMA latency per broker (ms), read only with ``selection: p2c-ewma``
     scores: Mapping[str, float] = NO_SCORES
     #: brokers on probation this select may probe (``policy.probe_free``), read only with
-    #: ``probeOnExpiry``
+    #: ``probeOnExpiry`` or ``earlyRecovery``
     probes: Collection[str] = ()
 
 
@@ -59,20 +59,23 @@ class Ask(NamedTuple):
 
 
 def needs_draws(config: Config) -> bool:
-    """Whether a select under ``config`` reads any random draw (enforcement share, p2c)."""
-    return config.enforcement_percent < 100 or config.selection == "p2c-ewma"
+    """Whether a select under ``config`` reads any random draw (enforcement share, p2c,
+    the staggered return's roll)."""
+    return config.enforcement_percent < 100 or config.selection == "p2c-ewma" or config.ramp_ms > 0
 
 
 def draw(config: Config, rng: random.Random) -> Draws:
     """The random values one select under ``config`` uses, from the caller's generator.
 
-    Drawn in one order (enforcement roll, then the two p2c draws of 32 bits), so a
-    generator seeded alike gives the service and the SDK the same draws.
+    Drawn in one order (enforcement roll, then the two p2c draws of 32 bits, then the ramp
+    roll, last so the others' sequence is the same without it), so a generator seeded alike
+    gives the service and the SDK the same draws.
     """
     if not needs_draws(config):
         return NO_DRAWS
     enforce = rng.random() if config.enforcement_percent < 100 else 0.0
-    return Draws(enforce, rng.getrandbits(32), rng.getrandbits(32))
+    first, second = rng.getrandbits(32), rng.getrandbits(32)
+    return Draws(enforce, first, second, rng.random() if config.ramp_ms else 0.0)
 
 
 def decide(table: Table, ask: Ask, draws: Draws = NO_DRAWS) -> Choice:
@@ -92,7 +95,7 @@ def decide(table: Table, ask: Ask, draws: Draws = NO_DRAWS) -> Choice:
         ask.producer,
         ask.sharding_key,
         table.scores if config.selection == "p2c-ewma" else None,
-        table.probes if config.probe_on_expiry else (),
+        table.probes if probation_on(config) else (),
     )
 
 

@@ -281,6 +281,24 @@ class Config:
         ge=1,
         le=60_000,
     )
+    # -- recovery (docs/policy.md, "Staggered return" and "Early recovery") --
+    ramp_ms: int = _field(
+        0,
+        "Staggered return: for this many ms after a window ends the broker gets a growing "
+        "share of the selects that could pick it (1/64, doubling every rampMs/6); the others "
+        "skip it as an avoided broker. 0 = off (every select at once, RocketMQ).",
+        ge=0,
+        le=MAX_WINDOW_MS,
+    )
+    early_recovery: bool = _field(
+        False,
+        "Early recovery: a broker in an open window that the active detector found refusing "
+        "connections and then reachable again is put on probation at once (probe sends, as "
+        "with `probeOnExpiry`); a probe's success returns it to all before its window ends, a "
+        "failure re-isolates it (with backoff when `repeatMultiplier` is on, and a broker "
+        "isolated again within `repeatDecayMs`, e.g. a flapping one, waits out its window). "
+        "Needs `detectorEnable`.",
+    )
 
     def __post_init__(self) -> None:
         # The API validates with the same rules (derived); this guards programmatic callers.

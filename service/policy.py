@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from service import strategy
@@ -129,13 +129,16 @@ def avoidance(
     config: Config,
     enforce_roll: float,
     local: Mapping[str, int] | None = None,
+    ramp_roll: float = 0.0,
 ) -> Avoidance:
     """Decide which open windows this select obeys.
 
     ``enforce_roll`` is a uniform draw in [0, 1): the select enforces windows when
     ``roll * 100 < enforcementPercent``. ``local`` holds windows of this producer
-    alone (``producer_windows``). Order: the dry run first (an unenforced select
-    obeys nothing), then maxAvoidedPercent (the worst brokers stay avoided, the
+    alone (``producer_windows``). ``ramp_roll``, a uniform draw in [0, 1), decides which
+    brokers still ramping up after their window this select skips (``ramp_skips``; they
+    count as detected, like an open window). Order: the dry run first (an unenforced
+    select obeys nothing), then maxAvoidedPercent (the worst brokers stay avoided, the
     least bad by pickOneAtLeast's ranking are served), then the panic threshold on
     what remains available.
     """
@@ -143,12 +146,18 @@ def avoidance(
     # A plain loop with on_probation inlined: this runs on every select. Detected: an
     # open window, one that has ended on a broker still on probation, or this
     # producer's own window.
-    probation = config.probe_on_expiry
+    probation = probation_on(config)
+    ramp = config.ramp_ms
     found: list[str] = []
     for b in brokers:
         item = faults.get(b)
         if (
-            item is not None and (now_ms < item.available_at or (probation and item.probation))
+            item is not None
+            and (
+                now_ms < item.available_at
+                or (probation and item.probation)
+                or (ramp and ramp_skips(item, now_ms, config, ramp_roll))
+            )
         ) or (local and now_ms < local.get(b, 0)):
             found.append(b)
     if not found:
@@ -187,8 +196,9 @@ def _with_local(faults: Mapping[str, FaultItem], local: Mapping[str, int]) -> di
 
 
 def on_probation(item: FaultItem, now_ms: int, config: Config) -> bool:
-    """The broker's window has ended but it waits for a probe to succeed (probeOnExpiry)."""
-    return config.probe_on_expiry and item.probation and now_ms >= item.available_at
+    """The broker's window has ended but it waits for a probe to succeed (probeOnExpiry,
+    or earlyRecovery's early probation)."""
+    return probation_on(config) and item.probation and now_ms >= item.available_at
 
 
 def probe_free(
@@ -278,6 +288,8 @@ class Draws:
     enforce: float = 0.0
     p2c_first: int = 0
     p2c_second: int = 1
+    #: the staggered return's roll, uniform in [0, 1) (rampMs): 0 never skips a broker
+    ramp: float = 0.0
 
 
 def choose(
@@ -310,13 +322,14 @@ def choose(
         sel = strategy.select(route, counter, faults, now_ms, last_broker, False)
         return Choice(sel, Avoidance((), frozenset(), ()))
     local = producer_windows(faults, producer, config)
-    av = avoidance(route, faults, now_ms, config, draws.enforce, local)
+    av = avoidance(route, faults, now_ms, config, draws.enforce, local, draws.ramp)
     if (
         (not av.detected or (not local and not av.unenforced))
         and not probes
         and sharding_key is None
         and config.selection != "p2c-ewma"
-        and not config.probe_on_expiry
+        and not probation_on(config)
+        and not config.ramp_ms
     ):
         # The common case, checked first because it runs on almost every select: nothing
         # is avoided, or the table's windows alone decide; exactly RocketMQ's walk.
@@ -344,7 +357,7 @@ def choose(
             avoided = tuple(b for b in order if b != q2.broker_name)
             sel = strategy.Selection(q2, strategy.Decision.AVAILABLE, avoided, counter + 1)
             return Choice(sel, av)
-    if not local and not av.unenforced and not config.probe_on_expiry:
+    if not local and not av.unenforced and not probation_on(config) and not config.ramp_ms:
         return Choice(strategy.select(route, counter, faults, now_ms, last_broker, True), av)
     sel = strategy.select(
         route, counter, _with_local(faults, local), now_ms, last_broker, True, av.enforced
@@ -575,20 +588,22 @@ def apply(
     base = strategy.apply_report(
         old, broker_name, latency_ms, duration, at_ms, config.last_report_wins
     )
-    probation = old is not None and old.probation and config.probe_on_expiry
+    probation = old is not None and old.probation and probation_on(config)
     probing = probation and old is not None and at_ms >= old.available_at
     probe = None
-    if not config.probe_on_expiry:
+    if not probation_on(config):
         probation = False
     elif duration > 0:
-        probation = True
+        # earlyRecovery alone: a failed probe re-isolates, the window's end returns the broker
+        probation = config.probe_on_expiry
         probe = "failed" if probing else None
     elif probing and not isolation:
         probation, probe = False, "passed"
+    end = base.available_at
+    if config.ramp_ms and duration == 0 and probe is None:
+        end = ramp_end(old, end, at_ms)
     reachable = old.reachable if old is not None else None
-    item = FaultItem(
-        broker_name, latency_ms, base.available_at, isolations, suspects, probation, reachable, slow
-    )
+    item = FaultItem(broker_name, latency_ms, end, isolations, suspects, probation, reachable, slow)
     return Applied(item, duration, tier, reached, suspected, reporters, probe)
 
 
@@ -662,3 +677,70 @@ def quiet(
     if t is not None and config.not_available_duration[t] > 0:
         return False
     return not (config.last_report_wins and (old.available_at > at_ms or bool(old.slow)))
+
+
+# ---------------------------------------------------------------- recovery: ramp and early return
+
+
+#: The staggered return's first share of selects is 1/2**RAMP_STEPS, doubled every
+#: rampMs/RAMP_STEPS until it is all of them.
+RAMP_STEPS = 6
+
+
+def probation_on(config: Config) -> bool:
+    """Whether a broker's probation flag is obeyed: probeOnExpiry, or earlyRecovery (which
+    puts a broker the detector found back on probation before its window ends)."""
+    return config.probe_on_expiry or config.early_recovery
+
+
+def ramp_share(item: FaultItem, now_ms: int, config: Config) -> float:
+    """The share of selects a broker gets ``now`` (rampMs): 1 inside its window (the window
+    decides) and from ``rampMs`` after it ended; in between 1/64, doubling every rampMs/6.
+
+    An item whose end is 0 never had a window (``ramp_end``): full share. Integer steps, so
+    every decider computes the same share from the same clock.
+    """
+    since = now_ms - item.available_at
+    if not config.ramp_ms or since < 0 or since >= config.ramp_ms or item.available_at == 0:
+        return 1.0
+    step = since * RAMP_STEPS // config.ramp_ms
+    return float(1 << step) / (1 << RAMP_STEPS)
+
+
+def ramp_skips(item: FaultItem, now_ms: int, config: Config, roll: float) -> bool:
+    """Whether a select whose ramp draw is ``roll`` (uniform in [0, 1)) skips this broker,
+    still ramping up after its window: the roll lost (``roll >= share``)."""
+    return roll >= ramp_share(item, now_ms, config)
+
+
+def ramp_end(old: FaultItem | None, end: int, at_ms: int) -> int:
+    """The window end a report that opens no window leaves under rampMs: the last window's
+    end stays (the ramp counts from it; a healthy report would otherwise move it to the
+    report's time and restart the ramp), 0 on a new item (it never had a window). A report
+    inside an open window is RocketMQ's (``end``, the rule's)."""
+    if old is None:
+        return 0
+    return old.available_at if old.available_at <= at_ms else end
+
+
+def reach(item: FaultItem, reachable: bool, now_ms: int, config: Config) -> FaultItem:
+    """The item after the active detector's reading (reach.lua implements the same rule).
+
+    The reading is kept (``reachable``). With earlyRecovery, a broker in an open window that
+    the detector had found refusing connections (``reachable`` False) and now reaches is
+    evidence the broker is back: its window ends now and it goes on probation, so the next
+    select probes it (``on_probation``). A first reading never counts (a hung or slow
+    process accepts connections too: only a refusal then an accept says it restarted). A
+    repeat offender (``isolations`` above 1: repeatMultiplier counted it isolated again
+    within repeatDecayMs, e.g. a flapping broker) waits out its window.
+    """
+    if (
+        config.early_recovery
+        and config.send_latency_fault_enable
+        and reachable
+        and item.reachable is False
+        and item.isolations <= 1
+        and now_ms < item.available_at
+    ):
+        return replace(item, available_at=now_ms, probation=True, reachable=True)
+    return replace(item, reachable=reachable)

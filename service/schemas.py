@@ -286,7 +286,8 @@ class SelectResponse(Body):
     )
     probe: bool = Field(
         description="This select is the probe for a broker whose window ended "
-        "(`probeOnExpiry`): report its outcome; only a success re-opens the broker to all.",
+        "(`probeOnExpiry`, `earlyRecovery`): report its outcome; only a success re-opens the "
+        "broker to all.",
         examples=[False],
     )
     ordered: Literal["home", "wait", "remap"] | None = Field(
@@ -391,8 +392,9 @@ class FaultItemOut(Body):
     available_at: EpochMs = Field(description="Window end (epoch ms).", examples=[1763791234567])
     available: bool = Field(description="Whether the window has ended at `now`.", examples=[True])
     probation: bool = Field(
-        description="Waiting for a probe (`probeOnExpiry`): once the window ends, only a probe "
-        "is sent until a success re-opens the broker.",
+        description="Waiting for a probe (`probeOnExpiry`, or `earlyRecovery` once the detector "
+        "found the broker back): once the window ends, only a probe is sent until a success "
+        "re-opens the broker.",
         examples=[False],
     )
     reachable: bool | None = Field(

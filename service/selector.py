@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from service.decide import NO_SCORES, Ask, Table, decide, draw
 from service.errors import NotFound
 from service.model import Queue, Route
-from service.policy import Choice
+from service.policy import Choice, probation_on
 from service.view import TableView
 
 #: The random source of the service's selects (the enforcement share, the p2c draws).
@@ -38,7 +38,7 @@ def choose_on(view: TableView, route: Route, ask: Ask, rng: random.Random | None
         view.counter(topic),
         now,
         view.latency_scores if config.selection == "p2c-ewma" else NO_SCORES,
-        view.free_probes(now) if config.probe_on_expiry else (),
+        view.free_probes(now) if probation_on(config) else (),
     )
     choice = decide(table, ask, draw(config, rng or _rng))
     if choice.probe is not None:

@@ -91,6 +91,7 @@ def case_json(
             "enforce": draws.enforce,
             "p2cFirst": draws.p2c_first,
             "p2cSecond": draws.p2c_second,
+            "ramp": draws.ramp,
         },
         "expect": expect,
     }
@@ -98,7 +99,9 @@ def case_json(
 
 def case_draws(case: dict[str, Any]) -> Draws:
     d = case["draws"]
-    return Draws(float(d["enforce"]), int(d["p2cFirst"]), int(d["p2cSecond"]))
+    return Draws(
+        float(d["enforce"]), int(d["p2cFirst"]), int(d["p2cSecond"]), float(d.get("ramp", 0.0))
+    )
 
 
 # ---------------------------------------------------------------- the cases
@@ -253,6 +256,29 @@ def _named() -> Iterator[tuple[str, Table, Ask, Draws]]:
     yield (
         "detector: pickOneAtLeast prefers reachable brokers",
         Table(_ABCD, Config(detector_enable=True), reach, 0, NOW),
+        Ask(),
+        Draws(),
+    )
+    ramp = Config(ramp_ms=3000)
+    for ago, roll in ((250, 0.01), (250, 0.5), (1600, 0.1), (1600, 0.2), (3000, 0.99)):
+        yield (
+            f"rampMs 3000: window ended {ago} ms ago, ramp roll {roll}",
+            Table(_ABCD, ramp, {"broker-c": FaultItem("broker-c", 3, NOW - ago)}, 9, NOW),
+            Ask(),
+            Draws(ramp=roll),
+        )
+    early = {"broker-b": FaultItem("broker-b", 30000, NOW - 5, probation=True, reachable=True)}
+    yield (
+        "earlyRecovery: the detector found the broker back, the free probe goes first",
+        Table(
+            _ABCD,
+            Config(early_recovery=True, detector_enable=True),
+            early,
+            0,
+            NOW,
+            {},
+            ("broker-b",),
+        ),
         Ask(),
         Draws(),
     )

@@ -38,6 +38,8 @@ DEFAULT_CONFIG = {
     "detectorEnable": False,
     "detectIntervalMs": 2000,
     "detectTimeoutMs": 200,
+    "rampMs": 0,
+    "earlyRecovery": False,
 }
 
 

@@ -180,8 +180,11 @@ def test_report_lua_matches_the_python_rule(raw: redis.Redis) -> None:
 
 
 def test_report_lua_matches_the_policy(raw: redis.Redis) -> None:
-    """Differential test: report.lua and policy.apply agree on both quorums, backoff and
-    jitter."""
+    """Differential test: report.lua and policy.apply agree on both quorums, backoff,
+    jitter, probation (probeOnExpiry, earlyRecovery's early probation) and rampMs's kept
+    window end."""
+    import dataclasses
+
     script = _report_script(raw)
     rng = random.Random(11)
     model: dict[str, FaultItem] = {}
@@ -196,7 +199,19 @@ def test_report_lua_matches_the_policy(raw: redis.Redis) -> None:
             last_report_wins=rng.random() < 0.2,
             probe_on_expiry=rng.random() < 0.5,
             latency_quorum=rng.choice([1, 2, 3]),
+            early_recovery=rng.random() < 0.4,
+            ramp_ms=rng.choice([0, 0, 3000, 600_000]),
         )
+        if model and rng.random() < 0.3:
+            # the detector's refused-then-reachable reading (policy.reach), as reach.lua
+            # writes it: an early probation the next reports decide
+            b = rng.choice(sorted(model))
+            sec, usec = raw.time()
+            t = sec * 1000 + usec // 1000
+            down = dataclasses.replace(model[b], reachable=False,
+                                       available_at=max(model[b].available_at, t + 60_000))
+            model[b] = policy.reach(down, True, t - rng.choice([0, 5000]), config)
+            raw.hset(f"{PREFIX}:faults", b, stored_form(model[b]))
         batch = []
         args: list[Any] = [0, "overwrite" if config.last_report_wins else "extend",
                            f"{PREFIX}:changes", 1000, 10_000, _policy_arg(config), "",
@@ -363,25 +378,34 @@ def test_reports_that_change_no_window_push_nothing(redis_url: str, raw: redis.R
 
 
 def test_reach_lua_matches_the_codec(raw: redis.Redis) -> None:
-    """Differential test: reach.lua rewrites an item exactly as dataclasses.replace would."""
+    """Differential test: reach.lua rewrites an item exactly as policy.reach would (a reading
+    replaced; with earlyRecovery, refused-then-reachable ends an open window on probation)."""
     import dataclasses
     from importlib import resources
 
     script = raw.register_script(
         (resources.files("service.store") / "lua" / "reach.lua").read_text())
     rng = random.Random(5)
-    for _ in range(200):
-        item = FaultItem("a", rng.choice([0, 40]), rng.choice([1, 1795427760710]),
+    for _ in range(300):
+        item = FaultItem("a", rng.choice([0, 40]), rng.choice([1, 4_102_444_800_000]),
                          rng.choice([0, 0, 3]),
                          tuple(rng.sample([("p1", 7), ("p2", 9), ("", 11)], rng.randint(0, 2))),
                          rng.random() < 0.5, rng.choice([None, True, False]))
         raw.hset(f"{PREFIX}:faults", "a", stored_form(item))
         reading = rng.random() < 0.5
-        out = script(keys=[f"{PREFIX}:faults", f"{PREFIX}:meta"],
-                     args=[f"{PREFIX}:changes", "a", int(reading), "missing", 1])
-        expected = dataclasses.replace(item, reachable=reading)
+        early = rng.random() < 0.5
+        sec, usec = raw.time()
+        before = sec * 1000 + usec // 1000
+        out = script(keys=[f"{PREFIX}:faults", f"{PREFIX}:meta", f"{PREFIX}:ends"],
+                     args=[f"{PREFIX}:changes", int(early), "a", int(reading), "missing", 1])
+        got = codec.decode_fault("a", raw.hget(f"{PREFIX}:faults", "a"))
+        expected = policy.reach(item, reading, before, Config(early_recovery=early))
+        if expected.available_at != item.available_at:  # ended now, on Redis's clock
+            assert before <= got.available_at <= before + 1000
+            assert raw.zscore(f"{PREFIX}:ends", "a") == got.available_at
+            expected = dataclasses.replace(expected, available_at=got.available_at)
+        assert got == expected
         stored = raw.hget(f"{PREFIX}:faults", "a")
-        assert codec.decode_fault("a", stored) == expected
         assert stored == (stored_form(expected) if item.reachable is not reading
                           else stored_form(item))
         assert [b for b, _, _ in out] == (["a"] if item.reachable is not reading else [])

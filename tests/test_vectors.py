@@ -37,11 +37,13 @@ class FixedDraws(random.Random):
     def __init__(self, case: dict[str, Any]) -> None:
         super().__init__(0)
         d = case["draws"]
-        self._enforce = float(d["enforce"])
+        enforced = case["config"].get("enforcementPercent", 100) < 100
+        # decide.draw's floats in its order: the enforcement roll (when read), the ramp's
+        self._floats = [float(d["enforce"])] * enforced + [float(d["ramp"])]
         self._bits = [int(d["p2cFirst"]), int(d["p2cSecond"])]
 
     def random(self) -> float:
-        return self._enforce
+        return self._floats.pop(0)
 
     def getrandbits(self, k: int) -> int:
         return self._bits.pop(0)

@@ -24,6 +24,8 @@ REPORT_POLICY = (
     "event_log_cap",
     "probe_on_expiry",
     "latency_quorum",
+    "early_recovery",
+    "ramp_ms",
 )
 REPORT_POLICY_COMPUTED = frozenset(REPORT_POLICY) - {f.name for f in CONFIG_FIELDS}
 

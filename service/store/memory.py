@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
@@ -214,10 +213,11 @@ class MemoryStore:
         return True  # one process: nobody to share the detector with
 
     async def set_reachability(self, readings: Mapping[str, bool]) -> None:
+        now, config = self.view.now_ms(), self.view.config
         for broker, reachable in readings.items():
             item = self.view.faults.get(broker)
             if item is not None and item.reachable is not reachable:
-                self._write(dataclasses.replace(item, reachable=reachable))
+                self._write(policy.reach(item, reachable, now, config))
 
     async def delete_fault(self, broker: str) -> bool:
         item = self.view.faults.get(broker)

@@ -369,6 +369,8 @@ class RedisStore:
             metrics.REPORTS_LOCAL.inc()
             view.observe_latency(r.broker_name, r.latency_ms, now)
             end = max(old.available_at, at) if old is not None else at
+            if config.ramp_ms:
+                end = policy.ramp_end(old, end, at)
             kept[i] = ReportOutcome(r.broker_name, r.latency_ms, 0, end, now, False, latency_max)
         return kept
 
@@ -649,10 +651,12 @@ class RedisStore:
         return int(held) == 1
 
     async def set_reachability(self, readings: Mapping[str, bool]) -> None:
-        args: list[str | int] = [self._channel]
+        config = self.view.config
+        early = config.early_recovery and config.send_latency_fault_enable
+        args: list[str | int] = [self._channel, int(early)]
         for broker, reachable in readings.items():
             args += [broker, int(reachable)]
-        changed = await self._eval("reach", (self._faults, self._meta), args)
+        changed = await self._eval("reach", (self._faults, self._meta, self._ends), args)
         for broker, version, value in changed:
             self.view.apply_fault(broker, codec.decode_fault(broker, value), int(version))
 

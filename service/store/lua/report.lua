@@ -30,7 +30,7 @@
 --         written. A dropped item takes its isolation count and suspects with it.
 -- ARGV[6] policy: "quorum,quorumWindowMs,keepMs,repeat(0/1),maxIsolationMs,repeatDecayMs,
 --         jitterPercent,jitterScale,maxSuspects,maxIsolations,eventLogCap,probeOnExpiry(0/1),
---         latencyQuorum"
+--         latencyQuorum,earlyRecovery(0/1),rampMs"
 --         (eventLogCap 0 = no log)
 -- ARGV[7] the table epoch the caller holds: a table with another epoch (or none: emptied,
 --         flushed, failed over) is not written (status -3). "+id": the caller holds no table
@@ -108,6 +108,9 @@ local quorum, quorum_window, keep_ms, repeat_on = p[1], p[2], p[3], p[4] == 1
 local max_isolation, decay, jitter_pct, jitter_scale = p[5], p[6], p[7], p[8]
 local max_suspects, max_isolations, event_cap, probe_on = p[9], p[10], p[11], p[12] == 1
 local latency_quorum = p[13] or 1
+-- policy.probation_on: earlyRecovery obeys the probation flag too (a window ended early)
+local probe_expiry, ramp = probe_on, (p[15] or 0) > 0
+probe_on = probe_on or p[14] == 1
 
 local function fmt(n)
   return string.format('%.0f', n)
@@ -383,12 +386,20 @@ for i = FIRST, #ARGV, STRIDE do
     if not probe_on then
       probation = false
     elseif duration > 0 then
-      probation = true
+      probation = probe_expiry
       if probing then
         probe = 2
       end
     elseif probing and isolation ~= '1' then
       probation, probe = false, 1
+    end
+    if ramp and duration == 0 and probe == 0 then
+      -- policy.ramp_end: a report that opens no window keeps the last window's end
+      if old_end == nil then
+        new_end = 0
+      elseif old_end <= at then
+        new_end = old_end
+      end
     end
     value = latency .. ',' .. fmt(new_end)
     if iso > 0 or #suspects > 0 or #slow > 0 or probation or reach ~= '' then
