@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from service import strategy
@@ -539,12 +539,17 @@ def apply(
     now_ms: int,
     config: Config,
     jitter_roll: int = 0,
+    pending: bool = False,
 ) -> Applied:
     """The fault item after one report, avoidance on (report.lua implements the same rule).
 
     With the default config this is ``strategy.apply_report`` with the tier's
-    duration: the quorum is 1, backoff and jitter are off.
+    duration: the quorum is 1, backoff and jitter are off. A ``pending`` report (a send
+    still outstanding) follows ``apply_pending``; any other withdraws its producer's
+    signal (``withdraw_pending``).
     """
+    if pending:
+        return apply_pending(old, broker_name, latency_ms, producer, at_ms, now_ms, config)
     tier = strategy.tier(config, latency_ms, isolation)
     duration = 0 if tier is None else config.not_available_duration[tier]
     suspects = old.suspects if old is not None else ()
@@ -586,8 +591,19 @@ def apply(
     elif probing and not isolation:
         probation, probe = False, "passed"
     reachable = old.reachable if old is not None else None
+    signals = old.pending if old is not None else ()
+    if signals:
+        signals = withdraw_pending(signals, producer, at_ms, now_ms, config)
     item = FaultItem(
-        broker_name, latency_ms, base.available_at, isolations, suspects, probation, reachable, slow
+        broker_name,
+        latency_ms,
+        base.available_at,
+        isolations,
+        suspects,
+        probation,
+        reachable,
+        slow,
+        signals,
     )
     return Applied(item, duration, tier, reached, suspected, reporters, probe)
 
@@ -600,6 +616,7 @@ def window_event(
     isolation: bool,
     quorum_reached: bool,
     probe: str | None = None,
+    pending: bool = False,
 ) -> tuple[str, str] | None:
     """(kind, reason) of the event a report writes to the event log, or None.
 
@@ -609,6 +626,7 @@ def window_event(
     An operator's delete is ``("ended", "operator")``, written by the store. A probe:
     ``("ended", "probe")`` when its success re-opened the broker to all (its window had
     ended already, but selects still kept away), ``("opened", "probe")`` when it failed.
+    A pending quorum (``pending``): ``("opened"|"extended", "pending")``.
     report.lua derives the same.
     """
     if probe == "passed":
@@ -619,6 +637,8 @@ def window_event(
         return None
     if change is strategy.WindowChange.CLEARED:
         return "ended", "success"
+    if pending:
+        return ("opened" if change is strategy.WindowChange.OPENED else "extended"), "pending"
     if quorum_reached and change is strategy.WindowChange.OPENED:
         return "quorum", "quorum"
     kind = "opened" if change is strategy.WindowChange.OPENED else "extended"
@@ -629,7 +649,12 @@ def window_event(
 
 
 def quiet(
-    old: FaultItem | None, latency_ms: int, isolation: bool, at_ms: int, config: Config
+    old: FaultItem | None,
+    latency_ms: int,
+    isolation: bool,
+    at_ms: int,
+    config: Config,
+    pending: bool = False,
 ) -> bool:
     """Whether a report can change nothing another replica must see, whatever the table in
     the store holds beyond this replica's copy ``old`` (stale by at most one push).
@@ -649,16 +674,134 @@ def quiet(
       its producer's own window, as it would in that producer's RocketMQ table). A window
       the copy does not know yet is not ended by a report kept local:
       it stays until the next report after the push, longer, never shorter;
+    - a pending report goes, and so does any report for a broker with an open in-flight
+      signal (``pendingQuorum``: a completed send withdraws its producer's);
     - with the ``extend`` rule a zero-length report leaves every window as it is
       (``max(old end, at)``), whatever the store holds: it never needs the store.
     """
-    if isolation:
+    if isolation or pending:
         return False
     if not config.send_latency_fault_enable:
         return True
     if old is None or old.probation:
         return False
+    if any(at > 0 for _, _, at in old.pending):
+        # a completed send may withdraw its producer's in-flight signal
+        return False
     t = strategy.tier(config, latency_ms, False)
     if t is not None and config.not_available_duration[t] > 0:
         return False
     return not (config.last_report_wins and (old.available_at > at_ms or bool(old.slow)))
+
+
+# ---------------------------------------------------------------- in-flight signals
+
+
+def pending_tier(config: Config, latency_ms: int) -> int | None:
+    """The tier whose window a pending quorum opens: the pending latency's own, or, when
+    that opens nothing (the usual case: a signal comes at a few times the broker's p99,
+    far below 550 ms), the first tier that opens a window. None: no tier has a window.
+
+    The producer's signal already says "far longer than this broker's normal latency";
+    waiting for the send to reach a windowed tier would wait for the timeout itself.
+    """
+    t = strategy.tier(config, latency_ms)
+    if t is not None and config.not_available_duration[t] > 0:
+        return t
+    return next((i for i, d in enumerate(config.not_available_duration) if d > 0), None)
+
+
+def pending_duration(config: Config, latency_ms: int) -> int:
+    """Window length (ms) a pending quorum opens for a send outstanding ``latency_ms``."""
+    t = pending_tier(config, latency_ms)
+    return 0 if t is None else config.not_available_duration[t]
+
+
+Signals = tuple[tuple[str, int, int], ...]
+
+
+def live_signals(pending: Signals, now_ms: int, config: Config) -> set[str]:
+    """Producers with an open signal signalled within ``quorumWindowMs`` of ``now``."""
+    since = now_ms - config.quorum_window_ms
+    return {p for p, _, at in pending if at > 0 and at > since}
+
+
+def pending_vote(
+    pending: Signals, producer: str, since_ms: int, at_ms: int, now_ms: int, config: Config
+) -> tuple[Signals, bool]:
+    """Record ``producer``'s signal for a send outstanding since ``since_ms``, made at
+    ``at_ms``; (signals after, accepted).
+
+    One entry per producer (a re-signal refreshes it). A signal for a send that started
+    before the producer's last completed send on this broker (its withdrawn entry) is
+    stale, a late arrival for a send that has finished: not accepted, nothing changes.
+    Entries older than ``quorumWindowMs`` are dropped; at most ``MAX_SUSPECTS`` of the
+    newest are kept.
+    """
+    mine = next((e for e in pending if e[0] == producer), None)
+    if mine is not None and mine[2] == 0 and since_ms <= mine[1]:
+        return pending, False
+    if mine is not None and mine[2] > 0:
+        since_ms, at_ms = min(since_ms, mine[1]), max(at_ms, mine[2])
+    return _bounded(pending, producer, (producer, since_ms, at_ms), now_ms, config), True
+
+
+def withdraw_pending(
+    pending: Signals, producer: str, at_ms: int, now_ms: int, config: Config
+) -> Signals:
+    """A completed send (any report that is not pending) of ``producer`` at ``at_ms``
+    withdraws its signal: the entry becomes (producer, at_ms, 0), which turns away a late
+    signal for a send that started before it. Nothing is added for a producer without an
+    entry (the list only ever holds producers that signalled)."""
+    mine = next((e for e in pending if e[0] == producer), None)
+    if mine is None:
+        return pending
+    done = max(at_ms, mine[1]) if mine[2] == 0 else at_ms
+    return _bounded(pending, producer, (producer, done, 0), now_ms, config)
+
+
+def _bounded(
+    pending: Signals, producer: str, entry: tuple[str, int, int], now_ms: int, config: Config
+) -> Signals:
+    since = now_ms - config.quorum_window_ms
+    kept = [e for e in pending if e[0] != producer and max(e[1], e[2]) > since]
+    entries = sorted([*kept, entry], key=lambda e: (max(e[1], e[2]), e[0]))
+    return tuple(entries[-MAX_SUSPECTS:])
+
+
+def apply_pending(
+    old: FaultItem | None,
+    broker_name: str,
+    latency_ms: int,
+    producer: str,
+    at_ms: int,
+    now_ms: int,
+    config: Config,
+) -> Applied:
+    """The fault item after a pending report: a send to the broker outstanding for
+    ``latency_ms`` at ``at_ms`` (report.lua implements the same rule).
+
+    With ``pendingQuorum`` 0 nothing changes (no item is created). Otherwise the signal
+    is recorded (``pending_vote``); when distinct producers with a live signal reach
+    ``pendingQuorum`` the window of ``pending_tier`` opens for everyone, extend-only
+    (whatever ``lastReportWins`` says: a signal is no answer that could end a window),
+    and the signals are cleared. ``currentLatencyMs`` stays: no send has completed.
+    """
+    if config.pending_quorum == 0 or not config.send_latency_fault_enable:
+        item = old if old is not None else FaultItem(broker_name, 0, at_ms)
+        return Applied(item, 0, None)
+    t = pending_tier(config, latency_ms)
+    duration = 0 if t is None else config.not_available_duration[t]
+    base = old if old is not None else FaultItem(broker_name, 0, at_ms)
+    signals, accepted = pending_vote(
+        base.pending, producer, at_ms - latency_ms, at_ms, now_ms, config
+    )
+    if not accepted or duration == 0:
+        return Applied(base, 0, t)
+    voters = live_signals(signals, now_ms, config)
+    if len(voters) < config.pending_quorum:
+        return Applied(replace(base, pending=signals), 0, t, suspected=True)
+    end = max(base.available_at, at_ms + duration)
+    cleared = tuple(e for e in signals if e[2] == 0)
+    item = replace(base, available_at=end, pending=cleared)
+    return Applied(item, duration, t, quorum_reached=True, reporters=len(voters))

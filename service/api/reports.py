@@ -82,6 +82,7 @@ async def report_latency(request: Request) -> Response:
         body.origin,
         voter_of(request, body.producer),
         report_id=body.report_id or "",
+        pending=body.pending,
     )
     store = store_of(request)
     outcomes = await _apply(store, [report])
@@ -119,6 +120,7 @@ async def report_latency_batch(
             r.origin,
             voter_of(request, r.producer),
             report_id=r.report_id or "",
+            pending=r.pending,
         )
         for r in body.reports
     ]

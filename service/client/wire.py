@@ -150,8 +150,9 @@ def fault(body: Mapping[str, Any]) -> FaultItem | None:
     Besides the window, what a select reads of it: ``probation`` (probeOnExpiry),
     ``reachable`` (the active detector) and ``suspects`` (``[[producer, ms], ...]``,
     failures short of the isolation quorum) and ``slow`` (``[[producer, ms, window end
-    ms], ...]``, slow answers short of the latency quorum); a service that does not send
-    them has none of them set.
+    ms], ...]``, slow answers short of the latency quorum), and ``pending`` (``[[producer,
+    since ms, at ms], ...]``, in-flight signals short of the pending quorum); a service
+    that does not send them has none of them set.
     """
     if body.get("deleted"):
         return None
@@ -167,6 +168,7 @@ def fault(body: Mapping[str, Any]) -> FaultItem | None:
         bool(body.get("probation", False)),
         reachable,
         tuple((str(who), int(at), int(end)) for who, at, end in body.get("slow", ())),
+        tuple((str(who), int(s), int(at)) for who, s, at in body.get("pending", ())),
     )
 
 
