@@ -1,0 +1,315 @@
+"""pendingQuorum: in-flight signals avoid a hung broker before any timeout fires
+(docs/policy.md, "Hangs: pendingQuorum").
+
+Pure rule first, report.lua against it, then the API on both stores, the SDK's in-flight
+tracker, and real processes: a SIGSTOPped stand-in broker avoided before the send timeout.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from service import policy
+from service.model import Config, FaultItem
+from service.store import codec
+from service.store.redis import _policy_arg, integrity_arg
+from tests.test_behaviour import items, put_route, select
+from tests.test_behaviour_policy import configure, metric
+
+NOW = 1_764_000_000_000
+ON = Config(pending_quorum=2)
+
+
+def signal(config: Config, old: FaultItem | None, producer: str, outstanding: int = 60,
+           at: int = NOW) -> policy.Applied:
+    return policy.apply(old, "c", outstanding, False, None, producer, at, at, config,
+                        pending=True)
+
+
+def done(config: Config, old: FaultItem | None, producer: str, latency: int = 3,
+         at: int = NOW, isolation: bool = False) -> policy.Applied:
+    return policy.apply(old, "c", latency, isolation, None, producer, at, at, config)
+
+
+# -- pure -----------------------------------------------------------------------------------
+
+
+def test_off_by_default_a_pending_report_changes_nothing() -> None:
+    assert Config().pending_quorum == 0
+    out = signal(Config(), None, "p1")
+    assert out.duration_ms == 0 and not out.suspected and not out.quorum_reached
+    old = FaultItem("c", 4, NOW - 10)
+    for who in ("p1", "p2", "p3"):
+        assert signal(Config(), old, who, 5000).item == old
+
+
+def test_pending_tier_is_the_latencys_or_the_first_with_a_window() -> None:
+    c = Config()
+    assert policy.pending_tier(c, 60) == 2 and policy.pending_duration(c, 60) == 30_000
+    assert policy.pending_tier(c, 1200) == 3 and policy.pending_duration(c, 1200) == 60_000
+    none = Config(latency_max=(0, 100), not_available_duration=(0, 0))
+    assert policy.pending_tier(none, 500) is None and policy.pending_duration(none, 500) == 0
+    assert signal(Config(pending_quorum=1, latency_max=(0, 100),
+                         not_available_duration=(0, 0)), None, "p1").duration_ms == 0
+
+
+def test_a_quorum_of_producers_opens_the_window_one_producer_never_does() -> None:
+    item = signal(ON, None, "p1").item
+    # one producer's burst of signals (re-signals) stays one voter
+    for dt in (10, 50, 150):
+        out = signal(ON, item, "p1", 60 + dt, NOW + dt)
+        assert out.suspected and not out.quorum_reached and out.duration_ms == 0
+        assert out.item.available_at <= NOW + dt
+        item = out.item
+    assert [e[0] for e in item.pending] == ["p1"]
+    assert item.pending[0][1] == NOW - 60  # the send's start stays the first signal's
+    out = signal(ON, item, "p2", 55, NOW + 200)
+    assert out.quorum_reached and out.reporters == 2 and out.duration_ms == 30_000
+    assert out.item.available_at == NOW + 200 + 30_000
+    assert out.item.pending == ()
+    assert policy.window_event(policy.strategy.window_change(
+        item.available_at, out.item.available_at, NOW + 200), False, True, None, True) == (
+        "opened", "pending")
+
+
+def test_a_completed_send_withdraws_its_signal() -> None:
+    item = signal(ON, None, "p1").item
+    item = done(ON, item, "p1", 80, NOW + 20).item
+    assert item.pending == (("p1", NOW + 20, 0),)
+    out = signal(ON, item, "p2", 60, NOW + 30)
+    assert out.suspected and not out.quorum_reached
+    # a failed send withdraws too (its own isolation report decides instead)
+    item = done(ON, out.item, "p2", 1000, NOW + 40, isolation=True).item
+    assert ("p2", NOW + 40, 0) in item.pending
+    assert policy.live_signals(item.pending, NOW + 40, ON) == set()
+
+
+def test_a_late_signal_for_a_completed_send_is_ignored() -> None:
+    """Remote mode: the signal's post may land after the completion's. The signal's send
+    started before that completion: it is stale, and it neither votes nor changes the item."""
+    item = signal(ON, None, "p1", 60, NOW).item
+    item = done(ON, item, "p2", 5, NOW + 1).item  # p2 has no signal: nothing added
+    assert [e[0] for e in item.pending] == ["p1"]
+    item = done(ON, item, "p2", 5, NOW + 2).item
+    item = signal(ON, done(ON, item, "p1", 70, NOW + 10).item, "p1", 65, NOW + 15).item
+    assert item.pending == (("p1", NOW + 10, 0),)  # started at NOW - 50: before the completion
+    out = signal(ON, item, "p2", 60, NOW + 16)
+    assert out.suspected and not out.quorum_reached
+    # a new send of p1 (started after its completion) signals again
+    out = signal(ON, out.item, "p1", 60, NOW + 80)
+    assert out.quorum_reached
+
+
+def test_signals_expire_after_the_quorum_window() -> None:
+    config = Config(pending_quorum=2, quorum_window_ms=1000)
+    item = signal(config, None, "p1").item
+    out = signal(config, item, "p2", 60, NOW + 1001)
+    assert out.suspected and [e[0] for e in out.item.pending] == ["p2"]
+
+
+def test_signals_are_bounded() -> None:
+    config = Config(pending_quorum=64)
+    item: FaultItem | None = None
+    for i in range(200):
+        # each producer signals, and all but the last 10 complete (their entries stay)
+        item = signal(config, item, f"p{i}", 60, NOW + i).item
+        if i < 190:
+            item = done(config, item, f"p{i}", 70, NOW + i).item
+    assert item is not None and len(item.pending) == policy.MAX_SUSPECTS
+    assert item.pending[-1][0] == "p199"
+
+
+def test_a_signal_never_shortens_a_window_even_under_last_report_wins() -> None:
+    config = Config(pending_quorum=1, last_report_wins=True)
+    old = FaultItem("c", 5, NOW + 500_000)
+    out = signal(config, old, "p1")
+    assert out.quorum_reached and out.item.available_at == NOW + 500_000
+    assert out.item.current_latency_ms == 5
+
+
+def test_reports_for_a_broker_with_open_signals_are_not_kept_local() -> None:
+    item = signal(ON, FaultItem("c", 3, NOW - 1), "p1").item
+    assert not policy.quiet(item, 3, False, NOW, ON)
+    assert not policy.quiet(FaultItem("c", 3, NOW - 1), 3, False, NOW, ON, pending=True)
+    assert policy.quiet(done(ON, item, "p1").item, 3, False, NOW, ON)
+
+
+def test_codec_round_trips_signals() -> None:
+    item = FaultItem("c", 3, NOW, pending=(("p1", NOW - 60, NOW), ("p2", NOW - 5, 0)))
+    raw = codec.encode_fault(item)
+    assert raw == f"3,{NOW},0;~p1={NOW - 60}={NOW};~p2={NOW - 5}=0"
+    assert codec.decode_fault("c", raw) == item
+    both = FaultItem("c", 3, NOW, 2, (("p3", NOW),), True, True, (("p4", NOW, NOW + 9),),
+                     item.pending)
+    assert codec.decode_fault("c", codec.encode_fault(both)) == both
+
+
+# -- report.lua against the policy -------------------------------------------------------------
+
+
+@pytest.fixture
+def raw(redis_url: str) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+PREFIX = "detour:{default}"
+KEYS = tuple(f"{PREFIX}:{k}" for k in (
+    "faults", "meta", "latency-log", "events", "ends", "writers", "writers-seen", "report-ids"))
+
+
+@pytest.mark.integration
+def test_report_lua_matches_the_policy_with_signals(raw: redis.Redis) -> None:
+    """Differential: random signals, completions and failures from three producers, with
+    the other quorums and lastReportWins drawn too; every stored item equals the policy's."""
+    from importlib import resources
+
+    script = raw.register_script(
+        (resources.files("service.store") / "lua" / "report.lua").read_text())
+    rng = random.Random(19)
+    model: dict[str, FaultItem] = {}
+    checked = 0
+    for round_ in range(300):
+        config = Config(
+            pending_quorum=rng.choice([0, 1, 2, 2, 3]),
+            quorum_window_ms=rng.choice([300, 50_000]),
+            isolation_quorum=rng.choice([1, 2]),
+            latency_quorum=rng.choice([1, 2]),
+            last_report_wins=rng.random() < 0.2,
+            probe_on_expiry=rng.random() < 0.2,
+        )
+        batch = []
+        args: list[Any] = [0, "overwrite" if config.last_report_wins else "extend",
+                           f"{PREFIX}:changes", 1000, 10_000, _policy_arg(config), "",
+                           "test", integrity_arg(0)]
+        for _ in range(rng.randint(1, 4)):
+            pending = rng.random() < 0.5
+            isolation = not pending and rng.random() < 0.2
+            latency = rng.choice([0, 5, 60, 200, 700, 1200]) if pending else rng.choice(
+                [0, 3, 40, 600])
+            report = (rng.choice("ab"), latency, isolation, pending,
+                      rng.choice(["p1", "p2", "p3"]), rng.choice([0, 0, 0, 5, 100, 400]))
+            broker, latency, isolation, pending, producer, age = report
+            if pending:
+                t = policy.pending_tier(config, latency) if config.pending_quorum else None
+                vote = 3
+            else:
+                t = policy.strategy.tier(config, latency, isolation)
+                vote = 0
+            duration = 0 if t is None else config.not_available_duration[t]
+            if not pending:
+                vote = (1 if policy.counts_toward_quorum(config, isolation, None)
+                        else 2 if policy.counts_toward_latency_quorum(
+                            config, isolation, duration, None) else 0)
+            args += [broker, latency, duration, age, int(isolation), producer, vote, 0,
+                     "" if t is None else config.latency_max[t], producer, 0, ""]
+            batch.append(report)
+        status, now, ends, _, _, _, quorums, asked, values, _, _ = script(
+            keys=KEYS, args=args)
+        assert status == 1
+        for (broker, latency, isolation, pending, producer, age), end, q, d, value in zip(
+                batch, ends, quorums, asked, values, strict=True):
+            old = model.get(broker)
+            out = policy.apply(old, broker, latency, isolation, None, producer, now - age, now,
+                               config, 0, pending)
+            state = 2 if out.quorum_reached else 1 if out.suspected else 0
+            assert (d, q) == (out.duration_ms, state), round_
+            if pending and not (out.suspected or out.quorum_reached):
+                # not recorded: the item stays as it was (none is created)
+                assert value == (codec.encode_fault(old) if old is not None else ""), round_
+                continue
+            assert end == out.item.available_at, round_
+            assert value == codec.encode_fault(out.item), round_
+            model[broker] = out.item
+            checked += 1
+    assert checked > 200
+    # a pending report never reaches the latency log
+    logged = raw.xrange(f"{PREFIX}:latency-log")
+    assert all(e[1]["l"] is not None for e in logged)
+
+
+# -- API, both stores --------------------------------------------------------------------------
+
+
+def pending(client: TestClient, broker: str, outstanding: int, producer: str,
+            **extra: Any) -> dict[str, Any]:
+    r = client.post("/report-latency", json={
+        "brokerName": broker, "latencyMs": outstanding, "producer": producer, "pending": True,
+        **extra})
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def completed(client: TestClient, broker: str, latency: int, producer: str) -> dict[str, Any]:
+    r = client.post("/report-latency",
+                    json={"brokerName": broker, "latencyMs": latency, "producer": producer})
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+@pytest.mark.integration
+def test_a_quorum_of_signals_avoids_the_broker_for_everyone(client: TestClient) -> None:
+    configure(client, pendingQuorum=2)
+    put_route(client, "t", {"a": 2, "b": 2, "c": 2})
+    before = metric(client, "detour_reports_total", broker="c", outcome="pending")
+    assert pending(client, "c", 60, "p1")["notAvailableDurationMs"] == 0
+    assert items(client)["c"]["available"] is True
+    assert {select(client, "t", producer="p3")["brokerName"] for _ in range(6)} == {"a", "b", "c"}
+    # p1 again: still one voter
+    assert pending(client, "c", 120, "p1")["notAvailableDurationMs"] == 0
+    assert items(client)["c"]["available"] is True
+    out = pending(client, "c", 55, "p2", isolation=True)  # isolation ignored, not refused
+    assert out["notAvailableDurationMs"] == 30000
+    assert items(client)["c"]["available"] is False
+    assert {select(client, "t", producer="p3")["brokerName"] for _ in range(6)} == {"a", "b"}
+    assert metric(client, "detour_reports_total", broker="c",
+                  outcome="pending") == before + 3
+    events = client.get("/events").json()["events"]
+    assert any(e["reason"] == "pending" and e["kind"] == "opened" and e["brokerName"] == "c"
+               and e["reporters"] == 2 for e in events)
+    # no pending report reached the latency log
+    log = client.get("/latency-log").json()["entries"]
+    assert not any(e["brokerName"] == "c" for e in log)
+
+
+@pytest.mark.integration
+def test_completed_sends_keep_a_slow_but_alive_broker_in_rotation(client: TestClient) -> None:
+    configure(client, pendingQuorum=2)
+    put_route(client, "t", {"a": 2, "c": 2})
+    pending(client, "c", 60, "p1")
+    completed(client, "c", 80, "p1")
+    pending(client, "c", 60, "p2")
+    completed(client, "c", 90, "p2")
+    pending(client, "c", 60, "p3")
+    assert items(client)["c"]["available"] is True
+    assert {select(client, "t")["brokerName"] for _ in range(4)} == {"a", "c"}
+
+
+@pytest.mark.integration
+def test_pending_defaults_to_false_and_is_off_by_default(client: TestClient) -> None:
+    assert client.get("/config").json()["pendingQuorum"] == 0
+    put_route(client, "t", {"a": 2, "c": 2})
+    for p in ("p1", "p2", "p3"):
+        assert pending(client, "c", 5000, p)["notAvailableDurationMs"] == 0
+    assert "c" not in items(client) or items(client)["c"]["available"] is True
+    # without the field a report is a completed send, as always
+    assert completed(client, "c", 700, "p1")["notAvailableDurationMs"] == 30000
+
+
+@pytest.mark.integration
+def test_pending_quorum_bounds_are_422_naming_the_field(client: TestClient) -> None:
+    for bad in (-1, 65, "two"):
+        r = client.put("/config", json={"pendingQuorum": bad})
+        assert r.status_code == 422, r.text
+        assert "pendingQuorum" in r.text
+    r = client.post("/report-latency", json={"brokerName": "c", "latencyMs": 1, "pending": 3})
+    assert r.status_code == 422 and "pending" in r.text
