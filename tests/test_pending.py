@@ -177,7 +177,7 @@ def test_report_lua_matches_the_policy_with_signals(raw: redis.Redis) -> None:
         (resources.files("service.store") / "lua" / "report.lua").read_text())
     rng = random.Random(19)
     model: dict[str, FaultItem] = {}
-    checked = 0
+    checked = reached = 0
     for round_ in range(300):
         config = Config(
             pending_quorum=rng.choice([0, 1, 2, 2, 3]),
@@ -231,7 +231,8 @@ def test_report_lua_matches_the_policy_with_signals(raw: redis.Redis) -> None:
             assert value == codec.encode_fault(out.item), round_
             model[broker] = out.item
             checked += 1
-    assert checked > 200
+            reached += pending and out.quorum_reached
+    assert checked > 200 and reached > 10
     # a pending report never reaches the latency log
     logged = raw.xrange(f"{PREFIX}:latency-log")
     assert all(e[1]["l"] is not None for e in logged)
@@ -313,3 +314,145 @@ def test_pending_quorum_bounds_are_422_naming_the_field(client: TestClient) -> N
         assert "pendingQuorum" in r.text
     r = client.post("/report-latency", json={"brokerName": "c", "latencyMs": 1, "pending": 3})
     assert r.status_code == 422 and "pending" in r.text
+
+
+# -- the SDK's in-flight tracker ----------------------------------------------------------------
+
+
+def test_inflight_threshold_is_k_times_p99_with_a_floor_and_a_cold_start() -> None:
+    from service.client.inflight import COLD_MS, MIN_SAMPLES, InFlight
+
+    f = InFlight(factor=4, floor_ms=50)
+    assert f.threshold_ms("a") == COLD_MS
+    for _ in range(MIN_SAMPLES):
+        f.end(f.begin("a", 0), 2.0)
+    assert f.threshold_ms("a") == 50  # 4 x 2 ms is under the floor
+    for _ in range(100):
+        f.end(f.begin("a", 0), 30.0)
+    assert f.threshold_ms("a") == 120
+    # a failed send is no sample of the broker's latency
+    for _ in range(200):
+        f.end(f.begin("b", 0), None)
+    assert f.threshold_ms("b") == COLD_MS
+    assert InFlight(factor=0).begin("a", 0) == 0 and not InFlight(factor=0).enabled
+    with pytest.raises(ValueError):
+        InFlight(factor=-1)
+
+
+def test_inflight_signals_once_then_when_the_outstanding_time_doubles() -> None:
+    from service.client.inflight import InFlight
+
+    f = InFlight(factor=4, floor_ms=50)
+    for _ in range(8):
+        f.end(f.begin("a", 0), 1.0)
+    token = f.begin("a", 1000)
+    done_token = f.begin("a", 1000)
+    f.end(done_token, 3.0)  # a completed send signals nothing
+    assert f.next_due_ms() == 1050
+    assert f.due(1049) == []
+    assert f.due(1060) == [("a", 60)]
+    assert f.due(1100) == []  # next at twice 60 ms outstanding
+    assert f.next_due_ms() == 1120
+    assert f.due(1125) == [("a", 125)]
+    f.end(token, None)
+    assert f.due(5000) == [] and f.next_due_ms() is None and f.outstanding() == 0
+
+
+def test_pending_reports_are_urgent_and_never_applied_to_the_local_table() -> None:
+    from service.client.core import ClientCore
+    from service.client.pending import mono_ms
+
+    core = ClientCore("cached", timeout=1, retries=0, deadline=1, max_pending=10,
+                      backoff_initial=0.1, backoff_max=1, producer="p1")
+    assert not core.tracking()  # the service's config has pendingQuorum 0
+    core.table.set_config(Config(pending_quorum=2))
+    assert core.tracking()
+    core.inflight.begin("c", mono_ms() - 300)
+    items = core.due_signals(mono_ms())
+    assert [(p.broker_name, p.pending) for p in items] == [("c", True)]
+    core.pending.add(items)
+    assert core.pending.urgent
+    core.apply(items)
+    assert core.table.fault("c") is None
+    body = core.batch_body(items)["reports"][0]
+    assert body["pending"] is True and body["producer"] == "p1" and body["reportId"]
+
+
+# -- real processes: a SIGSTOPped broker avoided before the send timeout -------------------------
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("mode", ["cached", "remote"])
+def test_a_hung_broker_is_avoided_before_the_send_timeout(mode: str) -> None:
+    """Stand-in brokers (redis-server) and Detour as processes. The route's broker-b is
+    SIGSTOPped; two producers' sends to it hang (5 s timeout). Their SDKs signal after
+    ~50 ms outstanding, the pending quorum (2) opens b's window, and a third producer's
+    cached client avoids b while both sends are still outstanding."""
+    import threading
+    import time
+
+    import httpx
+
+    from pipeline.brokers import Fleet
+    from pipeline.produce import Deliverer
+    from service.client import DetourClient
+    from tests.procs import ServiceProcess, wait_until
+
+    timeout_s = 5.0
+    with ServiceProcess() as svc, Fleet(3, "hang", 2, persist=False) as fleet, \
+            httpx.Client(base_url=svc.url, timeout=10) as admin:
+        admin.put("/config", json={"pendingQuorum": 2}).raise_for_status()
+        fleet.register(svc.url)
+        senders = [DetourClient(svc.url, mode=mode, timeout=2.0, producer=p, deadline=30,
+                                retries=0) for p in ("p1", "p2")]
+        watcher = DetourClient(svc.url, mode="cached", timeout=2.0, producer="p3")
+        deliverers = [Deliverer("hang", timeout_s) for _ in senders]
+        hung: list[float] = []
+        try:
+            for c in (*senders, watcher):
+                assert c.wait_ready(10)
+            for c, d in zip(senders, deliverers, strict=True):
+                for k in range(12):  # warm: each broker's p99 known, threshold at the floor
+                    c.send("hang", (f"w{k}", "x"), d)
+            # (remote mode reads the config on its first select)
+            wait_until(lambda: all(c._core.tracking() for c in senders), 10,
+                       "the clients read pendingQuorum")
+            for c, d in zip(senders, deliverers, strict=True):
+                for k in range(12):
+                    c.send("hang", (f"v{k}", "x"), d)
+            fleet.brokers["broker-b"].stop()
+
+            def produce(c: DetourClient, d: Deliverer) -> None:
+                # send until one attempt lands on the hung broker (and hangs for timeout_s)
+                for k in range(60):
+                    start = time.monotonic()
+                    try:
+                        c.send("hang", (f"h{k}", "x"), d)
+                    except Exception:  # noqa: BLE001 - the hung send times out
+                        hung.append(time.monotonic() - start)
+                        return
+
+            threads = [threading.Thread(target=produce, args=(c, d), daemon=True)
+                       for c, d in zip(senders, deliverers, strict=True)]
+            for t in threads:
+                t.start()
+            started = time.monotonic()
+            wait_until(
+                lambda: not {i["brokerName"]: i for i in admin.get("/fault-items")
+                             .json()["items"]}.get("broker-b", {"available": True})["available"],
+                timeout_s - 1, "the pending quorum opens broker-b's window")
+            wait_until(lambda: all(watcher.select("hang").broker_name != "broker-b"
+                                   for _ in range(12)), 2, "p3 avoids broker-b")
+            # both hung sends are still outstanding: no timeout has fired yet
+            assert hung == [] and time.monotonic() - started < timeout_s
+            events = admin.get("/events").json()["events"]
+            assert any(e["reason"] == "pending" and e["brokerName"] == "broker-b"
+                       for e in events)
+        finally:
+            fleet.brokers["broker-b"].cont()
+            for t in threads if "threads" in dir() else ():
+                t.join(timeout_s + 2)
+            for d in deliverers:
+                d.close()
+            for c in (*senders, watcher):
+                c.close(flush_timeout=2.0)

@@ -110,6 +110,7 @@ def batch_item(
     age_ms: int,
     producer: str | None = None,
     report_id: str | None = None,
+    pending: bool = False,
 ) -> Json:
     """One entry of a batch (``age_ms``: how long ago the send completed; ``report_id``: the
     report's identity, so Detour applies a batch sent twice once).
@@ -119,6 +120,8 @@ def batch_item(
     """
     item = report_body(broker_name, latency_ms, isolation, producer, report_id)
     item["ageMs"] = min(max(0, age_ms), MAX_AGE_MS)
+    if pending:
+        item["pending"] = True
     return item
 
 
