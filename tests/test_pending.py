@@ -8,6 +8,7 @@ tracker, and real processes: a SIGSTOPped stand-in broker avoided before the sen
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -456,3 +457,50 @@ def test_a_hung_broker_is_avoided_before_the_send_timeout(mode: str) -> None:
                 d.close()
             for c in (*senders, watcher):
                 c.close(flush_timeout=2.0)
+
+
+@pytest.mark.e2e
+def test_the_async_client_signals_a_hung_send() -> None:
+    """The asyncio client, remote mode, against Detour as a process: a deliver that never
+    completes (cut at the deadline) sends one pending report after the cold threshold;
+    Detour records it (one producer: short of pendingQuorum 2)."""
+    import asyncio
+
+    import httpx
+
+    from service.client import AsyncDetourClient
+    from service.client.inflight import COLD_MS
+    from service.client.values import SelectedQueue
+    from tests.procs import ServiceProcess
+
+    async def hang(q: SelectedQueue, payload: str) -> str:
+        await asyncio.sleep(30)
+        return payload
+
+    async def fast(q: SelectedQueue, payload: str) -> str:
+        return payload
+
+    async def scenario(url: str) -> None:
+        async with AsyncDetourClient(url, mode="remote", timeout=2.0, producer="p1",
+                                     retries=0, deadline=COLD_MS * 3 / 1000) as c:
+            await c.send("t", "warm", fast)  # reads the config
+            assert c._core.tracking()
+            with pytest.raises(Exception):  # noqa: B017 - the deadline cuts it
+                await c.send("t", "x", hang)
+            assert c._core.inflight.signals >= 1
+            await c.flush(5.0)
+
+    with ServiceProcess() as svc, httpx.Client(base_url=svc.url, timeout=10) as admin:
+        admin.put("/config", json={"pendingQuorum": 2}).raise_for_status()
+        admin.put("/routes/t", json={"brokers": [{"brokerName": "c", "writeQueueNums": 1}]}
+                  ).raise_for_status()
+        asyncio.run(scenario(svc.url))
+        text = admin.get("/metrics").text
+        m = re.search(r'detour_reports_total\{[^}]*broker="c"[^}]*outcome="pending"\} (\S+)', text)
+        assert m is not None and float(m.group(1)) >= 1
+        # one producer: short of the quorum
+        assert items_of(admin)["c"]["available"] is True
+
+
+def items_of(admin: Any) -> dict[str, Any]:
+    return {i["brokerName"]: i for i in admin.get("/fault-items").json()["items"]}
