@@ -462,7 +462,7 @@ def test_a_hung_broker_is_avoided_before_the_send_timeout(mode: str) -> None:
 @pytest.mark.e2e
 def test_the_async_client_signals_a_hung_send() -> None:
     """The asyncio client, remote mode, against Detour as a process: a deliver that never
-    completes (cut at the deadline) sends one pending report after the cold threshold;
+    completes (cut at the deadline) sends a pending report after the cold threshold;
     Detour records it (one producer: short of pendingQuorum 2)."""
     import asyncio
 
@@ -498,9 +498,5 @@ def test_the_async_client_signals_a_hung_send() -> None:
         text = admin.get("/metrics").text
         m = re.search(r'detour_reports_total\{[^}]*broker="c"[^}]*outcome="pending"\} (\S+)', text)
         assert m is not None and float(m.group(1)) >= 1
-        # one producer: short of the quorum
-        assert items_of(admin)["c"]["available"] is True
-
-
-def items_of(admin: Any) -> dict[str, Any]:
-    return {i["brokerName"]: i for i in admin.get("/fault-items").json()["items"]}
+        # one producer: short of the quorum (the window is the failed send's own isolation)
+        assert 'outcome="reached"' not in text
