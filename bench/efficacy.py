@@ -16,6 +16,10 @@ brokers (8 ``redis-server`` processes x 2 queues, ``pipeline.brokers``), one
 ``detour-http``
     the same, SDK remote mode: a ``POST /select`` and a ``POST /report-latency``
     per attempt.
+``detour-pending``
+    ``detour-cached`` with the recommended in-flight signals (``PENDING``:
+    ``pendingQuorum`` 2; the SDK signals a send outstanding 4 x the broker's p99,
+    at least 50 ms): a hang is avoided before the first timeout fires.
 
 The fault schedule (``--faults``, seconds from the start of each arm):
 
@@ -80,7 +84,9 @@ import httpx
 from pipeline.brokers import Fleet, free_port
 from tests.procs import end_process
 
-ARMS = ("no-avoidance", "per-producer", "detour-cached", "detour-http")
+ARMS = ("no-avoidance", "per-producer", "detour-cached", "detour-http", "detour-pending")
+#: The detour-pending arm's config on top of the others' (docs/policy.md, "Hangs").
+PENDING = {"pendingQuorum": 2}
 #: A send at least this long is a bad attempt: RocketMQ's first tier that opens a window.
 SLOW_MS = 550.0
 DEFAULT_FAULTS = "kill:broker-b@2+6,stop:broker-c@10+5,slow:broker-d@18+8"
@@ -275,7 +281,8 @@ def run_producer(index: int, producers: int, job: Job, conn: Connection) -> dict
                              retries=job.retries, deadline=job.deadline_s)
     else:
         assert job.detour is not None
-        client = DetourClient(job.detour, mode="cached" if job.arm == "detour-cached" else "remote",
+        cached = job.arm in ("detour-cached", "detour-pending")
+        client = DetourClient(job.detour, mode="cached" if cached else "remote",
                               retries=job.retries, deadline=job.deadline_s,
                               producer=f"efficacy-{index}")
         if not client.wait_ready(15):
@@ -463,9 +470,32 @@ class ArmResult:
     #: sorted message send times, ms, at most 2,000 evenly spaced (for the CDF plot)
     latency_sample: list[float] = field(default_factory=list)
     other_bad: int = 0
+    #: share of the never-faulty brokers' fair traffic they did not get (``healthy_lost``)
+    healthy_lost: float = 0.0
 
 
 BIN_S = 0.25
+
+
+def healthy_lost(attempts: Sequence[tuple[float, float, int, bool, int]], n: int,
+                 faulty: set[int], duration_s: float) -> float:
+    """The share of a healthy broker's fair traffic lost to false avoidance: per 0.25 s bin,
+    each never-faulty broker's good attempts against the mean of the never-faulty brokers
+    in that bin; the shortfalls summed over the fair shares. Round robin's own unevenness
+    counts too, equally in every arm: the figure compares arms, it is no absolute."""
+    healthy = [b for b in range(n) if b not in faulty]
+    if not healthy:
+        return math.nan
+    counts = [[0] * n for _ in range(int(duration_s / BIN_S) + 1)]
+    for start, dur, b, ok, _ in attempts:
+        if ok and dur * 1000 < SLOW_MS and 0 <= start < duration_s:
+            counts[int(start / BIN_S)][b] += 1
+    fair = lost = 0.0
+    for row in counts:
+        mean = sum(row[b] for b in healthy) / len(healthy)
+        fair += mean * len(healthy)
+        lost += sum(max(0.0, mean - row[b]) for b in healthy)
+    return lost / fair if fair else math.nan
 
 
 def analyse(arm: str, repeat: int, brokers: list[str], out: list[dict[str, Any]],
@@ -527,6 +557,8 @@ def analyse(arm: str, repeat: int, brokers: list[str], out: list[dict[str, Any]]
         max_ms=round(lat[-1], 1) if lat else math.nan, faults=fault_rows,
         bad_bins=bins, latency_sample=[round(x, 3) for x in lat[::step]] + lat[-1:],
         other_bad=all_bad - attributed,
+        healthy_lost=round(healthy_lost(attempts, n, {brokers.index(f.broker) for f in faults},
+                                        duration_s), 4),
     )
 
 
@@ -541,7 +573,8 @@ def run_arm(arm: str, repeat: int, producers: Producers, detour: str | None,
             args: argparse.Namespace, faults: Sequence[FaultSpec],
             tick: Callable[[float], None]) -> ArmResult:
     topic = f"efficacy-{arm}-{repeat}"
-    config = scaled_config(args.scale, args.config)
+    config = scaled_config(args.scale, {**(PENDING if arm == "detour-pending" else {}),
+                                        **args.config})
     slow = [f for f in faults if f.action == "slow"]
     with Fleet(args.brokers, topic, args.queues) as fleet:
         proxy = None
@@ -567,6 +600,10 @@ def run_arm(arm: str, repeat: int, producers: Producers, detour: str | None,
                 records.extend(run_faults(fleet, proxy, faults, t0, args.duration, tick))
 
             out = producers.run(job, on_go, timeout_s=30)
+            if arm.startswith("detour"):
+                with httpx.Client(base_url=detour, timeout=5) as c:
+                    events = c.get("/events", params={"limit": 1000}).json()["events"]
+                (args.out / f"events-{arm}-{repeat}.json").write_text(json.dumps(events))
         finally:
             if proxy is not None:
                 proxy.stop()
@@ -608,6 +645,7 @@ def summary(results: Sequence[ArmResult]) -> dict[str, dict[str, Any]]:
             "p99_ms": _median([r.p99_ms for r in rs]),
             "max_ms": _median([r.max_ms for r in rs]),
             "other_bad": _median([r.other_bad for r in rs]),
+            "healthy_lost": _median([r.healthy_lost for r in rs]),
             "kinds": kinds,
         }
     return out
@@ -629,8 +667,9 @@ def markdown(results: Sequence[ArmResult], args: argparse.Namespace, command: st
         f"{args.slow_ms:g} ms. Medians of {runs} run(s); wall time {wall_s:.0f} s.",
         "",
         "| strategy | messages | failed attempts | exhausted | p50 ms | p99 ms | max ms | "
+        "healthy fair share lost % | "
         + " | ".join(f"bad on {k} broker (producers)" for k in kinds) + " |",
-        "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(kinds),
+        "|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(kinds),
     ]
     for arm, a in s.items():
         cells = []
@@ -641,7 +680,8 @@ def markdown(results: Sequence[ArmResult], args: argparse.Namespace, command: st
         lines.append(
             f"| {arm} | {a['messages']:,.0f} | {a['failed_attempts']:,.0f} | "
             f"{a['exhausted']:.0f} | {_f(a['p50_ms'])} | {_f(a['p99_ms'])} | "
-            f"{_f(a['max_ms'], '{:.0f}')} | " + " | ".join(cells) + " |")
+            f"{_f(a['max_ms'], '{:.0f}')} | {_f(100 * a['healthy_lost'], '{:.1f}')} | "
+            + " | ".join(cells) + " |")
     lines += [
         "",
         "| strategy | " + " | ".join(
@@ -679,7 +719,7 @@ def markdown(results: Sequence[ArmResult], args: argparse.Namespace, command: st
 
 
 COLORS = {"no-avoidance": "tab:gray", "per-producer": "tab:red",
-          "detour-cached": "tab:blue", "detour-http": "tab:cyan"}
+          "detour-cached": "tab:blue", "detour-http": "tab:cyan", "detour-pending": "tab:green"}
 SHADE = {"crash": "tab:red", "hang": "tab:orange", "slow": "gold"}
 
 

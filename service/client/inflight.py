@@ -8,9 +8,12 @@ the broker for everyone once ``pendingQuorum`` producers have one open
 (docs/policy.md, "Hangs: pendingQuorum"). The completed send's own report withdraws it.
 
 The threshold is ``max(floor, factor x the broker's recent p99)`` over its completed
-sends, ``max(floor, COLD_MS)`` before ``MIN_SAMPLES`` of them: a broker's p99 is what
-"far longer than normal" is measured against, the floor keeps a very fast broker's
-jitter (a GC pause of this process) from signalling. A send that stays outstanding
+sends: a broker's p99 is what "far longer than normal" is measured against, the floor
+keeps a very fast broker's jitter (a GC pause of this process) from signalling. A broker
+with fewer than ``MIN_SAMPLES`` completed sends borrows the p99 of this client's recent
+sends to every broker (at 20 msg/s over 8 brokers a producer needs 3 s to know each
+broker; a hang in that time should not wait for a cold guess), and ``max(floor,
+COLD_MS)`` stands before the client has that many at all. A send that stays outstanding
 signals again each time its outstanding time doubles (the later signal may fall in a
 tier with a longer window). No I/O and no clock of its own: ``now_ms`` comes in, the
 client's background thread (or task) asks ``due`` and sends what it returns.
@@ -55,6 +58,8 @@ class InFlight:
         self.floor_ms = floor_ms
         self._lock = threading.Lock()
         self._latencies: OrderedDict[str, deque[float]] = OrderedDict()
+        #: the latest completed sends to any broker (a new broker's prior)
+        self._everyone: deque[float] = deque(maxlen=SAMPLES)
         self._sends: dict[int, _Send] = {}
         self._tokens = itertools.count(1)
         #: signals handed out by ``due``
@@ -72,7 +77,9 @@ class InFlight:
     def _threshold(self, broker: str) -> float:
         recent = self._latencies.get(broker)
         if recent is None or len(recent) < MIN_SAMPLES:
-            return max(self.floor_ms, COLD_MS)
+            recent = self._everyone
+            if len(recent) < MIN_SAMPLES:
+                return max(self.floor_ms, COLD_MS)
         ordered = sorted(recent)
         p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
         return max(self.floor_ms, self.factor * p99)
@@ -103,6 +110,7 @@ class InFlight:
             else:
                 self._latencies.move_to_end(send.broker)
             recent.append(latency_ms)
+            self._everyone.append(latency_ms)
 
     def due(self, now_ms: float) -> list[tuple[str, float]]:
         """(broker, outstanding ms) of each send that passed its threshold (or doubled its
