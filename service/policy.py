@@ -592,12 +592,13 @@ def apply(
         probation, probe = False, "passed"
     reachable = old.reachable if old is not None else None
     signals = old.pending if old is not None else ()
+    end = base.available_at
     if signals:
-        signals = withdraw_pending(signals, producer, at_ms, now_ms, config)
+        signals, end = settle_pending(signals, producer, isolation, end, at_ms, now_ms, config)
     item = FaultItem(
         broker_name,
         latency_ms,
-        base.available_at,
+        end,
         isolations,
         suspects,
         probation,
@@ -718,12 +719,50 @@ def pending_duration(config: Config, latency_ms: int) -> int:
 
 
 Signals = tuple[tuple[str, int, int], ...]
+#: The entry that marks a window held by signals alone: (HOLD, window end, 0). No producer
+#: id can contain ``~`` (the API's pattern), so it never counts as one.
+HOLD = "~"
 
 
 def live_signals(pending: Signals, now_ms: int, config: Config) -> set[str]:
     """Producers with an open signal signalled within ``quorumWindowMs`` of ``now``."""
     since = now_ms - config.quorum_window_ms
-    return {p for p, _, at in pending if at > 0 and at > since}
+    return {p for p, _, at in pending if at > 0 and at > since and p != HOLD}
+
+
+def held_until(pending: Signals) -> int:
+    """The end of the window the signals alone hold open (0: none)."""
+    return next((s for p, s, _ in pending if p == HOLD), 0)
+
+
+def settle_pending(
+    pending: Signals,
+    producer: str,
+    isolation: bool,
+    end_ms: int,
+    at_ms: int,
+    now_ms: int,
+    config: Config,
+) -> tuple[Signals, int]:
+    """A report that is not pending, on a broker with signals: (signals after, window end).
+
+    It withdraws its producer's signal (``withdraw_pending``). A window the signals hold
+    (a pending quorum opened or last moved it, ``HOLD``) that another report has moved
+    since belongs to that report now: it is no longer held. One still held ends at this
+    report when the report is a completed send (not a failure: a timeout confirms the
+    hang) and the live signals are short of ``pendingQuorum``: the sends that looked hung
+    were answered, the broker was slow for a moment, not hung.
+    """
+    pending = withdraw_pending(pending, producer, at_ms, now_ms, config)
+    hold = held_until(pending)
+    if not hold:
+        return pending, end_ms
+    released = tuple(e for e in pending if e[0] != HOLD)
+    if end_ms != hold:
+        return released, end_ms
+    if not isolation and len(live_signals(pending, now_ms, config)) < config.pending_quorum:
+        return released, min(end_ms, at_ms)
+    return pending, end_ms
 
 
 def pending_vote(
@@ -785,14 +824,18 @@ def apply_pending(
     is recorded (``pending_vote``); when distinct producers with a live signal reach
     ``pendingQuorum`` the window of ``pending_tier`` opens for everyone, extend-only
     (whatever ``lastReportWins`` says: a signal is no answer that could end a window),
-    and the signals are cleared. ``currentLatencyMs`` stays: no send has completed.
+    held by the signals until their sends complete (``settle_pending``).
+    ``currentLatencyMs`` stays: no send has completed.
     """
+    # A broker's first report being a signal creates an item whose window never opened
+    # (end 0), not one ending at the signal: a replica's clock, a little behind the
+    # store's by design (it errs toward avoiding), would see that end as a window.
     if config.pending_quorum == 0 or not config.send_latency_fault_enable:
-        item = old if old is not None else FaultItem(broker_name, 0, at_ms)
+        item = old if old is not None else FaultItem(broker_name, 0, 0)
         return Applied(item, 0, None)
     t = pending_tier(config, latency_ms)
     duration = 0 if t is None else config.not_available_duration[t]
-    base = old if old is not None else FaultItem(broker_name, 0, at_ms)
+    base = old if old is not None else FaultItem(broker_name, 0, 0)
     signals, accepted = pending_vote(
         base.pending, producer, at_ms - latency_ms, at_ms, now_ms, config
     )
@@ -801,7 +844,11 @@ def apply_pending(
     voters = live_signals(signals, now_ms, config)
     if len(voters) < config.pending_quorum:
         return Applied(replace(base, pending=signals), 0, t, suspected=True)
-    end = max(base.available_at, at_ms + duration)
-    cleared = tuple(e for e in signals if e[2] == 0)
-    item = replace(base, available_at=end, pending=cleared)
+    end = base.available_at
+    if at_ms + duration > end:
+        # the signals hold the window (``settle_pending`` may end it early); the signals
+        # stay: each completed send withdraws its own
+        end = at_ms + duration
+        signals = _bounded(signals, HOLD, (HOLD, end, 0), now_ms, config)
+    item = replace(base, available_at=end, pending=signals)
     return Applied(item, duration, t, quorum_reached=True, reporters=len(voters))

@@ -163,6 +163,17 @@ local function encode_value(lat, new_end, iso, probation, reach, suspects, slow,
   return value
 end
 
+-- policy.live_signals: producers with an open signal within the quorum window.
+local function live_voters(signals)
+  local n = 0
+  for _, s in ipairs(signals) do
+    if s[3] > 0 and s[3] > now - quorum_window and s[1] ~= '~' then
+      n = n + 1
+    end
+  end
+  return n
+end
+
 local evicted = 0
 if rule ~= 'off' then
   local cap = tonumber(ARGV[5])
@@ -330,7 +341,7 @@ for i = FIRST, #ARGV, STRIDE do
   if ARGV[i + 6] == '3' then
     -- policy.apply_pending: record the signal; a quorum of them opens the window (extend
     -- only); nothing at all with pendingQuorum 0, avoidance off or no windowed tier.
-    new_end = old_end or at
+    new_end = old_end or 0
     local mine, accepted = nil, rule ~= 'off' and pending_quorum > 0 and duration > 0
     for _, s in ipairs(signals) do
       if s[1] == voter then
@@ -350,22 +361,13 @@ for i = FIRST, #ARGV, STRIDE do
       value = old or ''
     else
       signals = bounded_signals(signals, voter, {voter, since, sig_at})
-      local voters = 0
-      for _, s in ipairs(signals) do
-        if s[3] > 0 and s[3] > now - quorum_window then
-          voters = voters + 1
-        end
-      end
+      local voters = live_voters(signals)
       if voters >= pending_quorum then
-        local cleared = {}
-        for _, s in ipairs(signals) do
-          if s[3] == 0 then
-            cleared[#cleared + 1] = s
-          end
-        end
-        signals, quorum_state, reporters = cleared, 2, voters
+        quorum_state, reporters = 2, voters
         if at + duration > new_end then
+          -- held by the signals (policy.settle_pending may end it early)
           new_end = at + duration
+          signals = bounded_signals(signals, '~', {'~', new_end, 0})
         end
       else
         quorum_state, duration = 1, 0
@@ -513,6 +515,27 @@ for i = FIRST, #ARGV, STRIDE do
       end
     end
     own_ended = own_ended or withdrawn
+    -- policy.settle_pending: a window the signals hold
+    local hold = nil
+    for _, s in ipairs(signals) do
+      if s[1] == '~' then
+        hold = s[2]
+      end
+    end
+    if hold ~= nil then
+      local released = {}
+      for _, s in ipairs(signals) do
+        if s[1] ~= '~' then
+          released[#released + 1] = s
+        end
+      end
+      if new_end ~= hold then
+        signals = released
+      elseif isolation ~= '1' and live_voters(signals) < pending_quorum then
+        signals = released
+        new_end = math.min(new_end, at)
+      end
+    end
     value = encode_value(latency, new_end, iso, probation, reach, suspects, slow, signals)
     redis.call('HSET', KEYS[1], broker, value)
     redis.call('ZADD', KEYS[5], new_end, broker)
