@@ -119,8 +119,9 @@ ORDERED = Counter(
 QUORUM = Counter(
     "detour_quorum_reports_total",
     "Failures subject to isolationQuorum, slow answers subject to latencyQuorum and "
-    "in-flight signals subject to pendingQuorum, by broker and outcome: suspected (short of the quorum: only the reporter avoids the "
-    "broker) or reached (the window opened for everyone).",
+    "in-flight signals subject to pendingQuorum, by broker and outcome: suspected (short "
+    "of the quorum: only the reporter avoids the broker) or reached (the window opened for "
+    "everyone).",
     ["namespace", "broker", "outcome"],
 )
 EVENTS = Counter(

@@ -20,8 +20,8 @@ from service import policy
 from service.model import Config, FaultItem
 from service.store import codec
 from service.store.redis import _policy_arg, integrity_arg
-from tests.test_behaviour import items, put_route, select
 from tests.procs import wait_until
+from tests.test_behaviour import items, put_route, select
 from tests.test_behaviour_policy import configure, metric
 
 NOW = 1_764_000_000_000

@@ -389,9 +389,7 @@ class DetourClient:
         )
 
     # -- in-flight signals ------------------------------------------------------
-    def _tracked(
-        self, deliver: Callable[[SelectedQueue, P], R]
-    ) -> Callable[[SelectedQueue, P], R]:
+    def _tracked(self, deliver: Callable[[SelectedQueue, P], R]) -> Callable[[SelectedQueue, P], R]:
         """``deliver`` with each call tracked as an outstanding send (``core.inflight``);
         the signal thread queues a pending report when one is due. Never blocks or fails
         the send: tracking is a dict entry, the report leaves from the flusher."""
