@@ -40,6 +40,12 @@ Strategies, each over the same faults:
     ``<delay>`` after the send completed (1 ms, 100 ms, 1 s by default:
     ``--delays``); the reporting producer applies its own report at once, as the
     SDK does. Producers keep their own round-robin counters (cached mode).
+``detour-pending``
+    ``detour-100ms`` (the middle delay) with the recommended in-flight signals
+    (``pendingQuorum`` 2): a send outstanding past the SDK's threshold (``max(50
+    ms, 4 x the latency model's p99)``) signals; the signal reaches the shared table
+    ``<delay>`` later, and every report goes through ``service.policy.apply``
+    (which withdraws the signal). docs/policy.md, "Hangs".
 
 Counted: a *bad attempt* is one that failed (refused or timed out) or took at
 least 550 ms (the first tier that opens a window). Bad attempts are
@@ -86,7 +92,7 @@ from typing import Any
 
 import numpy as np
 
-from service import strategy
+from service import policy, strategy
 from service.model import BrokerRoute, Config, FaultItem, Route
 
 TOPIC = "sim"
@@ -97,7 +103,10 @@ KINDS = ("crash", "hang", "slow", "flapping")
 # broker states
 UP, REFUSED, HANG, SLOW = 0, 1, 2, 3
 # heap events
-EV_STATE, EV_DONE = 0, 1
+EV_STATE, EV_DONE, EV_SIGNAL = 0, 1, 2
+#: The detour-pending arm's pendingQuorum and the SDK's signal rule (service.client.inflight)
+PENDING_QUORUM = 2
+PENDING_FACTOR, PENDING_FLOOR_MS = 4.0, 50.0
 
 _SAMPLES = 1 << 20
 _MASK = _SAMPLES - 1
@@ -144,6 +153,8 @@ class Arm:
     #: "none", "per-producer" or "detour"
     kind: str
     delay_ms: int = 0
+    #: pendingQuorum (0: no in-flight signals)
+    pending: int = 0
 
 
 def arms(delays_ms: Sequence[int] = (1, 100, 1000)) -> list[Arm]:
@@ -151,6 +162,9 @@ def arms(delays_ms: Sequence[int] = (1, 100, 1000)) -> list[Arm]:
     for d in delays_ms:
         label = f"{d // 1000} s" if d >= 1000 and d % 1000 == 0 else f"{d} ms"
         out.append(Arm(f"detour-{label.replace(' ', '')}", "detour", d))
+    # the recommended in-flight signals, at the middle delay
+    out.append(Arm("detour-pending", "detour", sorted(delays_ms)[len(delays_ms) // 2],
+                   PENDING_QUORUM))
     return out
 
 
@@ -246,7 +260,8 @@ def simulate(
     names = broker_names(world.brokers)
     route = Route.from_brokers(TOPIC, [BrokerRoute(b, world.queues) for b in names])
     index = {b: i for i, b in enumerate(names)}
-    config = Config()
+    pend = arm.pending > 0
+    config = Config(pending_quorum=arm.pending)
     lrw = config.last_report_wins
     enabled = arm.kind != "none"
     per_producer = arm.kind == "per-producer"
@@ -259,6 +274,8 @@ def simulate(
     counters = [int(x) for x in rng.integers(0, 1 << 30, producers)]
     phases = [int(x) for x in rng.integers(0, period, producers)]
     mu = math.log(world.latency_median_ms)
+    # the SDK's threshold on a healthy broker: factor x the latency model's p99, floored
+    signal_ms = max(PENDING_FLOOR_MS, PENDING_FACTOR * math.exp(mu + 2.326 * world.latency_sigma))
     samples: list[float] = np.exp(rng.normal(mu, world.latency_sigma, _SAMPLES)).tolist()
     order = sorted(range(producers), key=lambda p: phases[p])
     phase_of = [phases[p] for p in order]
@@ -266,7 +283,7 @@ def simulate(
     tables: list[dict[str, FaultItem]] = [{} for _ in range(producers)] if per_producer else []
     table: dict[str, FaultItem] = {}
     own: list[dict[str, FaultItem] | None] = [None] * producers
-    arrivals: deque[tuple[int, int, str, int, int]] = deque()
+    arrivals: deque[tuple[int, int, str, int, int, bool]] = deque()
     empty: dict[str, FaultItem] = {}
 
     nb = world.brokers
@@ -296,6 +313,7 @@ def simulate(
     select = strategy.select
     report_duration = strategy.report_duration
     apply_report = strategy.apply_report
+    papply = policy.apply
     heappush, heappop = heapq.heappush, heapq.heappop
     ks = 0
     n_attempts = n_failed = n_slow = n_exhausted = 0
@@ -354,10 +372,18 @@ def simulate(
                 seq += 1
             return
         duration = report_duration(config, ms, not ok)
-        if ok and duration == 0:
+        if pend and ms > signal_ms:
+            # outstanding past the threshold: the signal reaches the table ``delay`` later
+            # (before the send's completion report, which leaves after it)
+            heappush(heap, (t + int(signal_ms) + delay, seq, EV_SIGNAL, p, name, int(signal_ms)))
+            seq += 1
+        if ok and duration == 0 and not (pend and ms > signal_ms):
             if per_producer:
                 tb = tables[p]
                 tb[name] = apply_report(tb.get(name), name, ms, 0, t, lrw)
+            elif pend:
+                table[name] = papply(table.get(name), name, ms, False, None, str(p), t, t,
+                                     config).item
             else:
                 table[name] = apply_report(table.get(name), name, ms, 0, t, lrw)
             lat_out.append(elapsed + lat)
@@ -376,7 +402,7 @@ def simulate(
             if o is None:
                 o = own[p] = {}
             o[name] = apply_report(o.get(name) or table.get(name), name, ms, duration, t, lrw)
-            arrivals.append((t + delay, p, name, ms, duration))
+            arrivals.append((t + delay, p, name, ms, duration, failed))
         if not failed:
             lat_out.append(elapsed)
         elif n < retries and elapsed < deadline:
@@ -385,9 +411,13 @@ def simulate(
             n_exhausted += 1
             lat_out.append(elapsed)
 
-    def arrive(a: tuple[int, int, str, int, int]) -> None:
-        t, p, name, ms, duration = a
-        item = apply_report(table.get(name), name, ms, duration, t, lrw)
+    def arrive(a: tuple[int, int, str, int, int, bool]) -> None:
+        t, p, name, ms, duration, failed = a
+        if pend:
+            # policy.apply: the report also withdraws its producer's signal
+            item = papply(table.get(name), name, ms, failed, None, str(p), t, t, config).item
+        else:
+            item = apply_report(table.get(name), name, ms, duration, t, lrw)
         table[name] = item
         o = own[p]
         if o is not None:
@@ -424,6 +454,10 @@ def simulate(
                 ev = heappop(heap)
                 if ev[2] == EV_DONE:
                     done(ev)
+                elif ev[2] == EV_SIGNAL:
+                    st, _, _, sp, sname, sms = ev
+                    table[sname] = papply(table.get(sname), sname, sms, False, None, str(sp),
+                                          st, st, config, pending=True).item
                 else:
                     state_change(ev)
 
