@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -535,3 +536,33 @@ def test_the_async_client_signals_a_hung_send() -> None:
         assert m is not None and float(m.group(1)) >= 1
         # one producer: short of the quorum (the window is the failed send's own isolation)
         assert 'outcome="reached"' not in text
+
+
+@pytest.mark.unit
+def test_the_simulations_pending_arm_avoids_hangs_before_the_timeout() -> None:
+    """bench/simulate.py's detour-pending arm (every report through policy.apply, the SDK's
+    signal rule): hangs cost far fewer bad attempts than the same shared table without."""
+    from bench import simulate
+
+    world = simulate.World(brokers=20, queues=4, duration_s=600, seed=3, rate=5.0)
+    arms = {a.name: a for a in simulate.arms()}
+    base = simulate.simulate(world, arms["detour-100ms"], 50)
+    pend = simulate.simulate(world, arms["detour-pending"], 50)
+    assert pend.kinds["hang"]["per_fault"] * 4 <= base.kinds["hang"]["per_fault"]
+    assert pend.kinds["slow"]["per_fault"] <= base.kinds["slow"]["per_fault"]
+
+
+def test_inflight_track_ends_a_send_with_or_without_a_sample() -> None:
+    from service.client.inflight import InFlight
+
+    f = InFlight(factor=4, floor_ms=50)
+    now = [1000.0]
+    woken: list[float] = []
+    with f.track("a", lambda: now[0], woken.append):
+        assert f.outstanding() == 1
+        now[0] += 7
+    assert woken == [1200.0] and f.outstanding() == 0
+    with pytest.raises(TimeoutError), f.track("a", lambda: now[0], woken.append):
+        raise TimeoutError
+    assert f.outstanding() == 0
+    assert f._latencies["a"] == deque([7.0])

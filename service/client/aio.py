@@ -376,17 +376,8 @@ class AsyncDetourClient:
         inflight = self._core.inflight
 
         async def tracked(queue: SelectedQueue, payload: P) -> R:
-            start = time.monotonic_ns()
-            token = inflight.begin(queue.broker_name, start / 1_000_000)
-            if token:
-                self._arm_signal(start / 1_000_000 + inflight.threshold_ms(queue.broker_name))
-            try:
-                value = await deliver(queue, payload)
-            except BaseException:
-                inflight.end(token, None)
-                raise
-            inflight.end(token, (time.monotonic_ns() - start) / 1_000_000)
-            return value
+            with inflight.track(queue.broker_name, mono_ms, self._arm_signal):
+                return await deliver(queue, payload)
 
         return tracked
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 #: Completed sends per broker the p99 is taken over (the most recent).
@@ -94,6 +96,24 @@ class InFlight:
             token = next(self._tokens)
             self._sends[token] = _Send(broker, now_ms, now_ms + self._threshold(broker))
             return token
+
+    @contextmanager
+    def track(
+        self, broker: str, clock: Callable[[], float], wake: Callable[[float], None]
+    ) -> Iterator[None]:
+        """One send to ``broker`` as a ``with`` block: begun at ``clock()`` (monotonic ms),
+        ``wake(due ms)`` told when it will be due, ended with its latency when the block
+        completes, without one when it raises (the exception goes on)."""
+        start = clock()
+        token = self.begin(broker, start)
+        if token:
+            wake(start + self.threshold_ms(broker))
+        try:
+            yield
+        except BaseException:
+            self.end(token, None)
+            raise
+        self.end(token, clock() - start)
 
     def end(self, token: int, latency_ms: float | None) -> None:
         """The send ended: ``latency_ms`` when it completed (a sample of the broker's

@@ -23,7 +23,7 @@ from service.client.cached import FLUSH_AT
 from service.client.core import ClientCore
 from service.client.errors import DetourRequestError, DetourUnavailable, TopicNotFound
 from service.client.http import Parse, SyncHTTP, headers, json_object
-from service.client.pending import Pending
+from service.client.pending import Pending, mono_ms
 from service.client.send import ExcTypes, send_sync
 from service.client.sse import MAX_EVENT_BYTES
 from service.client.threads import FlushThread, SignalThread, StreamThread, flush_once
@@ -395,19 +395,11 @@ class DetourClient:
         the send: tracking is a dict entry, the report leaves from the flusher."""
         inflight = self._core.inflight
         signals = self._signal_thread()
+        wake = signals.poke if signals is not None else (lambda _due: None)
 
         def tracked(queue: SelectedQueue, payload: P) -> R:
-            start = time.monotonic_ns()
-            token = inflight.begin(queue.broker_name, start / 1_000_000)
-            if token and signals is not None:
-                signals.poke(start / 1_000_000 + inflight.threshold_ms(queue.broker_name))
-            try:
-                value = deliver(queue, payload)
-            except BaseException:
-                inflight.end(token, None)
-                raise
-            inflight.end(token, (time.monotonic_ns() - start) / 1_000_000)
-            return value
+            with inflight.track(queue.broker_name, mono_ms, wake):
+                return deliver(queue, payload)
 
         return tracked
 
