@@ -38,6 +38,7 @@ DEFAULT_CONFIG = {
     "detectorEnable": False,
     "detectIntervalMs": 2000,
     "detectTimeoutMs": 200,
+    "pendingQuorum": 0,
 }
 
 
