@@ -472,6 +472,8 @@ class ArmResult:
     other_bad: int = 0
     #: share of the never-faulty brokers' fair traffic they did not get (``healthy_lost``)
     healthy_lost: float = 0.0
+    #: windows opened on never-faulty brokers (Detour's event log; None for the others)
+    healthy_windows: int | None = None
 
 
 BIN_S = 0.25
@@ -585,6 +587,7 @@ def run_arm(arm: str, repeat: int, producers: Producers, detour: str | None,
             for b in route["brokers"]:
                 if slow and b["brokerName"] == slow[0].broker and proxy is not None:
                     b["address"] = f"127.0.0.1:{proxy.port}"
+            since: str | None = None
             if arm.startswith("detour"):
                 assert detour is not None
                 with httpx.Client(base_url=detour, timeout=5) as c:
@@ -592,6 +595,9 @@ def run_arm(arm: str, repeat: int, producers: Producers, detour: str | None,
                     c.put(f"/routes/{topic}", json=route).raise_for_status()
                     for name in fleet.brokers:  # windows left by the previous arm
                         c.delete(f"/fault-items/{name}")
+                    # the arm's own events come after this one (the log outlives arms)
+                    last = c.get("/events", params={"latest": "true", "limit": 1}).json()
+                    since = last["events"][-1]["id"] if last["events"] else None
             job = Job(arm, topic, detour, route, config, args.rate, args.duration,
                       args.timeout, 2, 3.0)
             records: list[FaultRecord] = []
@@ -600,14 +606,22 @@ def run_arm(arm: str, repeat: int, producers: Producers, detour: str | None,
                 records.extend(run_faults(fleet, proxy, faults, t0, args.duration, tick))
 
             out = producers.run(job, on_go, timeout_s=30)
+            events: list[dict[str, Any]] | None = None
             if arm.startswith("detour"):
                 with httpx.Client(base_url=detour, timeout=5) as c:
-                    events = c.get("/events", params={"limit": 1000}).json()["events"]
+                    params = {"limit": 1000, **({"since": since} if since else {})}
+                    events = c.get("/events", params=params).json()["events"]
                 (args.out / f"events-{arm}-{repeat}.json").write_text(json.dumps(events))
         finally:
             if proxy is not None:
                 proxy.stop()
-    return analyse(arm, repeat, list(fleet.brokers), out, records, args.duration)
+    result = analyse(arm, repeat, list(fleet.brokers), out, records, args.duration)
+    if events is not None:
+        faulty = {f.broker for f in faults}
+        # a window on a broker no fault touched: false avoidance (Detour's arms only)
+        result.healthy_windows = sum(1 for e in events if e["kind"] in ("opened", "quorum")
+                                     and e["brokerName"] not in faulty)
+    return result
 
 
 # -- output ------------------------------------------------------------------------------------
@@ -646,6 +660,8 @@ def summary(results: Sequence[ArmResult]) -> dict[str, dict[str, Any]]:
             "max_ms": _median([r.max_ms for r in rs]),
             "other_bad": _median([r.other_bad for r in rs]),
             "healthy_lost": _median([r.healthy_lost for r in rs]),
+            "healthy_windows": None if rs[0].healthy_windows is None
+            else sum(r.healthy_windows or 0 for r in rs),
             "kinds": kinds,
         }
     return out
@@ -667,9 +683,9 @@ def markdown(results: Sequence[ArmResult], args: argparse.Namespace, command: st
         f"{args.slow_ms:g} ms. Medians of {runs} run(s); wall time {wall_s:.0f} s.",
         "",
         "| strategy | messages | failed attempts | exhausted | p50 ms | p99 ms | max ms | "
-        "healthy fair share lost % | "
+        "healthy fair share lost % | windows on healthy brokers | "
         + " | ".join(f"bad on {k} broker (producers)" for k in kinds) + " |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(kinds),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(kinds),
     ]
     for arm, a in s.items():
         cells = []
@@ -681,6 +697,7 @@ def markdown(results: Sequence[ArmResult], args: argparse.Namespace, command: st
             f"| {arm} | {a['messages']:,.0f} | {a['failed_attempts']:,.0f} | "
             f"{a['exhausted']:.0f} | {_f(a['p50_ms'])} | {_f(a['p99_ms'])} | "
             f"{_f(a['max_ms'], '{:.0f}')} | {_f(100 * a['healthy_lost'], '{:.1f}')} | "
+            f"{'-' if a['healthy_windows'] is None else a['healthy_windows']} | "
             + " | ".join(cells) + " |")
     lines += [
         "",
