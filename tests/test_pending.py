@@ -315,6 +315,24 @@ def test_a_quorum_of_signals_avoids_the_broker_for_everyone(client: TestClient) 
 
 
 @pytest.mark.integration
+def test_a_signal_sent_twice_is_applied_once(client: TestClient) -> None:
+    """A retried batch (or a journal replay) carrying a signal: its reportId makes it
+    apply once, so a replay can neither refresh a withdrawn signal nor count again."""
+    configure(client, pendingQuorum=2)
+    put_route(client, "t", {"a": 2, "c": 2})
+    before = metric(client, "detour_reports_duplicate_total")
+    body = {"reports": [{"brokerName": "c", "latencyMs": 60, "producer": "p1",
+                         "pending": True, "reportId": "p1-7"}]}
+    assert client.post("/report-latency:batch", json=body).status_code == 200
+    completed(client, "c", 70, "p1")  # withdraws p1's signal
+    assert client.post("/report-latency:batch", json=body).status_code == 200  # the replay
+    assert metric(client, "detour_reports_duplicate_total") == before + 1
+    # p1's signal stays withdrawn: p2's alone is short of the quorum
+    assert pending(client, "c", 60, "p2")["notAvailableDurationMs"] == 0
+    assert items(client)["c"]["available"] is True
+
+
+@pytest.mark.integration
 def test_completed_sends_keep_a_slow_but_alive_broker_in_rotation(client: TestClient) -> None:
     configure(client, pendingQuorum=2)
     put_route(client, "t", {"a": 2, "c": 2})
