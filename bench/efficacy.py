@@ -212,6 +212,9 @@ class Job:
     timeout_s: float
     retries: int
     deadline_s: float
+    #: the SDK's in-flight signal rule (service.client.inflight)
+    pending_factor: float = 4.0
+    pending_floor_ms: float = 50.0
 
 
 def _config(body: dict[str, Any], enabled: bool) -> Any:
@@ -284,7 +287,8 @@ def run_producer(index: int, producers: int, job: Job, conn: Connection) -> dict
         cached = job.arm in ("detour-cached", "detour-pending")
         client = DetourClient(job.detour, mode="cached" if cached else "remote",
                               retries=job.retries, deadline=job.deadline_s,
-                              producer=f"efficacy-{index}")
+                              producer=f"efficacy-{index}", pending_factor=job.pending_factor,
+                              pending_floor_ms=job.pending_floor_ms)
         if not client.wait_ready(15):
             raise RuntimeError(f"producer {index}: Detour not ready")
 
@@ -474,6 +478,8 @@ class ArmResult:
     healthy_lost: float = 0.0
     #: windows opened on never-faulty brokers (Detour's event log; None for the others)
     healthy_windows: int | None = None
+    #: how long those windows kept their brokers avoided, summed (s)
+    healthy_avoided_s: float | None = None
 
 
 BIN_S = 0.25
@@ -599,7 +605,7 @@ def run_arm(arm: str, repeat: int, producers: Producers, detour: str | None,
                     last = c.get("/events", params={"latest": "true", "limit": 1}).json()
                     since = last["events"][-1]["id"] if last["events"] else None
             job = Job(arm, topic, detour, route, config, args.rate, args.duration,
-                      args.timeout, 2, 3.0)
+                      args.timeout, 2, 3.0, args.pending_factor, args.pending_floor_ms)
             records: list[FaultRecord] = []
 
             def on_go(t0: float) -> None:
@@ -618,10 +624,28 @@ def run_arm(arm: str, repeat: int, producers: Producers, detour: str | None,
     result = analyse(arm, repeat, list(fleet.brokers), out, records, args.duration)
     if events is not None:
         faulty = {f.broker for f in faults}
-        # a window on a broker no fault touched: false avoidance (Detour's arms only)
-        result.healthy_windows = sum(1 for e in events if e["kind"] in ("opened", "quorum")
-                                     and e["brokerName"] not in faulty)
+        # windows on brokers no fault touched: false avoidance (Detour's arms only)
+        healthy = [e for e in events if e["brokerName"] not in faulty]
+        result.healthy_windows = sum(1 for e in healthy if e["kind"] in ("opened", "quorum"))
+        result.healthy_avoided_s = round(avoided_ms(healthy) / 1000, 3)
     return result
+
+
+def avoided_ms(events: Sequence[dict[str, Any]]) -> int:
+    """How long the events' windows kept their brokers avoided, summed: each window from
+    its opening to its end as last moved, or to the event that ended it early."""
+    total = 0
+    open_at: dict[str, tuple[int, int]] = {}
+    for e in events:
+        b = e["brokerName"]
+        if e["kind"] in ("opened", "quorum") and b not in open_at:
+            open_at[b] = (e["at"], e["availableAt"])
+        elif e["kind"] == "extended" and b in open_at:
+            open_at[b] = (open_at[b][0], e["availableAt"])
+        elif e["kind"] == "ended" and b in open_at:
+            start, end = open_at.pop(b)
+            total += max(0, min(end, e["at"]) - start)
+    return total + sum(end - start for start, end in open_at.values())
 
 
 # -- output ------------------------------------------------------------------------------------
@@ -662,6 +686,8 @@ def summary(results: Sequence[ArmResult]) -> dict[str, dict[str, Any]]:
             "healthy_lost": _median([r.healthy_lost for r in rs]),
             "healthy_windows": None if rs[0].healthy_windows is None
             else sum(r.healthy_windows or 0 for r in rs),
+            "healthy_avoided_s": None if rs[0].healthy_avoided_s is None
+            else round(sum(r.healthy_avoided_s or 0 for r in rs), 3),
             "kinds": kinds,
         }
     return out
@@ -683,7 +709,7 @@ def markdown(results: Sequence[ArmResult], args: argparse.Namespace, command: st
         f"{args.slow_ms:g} ms. Medians of {runs} run(s); wall time {wall_s:.0f} s.",
         "",
         "| strategy | messages | failed attempts | exhausted | p50 ms | p99 ms | max ms | "
-        "healthy fair share lost % | windows on healthy brokers | "
+        "healthy fair share lost % | windows on healthy brokers (avoided s), all runs | "
         + " | ".join(f"bad on {k} broker (producers)" for k in kinds) + " |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(kinds),
     ]
@@ -697,7 +723,8 @@ def markdown(results: Sequence[ArmResult], args: argparse.Namespace, command: st
             f"| {arm} | {a['messages']:,.0f} | {a['failed_attempts']:,.0f} | "
             f"{a['exhausted']:.0f} | {_f(a['p50_ms'])} | {_f(a['p99_ms'])} | "
             f"{_f(a['max_ms'], '{:.0f}')} | {_f(100 * a['healthy_lost'], '{:.1f}')} | "
-            f"{'-' if a['healthy_windows'] is None else a['healthy_windows']} | "
+            + ("- | " if a["healthy_windows"] is None
+               else f"{a['healthy_windows']} ({a['healthy_avoided_s']:.2f}) | ")
             + " | ".join(cells) + " |")
     lines += [
         "",
@@ -822,6 +849,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("bench/out"))
     p.add_argument("--img", type=Path, default=None, help="write the plots here too")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--pending-factor", type=float, default=4.0,
+                   help="SDK in-flight signals: k x the broker's p99 (4; the SDK's default)")
+    p.add_argument("--pending-floor-ms", type=float, default=50.0,
+                   help="SDK in-flight signals: the threshold's floor, ms (50)")
     p.add_argument("--config", type=json.loads, default={},
                    help='extra Config fields (JSON) for every arm, e.g. \'{"latencyQuorum": 2}\'')
     args = p.parse_args(argv)

@@ -584,3 +584,16 @@ def test_inflight_track_ends_a_send_with_or_without_a_sample() -> None:
         raise TimeoutError
     assert f.outstanding() == 0
     assert f._latencies["a"] == deque([7.0])
+
+
+@pytest.mark.unit
+def test_efficacy_counts_how_long_healthy_brokers_were_avoided() -> None:
+    from bench import efficacy
+
+    events = [
+        {"kind": "opened", "brokerName": "h", "at": 100, "availableAt": 850},
+        {"kind": "extended", "brokerName": "h", "at": 120, "availableAt": 870},
+        {"kind": "ended", "brokerName": "h", "at": 260, "availableAt": 260},
+        {"kind": "opened", "brokerName": "e", "at": 1000, "availableAt": 1750},
+    ]
+    assert efficacy.avoided_ms(events) == 160 + 750
