@@ -22,6 +22,10 @@ brokers (8 ``redis-server`` processes x 2 queues, ``pipeline.brokers``), one
     active detector every 500 ms, ``repeatMultiplier``). Neither is scaled: the ramp
     covers the time a slow answer takes to be reported, the detector's interval the
     time to notice a restart, and neither of those is scaled either.
+``detour-pending``
+    ``detour-cached`` with the recommended in-flight signals (``PENDING``:
+    ``pendingQuorum`` 2; the SDK signals a send outstanding 4 x the broker's p99,
+    at least 50 ms): a hang is avoided before the first timeout fires.
 
 The fault schedule (``--faults``, seconds from the start of each arm):
 
@@ -88,12 +92,15 @@ import httpx
 from pipeline.brokers import Fleet, free_port
 from tests.procs import end_process
 
-ARMS = ("no-avoidance", "per-producer", "detour-cached", "detour-http", "detour-recover")
+ARMS = ("no-avoidance", "per-producer", "detour-cached", "detour-http", "detour-recover",
+        "detour-pending")
 #: The recovery arm's extra Config (docs/policy.md's recommended recovery settings).
 RECOVER: dict[str, Any] = {
     "rampMs": 3000, "earlyRecovery": True, "detectorEnable": True, "detectIntervalMs": 500,
     "repeatMultiplier": True,
 }
+#: The detour-pending arm's config on top of the others' (docs/policy.md, "Hangs").
+PENDING = {"pendingQuorum": 2}
 #: A send at least this long is a bad attempt: RocketMQ's first tier that opens a window.
 SLOW_MS = 550.0
 DEFAULT_FAULTS = "kill:broker-b@2+6,stop:broker-c@10+5,slow:broker-d@18+8"
@@ -219,6 +226,9 @@ class Job:
     timeout_s: float
     retries: int
     deadline_s: float
+    #: the SDK's in-flight signal rule (service.client.inflight)
+    pending_factor: float = 4.0
+    pending_floor_ms: float = 50.0
 
 
 def _config(body: dict[str, Any], enabled: bool) -> Any:
@@ -288,10 +298,11 @@ def run_producer(index: int, producers: int, job: Job, conn: Connection) -> dict
                              retries=job.retries, deadline=job.deadline_s)
     else:
         assert job.detour is not None
-        cached = job.arm in ("detour-cached", "detour-recover")
+        cached = job.arm in ("detour-cached", "detour-recover", "detour-pending")
         client = DetourClient(job.detour, mode="cached" if cached else "remote",
                               retries=job.retries, deadline=job.deadline_s,
-                              producer=f"efficacy-{index}")
+                              producer=f"efficacy-{index}", pending_factor=job.pending_factor,
+                              pending_floor_ms=job.pending_floor_ms)
         if not client.wait_ready(15):
             raise RuntimeError(f"producer {index}: Detour not ready")
 
@@ -479,6 +490,10 @@ class ArmResult:
     other_bad: int = 0
     #: share (%) of the never-faulty brokers' fair traffic lost to false avoidance
     healthy_lost_pct: float = 0.0
+    #: windows opened on never-faulty brokers (Detour's event log; None for the others)
+    healthy_windows: int | None = None
+    #: how long those windows kept their brokers avoided, summed (s)
+    healthy_avoided_s: float | None = None
 
 
 BIN_S = 0.25
@@ -584,7 +599,8 @@ def run_arm(arm: str, repeat: int, producers: Producers, detour: str | None,
             args: argparse.Namespace, faults: Sequence[FaultSpec],
             tick: Callable[[float], None]) -> ArmResult:
     topic = f"efficacy-{arm}-{repeat}"
-    extra = {**RECOVER, **args.config} if arm == "detour-recover" else args.config
+    extra = {**(RECOVER if arm == "detour-recover" else {}),
+             **(PENDING if arm == "detour-pending" else {}), **args.config}
     config = scaled_config(args.scale, extra)
     slow = [f for f in faults if f.action == "slow"]
     with Fleet(args.brokers, topic, args.queues) as fleet:
@@ -596,6 +612,7 @@ def run_arm(arm: str, repeat: int, producers: Producers, detour: str | None,
             for b in route["brokers"]:
                 if slow and b["brokerName"] == slow[0].broker and proxy is not None:
                     b["address"] = f"127.0.0.1:{proxy.port}"
+            since: str | None = None
             if arm.startswith("detour"):
                 assert detour is not None
                 with httpx.Client(base_url=detour, timeout=5) as c:
@@ -603,18 +620,51 @@ def run_arm(arm: str, repeat: int, producers: Producers, detour: str | None,
                     c.put(f"/routes/{topic}", json=route).raise_for_status()
                     for name in fleet.brokers:  # windows left by the previous arm
                         c.delete(f"/fault-items/{name}")
+                    # the arm's own events come after this one (the log outlives arms)
+                    last = c.get("/events", params={"latest": "true", "limit": 1}).json()
+                    since = last["events"][-1]["id"] if last["events"] else None
             job = Job(arm, topic, detour, route, config, args.rate, args.duration,
-                      args.timeout, 2, 3.0)
+                      args.timeout, 2, 3.0, args.pending_factor, args.pending_floor_ms)
             records: list[FaultRecord] = []
 
             def on_go(t0: float) -> None:
                 records.extend(run_faults(fleet, proxy, faults, t0, args.duration, tick))
 
             out = producers.run(job, on_go, timeout_s=30)
+            events: list[dict[str, Any]] | None = None
+            if arm.startswith("detour"):
+                with httpx.Client(base_url=detour, timeout=5) as c:
+                    params = {"limit": 1000, **({"since": since} if since else {})}
+                    events = c.get("/events", params=params).json()["events"]
+                (args.out / f"events-{arm}-{repeat}.json").write_text(json.dumps(events))
         finally:
             if proxy is not None:
                 proxy.stop()
-    return analyse(arm, repeat, list(fleet.brokers), out, records, args.duration)
+    result = analyse(arm, repeat, list(fleet.brokers), out, records, args.duration)
+    if events is not None:
+        faulty = {f.broker for f in faults}
+        # windows on brokers no fault touched: false avoidance (Detour's arms only)
+        healthy = [e for e in events if e["brokerName"] not in faulty]
+        result.healthy_windows = sum(1 for e in healthy if e["kind"] in ("opened", "quorum"))
+        result.healthy_avoided_s = round(avoided_ms(healthy) / 1000, 3)
+    return result
+
+
+def avoided_ms(events: Sequence[dict[str, Any]]) -> int:
+    """How long the events' windows kept their brokers avoided, summed: each window from
+    its opening to its end as last moved, or to the event that ended it early."""
+    total = 0
+    open_at: dict[str, tuple[int, int]] = {}
+    for e in events:
+        b = e["brokerName"]
+        if e["kind"] in ("opened", "quorum") and b not in open_at:
+            open_at[b] = (e["at"], e["availableAt"])
+        elif e["kind"] == "extended" and b in open_at:
+            open_at[b] = (open_at[b][0], e["availableAt"])
+        elif e["kind"] == "ended" and b in open_at:
+            start, end = open_at.pop(b)
+            total += max(0, min(end, e["at"]) - start)
+    return total + sum(end - start for start, end in open_at.values())
 
 
 # -- output ------------------------------------------------------------------------------------
@@ -653,6 +703,10 @@ def summary(results: Sequence[ArmResult]) -> dict[str, dict[str, Any]]:
             "max_ms": _median([r.max_ms for r in rs]),
             "other_bad": _median([r.other_bad for r in rs]),
             "healthy_lost_pct": _median([r.healthy_lost_pct for r in rs]),
+            "healthy_windows": None if rs[0].healthy_windows is None
+            else sum(r.healthy_windows or 0 for r in rs),
+            "healthy_avoided_s": None if rs[0].healthy_avoided_s is None
+            else round(sum(r.healthy_avoided_s or 0 for r in rs), 3),
             "kinds": kinds,
         }
     return out
@@ -675,8 +729,9 @@ def markdown(results: Sequence[ArmResult], args: argparse.Namespace, command: st
         "",
         "| strategy | messages | failed attempts | exhausted | p50 ms | p99 ms | max ms | "
         + " | ".join(f"bad on {k} broker (producers)" for k in kinds)
-        + " | healthy brokers' fair share lost % |",
-        "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(kinds) + "---:|",
+        + " | healthy brokers' fair share lost % | windows on healthy brokers "
+        "(avoided s), all runs |",
+        "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(kinds) + "---:|---:|",
     ]
     for arm, a in s.items():
         cells = []
@@ -688,7 +743,9 @@ def markdown(results: Sequence[ArmResult], args: argparse.Namespace, command: st
             f"| {arm} | {a['messages']:,.0f} | {a['failed_attempts']:,.0f} | "
             f"{a['exhausted']:.0f} | {_f(a['p50_ms'])} | {_f(a['p99_ms'])} | "
             f"{_f(a['max_ms'], '{:.0f}')} | " + " | ".join(cells)
-            + f" | {_f(a['healthy_lost_pct'])} |")
+            + f" | {_f(a['healthy_lost_pct'])} | "
+            + ("- |" if a["healthy_windows"] is None
+               else f"{a['healthy_windows']} ({a['healthy_avoided_s']:.2f}) |"))
     lines += [
         "",
         "| strategy | " + " | ".join(
@@ -726,7 +783,8 @@ def markdown(results: Sequence[ArmResult], args: argparse.Namespace, command: st
 
 
 COLORS = {"no-avoidance": "tab:gray", "per-producer": "tab:red",
-          "detour-cached": "tab:blue", "detour-http": "tab:cyan", "detour-recover": "tab:green"}
+          "detour-cached": "tab:blue", "detour-http": "tab:cyan", "detour-recover": "tab:green",
+          "detour-pending": "tab:purple"}
 SHADE = {"crash": "tab:red", "hang": "tab:orange", "slow": "gold"}
 
 
@@ -812,6 +870,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("bench/out"))
     p.add_argument("--img", type=Path, default=None, help="write the plots here too")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--pending-factor", type=float, default=4.0,
+                   help="SDK in-flight signals: k x the broker's p99 (4; the SDK's default)")
+    p.add_argument("--pending-floor-ms", type=float, default=50.0,
+                   help="SDK in-flight signals: the threshold's floor, ms (50)")
     p.add_argument("--config", type=json.loads, default={},
                    help='extra Config fields (JSON) for every arm, e.g. \'{"latencyQuorum": 2}\'')
     args = p.parse_args(argv)

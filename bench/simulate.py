@@ -48,6 +48,12 @@ Strategies, each over the same faults:
     ``repeatMultiplier``. These selects and reports go through ``service.policy``
     (``choose`` while a broker ramps up or waits for its probe, ``apply``, ``reach``):
     each producer hands out its own probes, as the SDK's cached mode does.
+``detour-pending``
+    ``detour-100ms`` (the middle delay) with the recommended in-flight signals
+    (``pendingQuorum`` 2): a send outstanding past the SDK's threshold (``max(50
+    ms, 4 x the latency model's p99)``) signals; the signal reaches the shared table
+    ``<delay>`` later, and every report goes through ``service.policy.apply``
+    (which withdraws the signal). docs/policy.md, "Hangs".
 
 Counted: a *bad attempt* is one that failed (refused or timed out) or took at
 least 550 ms (the first tier that opens a window). Bad attempts are
@@ -105,10 +111,13 @@ KINDS = ("crash", "hang", "slow", "flapping")
 # broker states
 UP, REFUSED, HANG, SLOW = 0, 1, 2, 3
 # heap events
-EV_STATE, EV_DONE, EV_DETECT, EV_REACH = 0, 1, 2, 3
+EV_STATE, EV_DONE, EV_DETECT, EV_REACH, EV_SIGNAL = 0, 1, 2, 3, 4
 #: The recovery arms' config (docs/policy.md's recommended recovery settings).
 RECOVER = Config(ramp_ms=3000, early_recovery=True, detector_enable=True,
                  detect_interval_ms=500, repeat_multiplier=True)
+#: The detour-pending arm's pendingQuorum and the SDK's signal rule (service.client.inflight)
+PENDING_QUORUM = 2
+PENDING_FACTOR, PENDING_FLOOR_MS = 4.0, 50.0
 
 _SAMPLES = 1 << 20
 _MASK = _SAMPLES - 1
@@ -157,6 +166,8 @@ class Arm:
     delay_ms: int = 0
     #: a Detour arm with the recovery settings (``RECOVER``)
     recover: bool = False
+    #: pendingQuorum (0: no in-flight signals)
+    pending: int = 0
 
 
 def arms(delays_ms: Sequence[int] = (1, 100, 1000)) -> list[Arm]:
@@ -166,7 +177,10 @@ def arms(delays_ms: Sequence[int] = (1, 100, 1000)) -> list[Arm]:
         out.append(Arm(f"detour-{label.replace(' ', '')}", "detour", d))
     for d in delays_ms:
         label = f"{d // 1000} s" if d >= 1000 and d % 1000 == 0 else f"{d} ms"
-        out.append(Arm(f"detour-recover-{label.replace(' ', '')}", "detour", d, True))
+        out.append(Arm(f"detour-recover-{label.replace(' ', '')}", "detour", d, recover=True))
+    # the recommended in-flight signals, at the middle delay
+    out.append(Arm("detour-pending", "detour", sorted(delays_ms)[len(delays_ms) // 2],
+                   pending=PENDING_QUORUM))
     return out
 
 
@@ -263,7 +277,8 @@ def simulate(
     route = Route.from_brokers(TOPIC, [BrokerRoute(b, world.queues) for b in names])
     index = {b: i for i, b in enumerate(names)}
     recover = arm.recover
-    config = RECOVER if recover else Config()
+    pend = arm.pending > 0
+    config = RECOVER if recover else Config(pending_quorum=arm.pending)
     lrw = config.last_report_wins
     enabled = arm.kind != "none"
     per_producer = arm.kind == "per-producer"
@@ -276,6 +291,8 @@ def simulate(
     counters = [int(x) for x in rng.integers(0, 1 << 30, producers)]
     phases = [int(x) for x in rng.integers(0, period, producers)]
     mu = math.log(world.latency_median_ms)
+    # the SDK's threshold on a healthy broker: factor x the latency model's p99, floored
+    signal_ms = max(PENDING_FLOOR_MS, PENDING_FACTOR * math.exp(mu + 2.326 * world.latency_sigma))
     samples: list[float] = np.exp(rng.normal(mu, world.latency_sigma, _SAMPLES)).tolist()
     order = sorted(range(producers), key=lambda p: phases[p])
     phase_of = [phases[p] for p in order]
@@ -323,6 +340,7 @@ def simulate(
     select = strategy.select
     report_duration = strategy.report_duration
     apply_report = strategy.apply_report
+    papply = policy.apply
     heappush, heappop = heapq.heappush, heapq.heappop
     ks = 0
     n_attempts = n_failed = n_slow = n_exhausted = 0
@@ -404,13 +422,21 @@ def simulate(
                 seq += 1
             return
         duration = report_duration(config, ms, not ok)
-        if ok and duration == 0:
+        if pend and ms > signal_ms:
+            # outstanding past the threshold: the signal reaches the table ``delay`` later
+            # (before the send's completion report, which leaves after it)
+            heappush(heap, (t + int(signal_ms) + delay, seq, EV_SIGNAL, p, name, int(signal_ms)))
+            seq += 1
+        if ok and duration == 0 and not (pend and ms > signal_ms):
             if per_producer:
                 tb = tables[p]
                 tb[name] = apply_report(tb.get(name), name, ms, 0, t, lrw)
             elif recover:
                 table[name] = policy.apply(table.get(name), name, ms, False, None, "", t, t,
                                            config).item
+            elif pend:
+                table[name] = papply(table.get(name), name, ms, False, None, str(p), t, t,
+                                     config).item
             else:
                 table[name] = apply_report(table.get(name), name, ms, 0, t, lrw)
             lat_out.append(elapsed + lat)
@@ -446,6 +472,9 @@ def simulate(
             item = policy.apply(table.get(name), name, ms, failed, None, "", t - delay, t,
                                 config).item
             special.add(name)  # it may ramp up once its window ends
+        elif pend:
+            # policy.apply: the report also withdraws its producer's signal
+            item = papply(table.get(name), name, ms, failed, None, str(p), t, t, config).item
         else:
             item = apply_report(table.get(name), name, ms, duration, t, lrw)
         table[name] = item
@@ -504,6 +533,10 @@ def simulate(
                 ev = heappop(heap)
                 if ev[2] == EV_DONE:
                     done(ev)
+                elif ev[2] == EV_SIGNAL:
+                    st, _, _, sp, sname, sms = ev
+                    table[sname] = papply(table.get(sname), sname, sms, False, None, str(sp),
+                                          st, st, config, pending=True).item
                 elif ev[2] == EV_STATE:
                     state_change(ev)
                 elif ev[2] == EV_DETECT:

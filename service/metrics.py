@@ -69,7 +69,9 @@ SELECT_AVOIDED = Counter(
     ["namespace", "broker"],
 )
 REPORTS = Counter(
-    "detour_reports_total", "Reports by broker and outcome.", ["namespace", "broker", "outcome"]
+    "detour_reports_total",
+    "Reports by broker and outcome: ok, isolation, or pending (an in-flight signal).",
+    ["namespace", "broker", "outcome"],
 )
 REPORTS_REFUSED = Counter(
     "detour_reports_refused_total",
@@ -116,9 +118,10 @@ ORDERED = Counter(
 )
 QUORUM = Counter(
     "detour_quorum_reports_total",
-    "Failures subject to isolationQuorum and slow answers subject to latencyQuorum, by "
-    "broker and outcome: suspected (short of the quorum: only the reporter avoids the "
-    "broker) or reached (the window opened for everyone).",
+    "Failures subject to isolationQuorum, slow answers subject to latencyQuorum and "
+    "in-flight signals subject to pendingQuorum, by broker and outcome: suspected (short "
+    "of the quorum: only the reporter avoids the broker) or reached (the window opened for "
+    "everyone).",
     ["namespace", "broker", "outcome"],
 )
 EVENTS = Counter(

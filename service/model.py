@@ -299,6 +299,15 @@ class Config:
         "isolated again within `repeatDecayMs`, e.g. a flapping one, waits out its window). "
         "Needs `detectorEnable`.",
     )
+    # -- in-flight signals (docs/policy.md, "Pending sends") --
+    pending_quorum: int = _field(
+        0,
+        "Distinct producers with a send still outstanding (`pending: true` reports, not "
+        "withdrawn by a completed send, within `quorumWindowMs`) it takes to avoid the broker "
+        "for everyone before any timeout fires. 0 = off: pending reports change nothing.",
+        ge=0,
+        le=MAX_QUORUM,
+    )
 
     def __post_init__(self) -> None:
         # The API validates with the same rules (derived); this guards programmatic callers.
@@ -394,6 +403,10 @@ class FaultItem:
     #: answered slowly (ms), the end of its own window (ms)); each avoids the broker alone
     #: until its window ends
     slow: tuple[tuple[str, int, int], ...] = ()
+    #: in-flight signals (pendingQuorum): (producer, when its outstanding send started (ms),
+    #: when it last signalled (ms)); signalled 0: withdrawn, the producer's last completed
+    #: send at the second value, so a signal arriving late for an earlier send is ignored
+    pending: tuple[tuple[str, int, int], ...] = ()
 
     def is_available(self, now_ms: int) -> bool:
         return now_ms >= self.available_at

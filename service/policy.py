@@ -552,12 +552,17 @@ def apply(
     now_ms: int,
     config: Config,
     jitter_roll: int = 0,
+    pending: bool = False,
 ) -> Applied:
     """The fault item after one report, avoidance on (report.lua implements the same rule).
 
     With the default config this is ``strategy.apply_report`` with the tier's
-    duration: the quorum is 1, backoff and jitter are off.
+    duration: the quorum is 1, backoff and jitter are off. A ``pending`` report (a send
+    still outstanding) follows ``apply_pending``; any other withdraws its producer's
+    signal (``withdraw_pending``).
     """
+    if pending:
+        return apply_pending(old, broker_name, latency_ms, producer, at_ms, now_ms, config)
     tier = strategy.tier(config, latency_ms, isolation)
     duration = 0 if tier is None else config.not_available_duration[tier]
     suspects = old.suspects if old is not None else ()
@@ -603,7 +608,20 @@ def apply(
     if config.ramp_ms and duration == 0 and probe is None:
         end = ramp_end(old, end, at_ms)
     reachable = old.reachable if old is not None else None
-    item = FaultItem(broker_name, latency_ms, end, isolations, suspects, probation, reachable, slow)
+    signals = old.pending if old is not None else ()
+    if signals:
+        signals, end = settle_pending(signals, producer, isolation, end, at_ms, now_ms, config)
+    item = FaultItem(
+        broker_name,
+        latency_ms,
+        end,
+        isolations,
+        suspects,
+        probation,
+        reachable,
+        slow,
+        signals,
+    )
     return Applied(item, duration, tier, reached, suspected, reporters, probe)
 
 
@@ -615,6 +633,7 @@ def window_event(
     isolation: bool,
     quorum_reached: bool,
     probe: str | None = None,
+    pending: bool = False,
 ) -> tuple[str, str] | None:
     """(kind, reason) of the event a report writes to the event log, or None.
 
@@ -624,6 +643,7 @@ def window_event(
     An operator's delete is ``("ended", "operator")``, written by the store. A probe:
     ``("ended", "probe")`` when its success re-opened the broker to all (its window had
     ended already, but selects still kept away), ``("opened", "probe")`` when it failed.
+    A pending quorum (``pending``): ``("opened"|"extended", "pending")``.
     report.lua derives the same.
     """
     if probe == "passed":
@@ -634,6 +654,8 @@ def window_event(
         return None
     if change is strategy.WindowChange.CLEARED:
         return "ended", "success"
+    if pending:
+        return ("opened" if change is strategy.WindowChange.OPENED else "extended"), "pending"
     if quorum_reached and change is strategy.WindowChange.OPENED:
         return "quorum", "quorum"
     kind = "opened" if change is strategy.WindowChange.OPENED else "extended"
@@ -644,7 +666,12 @@ def window_event(
 
 
 def quiet(
-    old: FaultItem | None, latency_ms: int, isolation: bool, at_ms: int, config: Config
+    old: FaultItem | None,
+    latency_ms: int,
+    isolation: bool,
+    at_ms: int,
+    config: Config,
+    pending: bool = False,
 ) -> bool:
     """Whether a report can change nothing another replica must see, whatever the table in
     the store holds beyond this replica's copy ``old`` (stale by at most one push).
@@ -664,14 +691,19 @@ def quiet(
       its producer's own window, as it would in that producer's RocketMQ table). A window
       the copy does not know yet is not ended by a report kept local:
       it stays until the next report after the push, longer, never shorter;
+    - a pending report goes, and so does any report for a broker with an open in-flight
+      signal (``pendingQuorum``: a completed send withdraws its producer's);
     - with the ``extend`` rule a zero-length report leaves every window as it is
       (``max(old end, at)``), whatever the store holds: it never needs the store.
     """
-    if isolation:
+    if isolation or pending:
         return False
     if not config.send_latency_fault_enable:
         return True
     if old is None or old.probation:
+        return False
+    if any(at > 0 for _, _, at in old.pending):
+        # a completed send may withdraw its producer's in-flight signal
         return False
     t = strategy.tier(config, latency_ms, False)
     if t is not None and config.not_available_duration[t] > 0:
@@ -744,3 +776,162 @@ def reach(item: FaultItem, reachable: bool, now_ms: int, config: Config) -> Faul
     ):
         return replace(item, available_at=now_ms, probation=True, reachable=True)
     return replace(item, reachable=reachable)
+
+
+# ---------------------------------------------------------------- in-flight signals
+
+
+def pending_tier(config: Config, latency_ms: int) -> int | None:
+    """The tier whose window a pending quorum opens: the pending latency's own, or, when
+    that opens nothing (the usual case: a signal comes at a few times the broker's p99,
+    far below 550 ms), the first tier that opens a window. None: no tier has a window.
+
+    The producer's signal already says "far longer than this broker's normal latency";
+    waiting for the send to reach a windowed tier would wait for the timeout itself.
+    """
+    t = strategy.tier(config, latency_ms)
+    if t is not None and config.not_available_duration[t] > 0:
+        return t
+    return next((i for i, d in enumerate(config.not_available_duration) if d > 0), None)
+
+
+def pending_duration(config: Config, latency_ms: int) -> int:
+    """Window length (ms) a pending quorum opens for a send outstanding ``latency_ms``."""
+    t = pending_tier(config, latency_ms)
+    return 0 if t is None else config.not_available_duration[t]
+
+
+Signals = tuple[tuple[str, int, int], ...]
+#: The entry that marks a window held by signals alone: (HOLD, window end, 0). No producer
+#: id can contain ``~`` (the API's pattern), so it never counts as one.
+HOLD = "~"
+
+
+def live_signals(pending: Signals, now_ms: int, config: Config) -> set[str]:
+    """Producers with an open signal signalled within ``quorumWindowMs`` of ``now``."""
+    since = now_ms - config.quorum_window_ms
+    return {p for p, _, at in pending if at > 0 and at > since and p != HOLD}
+
+
+def held_until(pending: Signals) -> int:
+    """The end of the window the signals alone hold open (0: none)."""
+    return next((s for p, s, _ in pending if p == HOLD), 0)
+
+
+def settle_pending(
+    pending: Signals,
+    producer: str,
+    isolation: bool,
+    end_ms: int,
+    at_ms: int,
+    now_ms: int,
+    config: Config,
+) -> tuple[Signals, int]:
+    """A report that is not pending, on a broker with signals: (signals after, window end).
+
+    It withdraws its producer's signal (``withdraw_pending``). A window the signals hold
+    (a pending quorum opened or last moved it, ``HOLD``) that another report has moved
+    since belongs to that report now: it is no longer held. One still held ends at this
+    report when the report is a completed send (not a failure: a timeout confirms the
+    hang) and the live signals are short of ``pendingQuorum``: the sends that looked hung
+    were answered, the broker was slow for a moment, not hung.
+    """
+    pending = withdraw_pending(pending, producer, at_ms, now_ms, config)
+    hold = held_until(pending)
+    if not hold:
+        return pending, end_ms
+    released = tuple(e for e in pending if e[0] != HOLD)
+    if end_ms != hold:
+        return released, end_ms
+    if not isolation and len(live_signals(pending, now_ms, config)) < config.pending_quorum:
+        return released, min(end_ms, at_ms)
+    return pending, end_ms
+
+
+def pending_vote(
+    pending: Signals, producer: str, since_ms: int, at_ms: int, now_ms: int, config: Config
+) -> tuple[Signals, bool]:
+    """Record ``producer``'s signal for a send outstanding since ``since_ms``, made at
+    ``at_ms``; (signals after, accepted).
+
+    One entry per producer (a re-signal refreshes it). A signal for a send that started
+    before the producer's last completed send on this broker (its withdrawn entry) is
+    stale, a late arrival for a send that has finished: not accepted, nothing changes.
+    Entries older than ``quorumWindowMs`` are dropped; at most ``MAX_SUSPECTS`` of the
+    newest are kept.
+    """
+    mine = next((e for e in pending if e[0] == producer), None)
+    if mine is not None and mine[2] == 0 and since_ms <= mine[1]:
+        return pending, False
+    if mine is not None and mine[2] > 0:
+        since_ms, at_ms = min(since_ms, mine[1]), max(at_ms, mine[2])
+    return _bounded(pending, producer, (producer, since_ms, at_ms), now_ms, config), True
+
+
+def withdraw_pending(
+    pending: Signals, producer: str, at_ms: int, now_ms: int, config: Config
+) -> Signals:
+    """A completed send (any report that is not pending) of ``producer`` at ``at_ms``
+    withdraws its signal: the entry becomes (producer, at_ms, 0), which turns away a late
+    signal for a send that started before it. Nothing is added for a producer without an
+    entry (the list only ever holds producers that signalled)."""
+    mine = next((e for e in pending if e[0] == producer), None)
+    if mine is None:
+        return pending
+    done = max(at_ms, mine[1]) if mine[2] == 0 else at_ms
+    return _bounded(pending, producer, (producer, done, 0), now_ms, config)
+
+
+def _bounded(
+    pending: Signals, producer: str, entry: tuple[str, int, int], now_ms: int, config: Config
+) -> Signals:
+    since = now_ms - config.quorum_window_ms
+    kept = [e for e in pending if e[0] != producer and max(e[1], e[2]) > since]
+    entries = sorted([*kept, entry], key=lambda e: (max(e[1], e[2]), e[0]))
+    return tuple(entries[-MAX_SUSPECTS:])
+
+
+def apply_pending(
+    old: FaultItem | None,
+    broker_name: str,
+    latency_ms: int,
+    producer: str,
+    at_ms: int,
+    now_ms: int,
+    config: Config,
+) -> Applied:
+    """The fault item after a pending report: a send to the broker outstanding for
+    ``latency_ms`` at ``at_ms`` (report.lua implements the same rule).
+
+    With ``pendingQuorum`` 0 nothing changes (no item is created). Otherwise the signal
+    is recorded (``pending_vote``); when distinct producers with a live signal reach
+    ``pendingQuorum`` the window of ``pending_tier`` opens for everyone, extend-only
+    (whatever ``lastReportWins`` says: a signal is no answer that could end a window),
+    held by the signals until their sends complete (``settle_pending``).
+    ``currentLatencyMs`` stays: no send has completed.
+    """
+    # A broker's first report being a signal creates an item whose window never opened
+    # (end 0), not one ending at the signal: a replica's clock, a little behind the
+    # store's by design (it errs toward avoiding), would see that end as a window.
+    if config.pending_quorum == 0 or not config.send_latency_fault_enable:
+        item = old if old is not None else FaultItem(broker_name, 0, 0)
+        return Applied(item, 0, None)
+    t = pending_tier(config, latency_ms)
+    duration = 0 if t is None else config.not_available_duration[t]
+    base = old if old is not None else FaultItem(broker_name, 0, 0)
+    signals, accepted = pending_vote(
+        base.pending, producer, at_ms - latency_ms, at_ms, now_ms, config
+    )
+    if not accepted or duration == 0:
+        return Applied(base, 0, t)
+    voters = live_signals(signals, now_ms, config)
+    if len(voters) < config.pending_quorum:
+        return Applied(replace(base, pending=signals), 0, t, suspected=True)
+    end = base.available_at
+    if at_ms + duration > end:
+        # the signals hold the window (``settle_pending`` may end it early); the signals
+        # stay: each completed send withdraws its own
+        end = at_ms + duration
+        signals = _bounded(signals, HOLD, (HOLD, end, 0), now_ms, config)
+    item = replace(base, available_at=end, pending=signals)
+    return Applied(item, duration, t, quorum_reached=True, reporters=len(voters))

@@ -341,6 +341,15 @@ class ReportRequest(Body):
         "is, with `notAvailableDurationMs` the window the report asked for.",
         examples=["c0ffee12-42"],
     )
+    pending: bool = Field(
+        False,
+        description="An in-flight signal (`pendingQuorum`): the send has not completed; "
+        "`latencyMs` is how long it has been outstanding so far. Enough producers with one "
+        "open avoid the broker before any timeout fires; the producer's next report that is "
+        "not pending (the send completed or failed) withdraws it. `isolation` and `origin` "
+        "are ignored on a pending report; with `pendingQuorum` 0 it changes nothing.",
+        examples=[False],
+    )
 
 
 #: Most reports in one batch call.
@@ -481,12 +490,13 @@ class EventOut(Body):
         examples=["opened"],
     )
     reason: Literal[
-        "isolation", "latency", "quorum", "success", "operator", "probe", "recovery"
+        "isolation", "latency", "quorum", "success", "operator", "probe", "recovery", "pending"
     ] = Field(
         description="`isolation` (a failure), `latency` (a slow answer), `quorum`, `success` "
         "(a report under `lastReportWins` ended it), `operator` (`DELETE /fault-items`), "
         "`probe` (a probe's success re-opened the broker, or its failure re-isolated it), "
-        "`recovery` (a replica wrote the window back into a Redis that had lost it).",
+        "`recovery` (a replica wrote the window back into a Redis that had lost it), "
+        "`pending` (producers with sends outstanding reached `pendingQuorum`).",
         examples=["isolation"],
     )
     broker_name: BrokerName

@@ -40,6 +40,7 @@ DEFAULT_CONFIG = {
     "detectTimeoutMs": 200,
     "rampMs": 0,
     "earlyRecovery": False,
+    "pendingQuorum": 0,
 }
 
 

@@ -44,6 +44,8 @@ def _field_value(name: str) -> st.SearchStrategy[Any]:
         return st.integers(0, 100)
     if name in ("isolation_quorum", "latency_quorum"):
         return st.integers(1, 4)
+    if name == "pending_quorum":
+        return st.integers(0, 3)
     assert f.ge is not None and f.le is not None
     return st.integers(f.ge, min(f.le, 1_000_000))
 
@@ -108,6 +110,20 @@ def situations(draw: st.DrawFn) -> tuple[Config, Route, dict[str, FaultItem], di
             draw(st.booleans()),
             draw(st.sampled_from((None, True, False))),
             tuple(sorted((p, at, at + length) for p, at, length in slow)),
+            # in-flight signals (pendingQuorum): live, withdrawn (at 0), sometimes a hold
+            tuple(
+                draw(
+                    st.lists(
+                        st.tuples(
+                            st.sampled_from((producer or "p1", *PRODUCERS, "~")),
+                            st.integers(NOW - 200_000, NOW),
+                            st.sampled_from((0, NOW - 50, NOW - 70_000)),
+                        ),
+                        max_size=3,
+                        unique_by=lambda s: s[0],
+                    )
+                )
+            ),
         )
     request = {
         "counter": draw(st.integers(0, 1 << 20)),

@@ -64,7 +64,7 @@ def test_stream_sends_a_snapshot_then_changes(service: ServiceProcess) -> None:
             # With what a select reads of the item, so cached clients decide as /select.
             assert fault == {"brokerName": "y", "currentLatencyMs": 0, "availableAt": end,
                              "isolations": 0, "suspects": [], "probation": False,
-                             "reachable": None, "slow": [],
+                             "reachable": None, "slow": [], "pending": [],
                              "now": pytest.approx(end - 600000, abs=5000),
                              "version": fault["version"]}
             assert fault["version"] > 0

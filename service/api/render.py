@@ -49,6 +49,7 @@ def fault_event(broker: str, item: FaultItem | None) -> dict[str, object]:
         "isolations": item.isolations,
         "suspects": [[who, at] for who, at in item.suspects],
         "slow": [[who, at, end] for who, at, end in item.slow],
+        "pending": [[who, since, at] for who, since, at in item.pending],
         "probation": item.probation,
         "reachable": item.reachable,
     }

@@ -71,6 +71,9 @@ async def report_latency(request: Request) -> Response:
     store's clock `now`: `currentLatencyMs := latencyMs`; the window end becomes
     `max(old end, now + duration)`, or `now + duration` with `lastReportWins`. With
     avoidance off the report is accepted and changes nothing. One store round trip.
+
+    `pending: true`: an in-flight signal, the send is still outstanding (`pendingQuorum`,
+    docs/policy.md "Hangs"); the producer's next report that is not pending withdraws it.
     """
     body = await parse(request, _REPORT)
     report = ReportIn(
@@ -82,6 +85,7 @@ async def report_latency(request: Request) -> Response:
         body.origin,
         voter_of(request, body.producer),
         report_id=body.report_id or "",
+        pending=body.pending,
     )
     store = store_of(request)
     outcomes = await _apply(store, [report])
@@ -119,6 +123,7 @@ async def report_latency_batch(
             r.origin,
             voter_of(request, r.producer),
             report_id=r.report_id or "",
+            pending=r.pending,
         )
         for r in body.reports
     ]

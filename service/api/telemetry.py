@@ -137,11 +137,13 @@ def observe_reports(namespace: str, outcomes: Sequence[ReportOutcome]) -> None:
             QUORUM.labels(namespace, broker, o.quorum).inc()
         if o.probe is not None:
             PROBES.labels(namespace, o.probe).inc()
-        event = window_event(o.change, o.isolation, o.quorum == "reached", o.probe)
+        event = window_event(o.change, o.isolation, o.quorum == "reached", o.probe, o.pending)
         if event is not None:
             EVENTS.labels(namespace, *event).inc()
-        REPORTS.labels(namespace, broker, "isolation" if o.isolation else "ok").inc()
-        _reported_latency(namespace).observe(o.latency_ms / 1000)
+        outcome = "pending" if o.pending else "isolation" if o.isolation else "ok"
+        REPORTS.labels(namespace, broker, outcome).inc()
+        if not o.pending:
+            _reported_latency(namespace).observe(o.latency_ms / 1000)
         if o.change is WindowChange.OPENED and o.tier_ms is not None:
             WINDOWS_OPENED.labels(namespace, broker, str(o.tier_ms)).inc()
         elif o.change is WindowChange.MOVED:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
@@ -23,7 +24,7 @@ from service.client.cached import FLUSH_AT
 from service.client.core import ClientCore
 from service.client.errors import DetourRequestError, DetourUnavailable, TopicNotFound
 from service.client.http import AsyncHTTP, Parse, headers, json_object
-from service.client.pending import Pending
+from service.client.pending import Pending, mono_ms
 from service.client.send import ExcTypes, send_async
 from service.client.sse import MAX_EVENT_BYTES
 from service.client.tasks import FlushTask, StreamTask, flush_once
@@ -61,6 +62,8 @@ class AsyncDetourClient:
         producer: str | None = None,
         max_event_bytes: int = MAX_EVENT_BYTES,
         transport: httpx.AsyncBaseTransport | None = None,
+        pending_factor: float = 4.0,
+        pending_floor_ms: float = 50.0,
     ) -> None:
         self._core = ClientCore(
             mode,
@@ -72,6 +75,8 @@ class AsyncDetourClient:
             backoff_max=backoff_max,
             producer=producer,
             max_event_bytes=max_event_bytes,
+            pending_factor=pending_factor,
+            pending_floor_ms=pending_floor_ms,
         )
         self.url = url.rstrip("/")
         self._headers = headers(token)
@@ -79,6 +84,9 @@ class AsyncDetourClient:
         self._flusher: FlushTask | None = None
         self._stream: StreamTask | None = None
         self._closed = False
+        #: the timer that queues the next in-flight signal, and when it fires (mono ms)
+        self._signal_timer: asyncio.TimerHandle | None = None
+        self._signal_at = math.inf
 
     # -- lifecycle ---------------------------------------------------------------
     async def __aenter__(self) -> AsyncDetourClient:
@@ -105,6 +113,8 @@ class AsyncDetourClient:
             return
         self._closed = True
         core = self._core
+        if self._signal_timer is not None:
+            self._signal_timer.cancel()
         if self._stream is not None:
             await self._stream.stop()
         if self._flusher is not None:
@@ -348,10 +358,45 @@ class AsyncDetourClient:
         return await send_async(
             topic,
             payload,
-            deliver,
+            self._tracked(deliver) if core.tracking() else deliver,
             select=lambda t, last: self._select(t, last, ends),
             report=lambda b, ms, iso: self._report(b, ms, iso, ends),
             retries=core.retries,
             deadline=core.deadline,
             no_retry=no_retry,
         )
+
+    # -- in-flight signals ------------------------------------------------------
+    def _tracked(
+        self, deliver: Callable[[SelectedQueue, P], Awaitable[R]]
+    ) -> Callable[[SelectedQueue, P], Awaitable[R]]:
+        """``deliver`` with each call tracked as an outstanding send (``core.inflight``);
+        one loop timer queues a pending report when a send is due (the sync client's
+        signal thread, without a thread)."""
+        inflight = self._core.inflight
+
+        async def tracked(queue: SelectedQueue, payload: P) -> R:
+            with inflight.track(queue.broker_name, mono_ms, self._arm_signal):
+                return await deliver(queue, payload)
+
+        return tracked
+
+    def _arm_signal(self, due_ms: float) -> None:
+        if due_ms >= self._signal_at or self._closed:
+            return
+        if self._signal_timer is not None:
+            self._signal_timer.cancel()
+        loop = asyncio.get_running_loop()
+        self._signal_at = due_ms
+        self._signal_timer = loop.call_later(
+            max(0.0, (due_ms - mono_ms()) / 1000), self._fire_signals
+        )
+
+    def _fire_signals(self) -> None:
+        self._signal_timer, self._signal_at = None, math.inf
+        items = self._core.due_signals(mono_ms())
+        if items:
+            self._queue(items)
+        nxt = self._core.inflight.next_due_ms()
+        if nxt is not None:
+            self._arm_signal(nxt)

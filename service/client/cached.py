@@ -113,4 +113,6 @@ class StreamApplier:
 
     def _reapply(self, broker: str | None, now_ms: float) -> None:
         for p in self.pending.unacked(broker):
+            if p.pending:
+                continue
             self.table.apply_report(p.broker_name, p.latency_ms, p.isolation, p.age_ms(now_ms))

@@ -18,6 +18,7 @@ from service.client.cached import FLUSH_AT, FLUSH_INTERVAL_S, ServiceClock, Stre
 from service.client.calls import MIN_BUDGET_SHARE, Calls
 from service.client.circuit import CircuitBreaker
 from service.client.errors import DetourUnavailable, TopicNotFound
+from service.client.inflight import InFlight
 from service.client.local import LocalTable
 from service.client.pending import Pending, PendingReports, mono_ms
 from service.client.sse import MAX_EVENT_BYTES
@@ -45,6 +46,8 @@ class ClientCore:
         backoff_max: float,
         producer: str | None = None,
         max_event_bytes: int = MAX_EVENT_BYTES,
+        pending_factor: float = 4.0,
+        pending_floor_ms: float = 50.0,
     ) -> None:
         if mode not in ("remote", "cached"):
             raise ValueError(f"mode must be 'remote' or 'cached', got {mode!r}")
@@ -77,6 +80,8 @@ class ClientCore:
         self.local_selects = 0
         self._route_checked: dict[str, float] = {}
         self._config_checked: float | None = None
+        #: outstanding sends, for in-flight signals (pendingQuorum)
+        self.inflight = InFlight(pending_factor, pending_floor_ms)
 
     # -- selects -----------------------------------------------------------------
     def local_select(
@@ -145,7 +150,8 @@ class ClientCore:
         """
         now = mono_ms()
         for p in items:
-            self.table.apply_report(p.broker_name, p.latency_ms, p.isolation, p.age_ms(now))
+            if not p.pending:
+                self.table.apply_report(p.broker_name, p.latency_ms, p.isolation, p.age_ms(now))
 
     def must_queue(self) -> bool:
         """Reports go to the queue, not straight to Detour: cached mode always; remote mode
@@ -167,10 +173,31 @@ class ClientCore:
                     p.age_ms(now),
                     self.producer,
                     self.report_id(p),
+                    p.pending,
                 )
                 for p in batch
             ]
         }
+
+    # -- in-flight signals -------------------------------------------------------
+    def tracking(self) -> bool:
+        """Sends are tracked for in-flight signals: the client's ``pending_factor`` is not 0
+        and the service's config asks for them (``pendingQuorum`` > 0; remote mode reads
+        the config every 30 s, cached mode as it is pushed)."""
+        return self.inflight.enabled and self.table.view.config.pending_quorum > 0
+
+    def due_signals(self, now_ms: float) -> list[Pending]:
+        """The pending reports due now (``InFlight.due``), ready to queue; not applied to the
+        local table. Queued behind nothing but older reports, so in both modes a signal
+        reaches Detour before the report of the send's completion."""
+        out = []
+        for broker, outstanding in self.inflight.due(now_ms):
+            try:
+                wire.check_report(broker, outstanding)
+            except ValueError:
+                continue
+            out.append(self.pending.make(broker, outstanding, False, now_ms, pending=True))
+        return out
 
     def flush_due_in(self) -> float | None:
         """Seconds until the flusher should send (0 = now), None when nothing waits."""

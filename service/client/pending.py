@@ -37,6 +37,9 @@ class Pending:
     latency_ms: float
     isolation: bool
     at_ms: float
+    #: an in-flight signal (service/client/inflight.py): ``latency_ms`` is how long the
+    #: send had been outstanding at ``at_ms``; never applied to the local table
+    pending: bool = False
 
     def age_ms(self, now_ms: float) -> int:
         return max(0, int(now_ms - self.at_ms))
@@ -71,14 +74,21 @@ class PendingReports:
         """Reports waiting, not counting a batch in flight."""
         return len(self._items)
 
-    def make(self, broker_name: str, latency_ms: float, isolation: bool, at_ms: float) -> Pending:
-        return Pending(next(self._seq), broker_name, latency_ms, isolation, at_ms)
+    def make(
+        self,
+        broker_name: str,
+        latency_ms: float,
+        isolation: bool,
+        at_ms: float,
+        pending: bool = False,
+    ) -> Pending:
+        return Pending(next(self._seq), broker_name, latency_ms, isolation, at_ms, pending)
 
     def add(self, items: Iterable[Pending]) -> None:
         with self._lock:
             for p in items:
                 self._items.append(p)
-                if p.isolation:
+                if p.isolation or p.pending:
                     self.urgent = True
             self._trim()
 
@@ -102,7 +112,7 @@ class PendingReports:
                 self.dropped += 1
             batch = [self._items.popleft() for _ in range(min(n, len(self._items)))]
             self._inflight.extend(batch)
-            if not any(p.isolation for p in self._items):
+            if not any(p.isolation or p.pending for p in self._items):
                 self.urgent = False
             return batch
 
@@ -120,7 +130,7 @@ class PendingReports:
         with self._lock:
             self._forget(batch)
             self._items.extendleft(reversed(batch))
-            if any(p.isolation for p in batch):
+            if any(p.isolation or p.pending for p in batch):
                 self.urgent = True
             # Over capacity now: the oldest (the batch itself) go first.
             self._trim()

@@ -23,10 +23,10 @@ from service.client.cached import FLUSH_AT
 from service.client.core import ClientCore
 from service.client.errors import DetourRequestError, DetourUnavailable, TopicNotFound
 from service.client.http import Parse, SyncHTTP, headers, json_object
-from service.client.pending import Pending
+from service.client.pending import Pending, mono_ms
 from service.client.send import ExcTypes, send_sync
 from service.client.sse import MAX_EVENT_BYTES
-from service.client.threads import FlushThread, StreamThread, flush_once
+from service.client.threads import FlushThread, SignalThread, StreamThread, flush_once
 from service.client.values import ClientStats, Mode, Report, SelectedQueue, SendResult
 
 log = logging.getLogger("detour.client")
@@ -50,7 +50,10 @@ class DetourClient:
     ``producer``: this producer's id (host, pod, executor), sent with every report
     for Detour's latency log. ``max_event_bytes``: cached mode's bound on one
     event-stream line or event. ``transport``: an httpx transport replacing the
-    one that enforces the total timeout (tests).
+    one that enforces the total timeout (tests). ``pending_factor``/``pending_floor_ms``:
+    a send outstanding ``max(floor, factor x the broker's recent p99)`` tells Detour
+    (an in-flight signal, only while Detour's config has ``pendingQuorum`` > 0; factor
+    0 = never), see ``service.client.inflight``.
 
     Raises ValueError for an invalid setting.
     """
@@ -70,6 +73,8 @@ class DetourClient:
         producer: str | None = None,
         max_event_bytes: int = MAX_EVENT_BYTES,
         transport: httpx.BaseTransport | None = None,
+        pending_factor: float = 4.0,
+        pending_floor_ms: float = 50.0,
     ) -> None:
         self._core = ClientCore(
             mode,
@@ -81,12 +86,15 @@ class DetourClient:
             backoff_max=backoff_max,
             producer=producer,
             max_event_bytes=max_event_bytes,
+            pending_factor=pending_factor,
+            pending_floor_ms=pending_floor_ms,
         )
         self.url = url.rstrip("/")
         self._http = SyncHTTP(self.url, timeout, token, transport)
         self._lock = threading.Lock()
         self._flusher: FlushThread | None = None
         self._stream: StreamThread | None = None
+        self._signals: SignalThread | None = None
         self._closed = False
         if self._core.cached:
             self._stream = StreamThread(self._core, self.url, headers(token))
@@ -117,6 +125,8 @@ class DetourClient:
         core = self._core
         if self._stream is not None:
             self._stream.stop(core.timeout + 1.0)
+        if self._signals is not None:
+            self._signals.stop(core.timeout + 1.0)
         if self._flusher is not None:
             self._flusher.stop(core.timeout + 1.0)
         self.flush(core.timeout if flush_timeout is None else flush_timeout)
@@ -370,10 +380,32 @@ class DetourClient:
         return send_sync(
             topic,
             payload,
-            deliver,
+            self._tracked(deliver) if core.tracking() else deliver,
             select=lambda t, last: self._select(t, last, ends),
             report=lambda b, ms, iso: self._report(b, ms, iso, ends),
             retries=core.retries,
             deadline=core.deadline,
             no_retry=no_retry,
         )
+
+    # -- in-flight signals ------------------------------------------------------
+    def _tracked(self, deliver: Callable[[SelectedQueue, P], R]) -> Callable[[SelectedQueue, P], R]:
+        """``deliver`` with each call tracked as an outstanding send (``core.inflight``);
+        the signal thread queues a pending report when one is due. Never blocks or fails
+        the send: tracking is a dict entry, the report leaves from the flusher."""
+        inflight = self._core.inflight
+        signals = self._signal_thread()
+        wake = signals.poke if signals is not None else (lambda _due: None)
+
+        def tracked(queue: SelectedQueue, payload: P) -> R:
+            with inflight.track(queue.broker_name, mono_ms, wake):
+                return deliver(queue, payload)
+
+        return tracked
+
+    def _signal_thread(self) -> SignalThread | None:
+        if self._signals is None:
+            with self._lock:
+                if self._signals is None and not self._closed:
+                    self._signals = SignalThread(self._core, self._queue)
+        return self._signals

@@ -9,6 +9,7 @@ reader's socket is shut down under it.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import socket
 import threading
@@ -22,7 +23,7 @@ from service.client.core import ClientCore
 from service.client.deadline import DeadlineTransport, call_deadline
 from service.client.errors import DetourRequestError, DetourUnavailable
 from service.client.http import check_stream
-from service.client.pending import mono_ms
+from service.client.pending import Pending, mono_ms
 from service.client.reconnect import Jitter
 from service.client.sse import EventTooLarge, SSEParser
 from service.client.wire import MAX_BATCH
@@ -186,3 +187,47 @@ def _socket_of(response: httpx.Response) -> socket.socket | None:
         return None
     sock = stream.get_extra_info("socket")
     return sock if isinstance(sock, socket.socket) else None
+
+
+class SignalThread:
+    """Queues in-flight signals when due (``ClientCore.due_signals``), until stopped.
+
+    It sleeps until the earliest outstanding send is due; a send that starts due earlier
+    than that wakes it (``poke``). Queuing never blocks: the flusher sends the signal.
+    """
+
+    def __init__(self, core: ClientCore, queue: Callable[[list[Pending]], None]) -> None:
+        self._core = core
+        self._queue = queue
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._planned = math.inf
+        self._thread = threading.Thread(target=self._run, name="detour-inflight", daemon=True)
+        self._thread.start()
+
+    def poke(self, due_ms: float) -> None:
+        """A send started that is due at ``due_ms`` (monotonic ms)."""
+        with self._lock:
+            if due_ms < self._planned:
+                self._wake.set()
+
+    def _run(self) -> None:
+        core = self._core
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                items = core.due_signals(mono_ms())
+                if items:
+                    self._queue(items)
+            except Exception:  # noqa: BLE001 - a signal is best effort: log, carry on
+                log.exception("in-flight signal failed")
+            with self._lock:
+                nxt = core.inflight.next_due_ms()
+                self._planned = math.inf if nxt is None else nxt
+            self._wake.wait(None if nxt is None else max(0.0, (nxt - mono_ms()) / 1000))
+
+    def stop(self, timeout: float) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout)

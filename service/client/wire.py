@@ -110,6 +110,7 @@ def batch_item(
     age_ms: int,
     producer: str | None = None,
     report_id: str | None = None,
+    pending: bool = False,
 ) -> Json:
     """One entry of a batch (``age_ms``: how long ago the send completed; ``report_id``: the
     report's identity, so Detour applies a batch sent twice once).
@@ -119,6 +120,8 @@ def batch_item(
     """
     item = report_body(broker_name, latency_ms, isolation, producer, report_id)
     item["ageMs"] = min(max(0, age_ms), MAX_AGE_MS)
+    if pending:
+        item["pending"] = True
     return item
 
 
@@ -150,8 +153,9 @@ def fault(body: Mapping[str, Any]) -> FaultItem | None:
     Besides the window, what a select reads of it: ``probation`` (probeOnExpiry),
     ``reachable`` (the active detector) and ``suspects`` (``[[producer, ms], ...]``,
     failures short of the isolation quorum) and ``slow`` (``[[producer, ms, window end
-    ms], ...]``, slow answers short of the latency quorum); a service that does not send
-    them has none of them set.
+    ms], ...]``, slow answers short of the latency quorum), and ``pending`` (``[[producer,
+    since ms, at ms], ...]``, in-flight signals short of the pending quorum); a service
+    that does not send them has none of them set.
     """
     if body.get("deleted"):
         return None
@@ -167,6 +171,7 @@ def fault(body: Mapping[str, Any]) -> FaultItem | None:
         bool(body.get("probation", False)),
         reachable,
         tuple((str(who), int(at), int(end)) for who, at, end in body.get("slow", ())),
+        tuple((str(who), int(s), int(at)) for who, s, at in body.get("pending", ())),
     )
 
 

@@ -38,6 +38,9 @@ class ReportIn:
     #: the producer's own identity for the report ("" = none): a retried batch or an SDK's
     #: replay carrying one already applied changes nothing
     report_id: str = ""
+    #: an in-flight signal: the send has been outstanding ``latency_ms`` so far
+    #: (policy.apply_pending); isolation is ignored on it
+    pending: bool = False
 
     @property
     def voter_id(self) -> str:
@@ -68,6 +71,8 @@ class ReportOutcome:
     probe: str | None = None
     #: the report's identity had been applied already: nothing changed
     duplicate: bool = False
+    #: an in-flight signal (ReportIn.pending)
+    pending: bool = False
 
 
 @dataclass(frozen=True, slots=True)

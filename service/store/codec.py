@@ -26,6 +26,7 @@ REPORT_POLICY = (
     "latency_quorum",
     "early_recovery",
     "ramp_ms",
+    "pending_quorum",
 )
 REPORT_POLICY_COMPUTED = frozenset(REPORT_POLICY) - {f.name for f in CONFIG_FIELDS}
 
@@ -74,6 +75,7 @@ def encode_fault(item: FaultItem) -> str:
         not item.isolations
         and not item.suspects
         and not item.slow
+        and not item.pending
         and not item.probation
         and item.reachable is None
     ):
@@ -84,19 +86,25 @@ def encode_fault(item: FaultItem) -> str:
     elif item.probation:
         head += ",1"
     votes = "".join(f";{p}={a}={e}" for p, a, e in item.slow)
-    return head + "".join(f";{p}={a}" for p, a in item.suspects) + votes
+    signals = "".join(f";~{p}={s}={a}" for p, s, a in item.pending)
+    return head + "".join(f";{p}={a}" for p, a in item.suspects) + votes + signals
 
 
 def decode_fault(broker: str, raw: str) -> FaultItem:
     """A fault item as report.lua and reach.lua write it: ``latencyMs,availableAt``, then
     ``,isolations[,probation 1/0[,reachable 1/0]]``, ``;producer=at`` per suspect and
-    ``;producer=at=end`` per slow answer short of the latency quorum, only as far as the
-    policy keeps more (producer ids cannot contain ``;`` or ``=``)."""
+    ``;producer=at=end`` per slow answer short of the latency quorum, ``;~producer=since=at``
+    per in-flight signal (pendingQuorum), only as far as the policy keeps more (producer ids
+    cannot contain ``;``, ``=`` or ``~``)."""
     head, *entries = raw.split(";")
     latency, end, *rest = head.split(",")
-    split = [e.split("=") for e in entries]
+    split = [e.split("=") for e in entries if not e.startswith("~")]
     pairs = tuple((v[0], int(v[1])) for v in split if len(v) == 2)
     slow = tuple((v[0], int(v[1]), int(v[2])) for v in split if len(v) == 3)
+    signals = tuple(
+        (v[0], int(v[1]), int(v[2]))
+        for v in (e[1:].split("=") for e in entries if e.startswith("~"))
+    )
     return FaultItem(
         broker,
         int(latency),
@@ -106,6 +114,7 @@ def decode_fault(broker: str, raw: str) -> FaultItem:
         rest[1:2] == ["1"],
         None if len(rest) < 3 else rest[2] == "1",
         slow,
+        signals,
     )
 
 

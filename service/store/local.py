@@ -48,9 +48,12 @@ def report_locally(
         now_ms,
         config,
         random.randrange(policy.JITTER_SCALE) if config.jitter_percent else 0,
+        report.pending,
     )
     item, tier = applied.item, applied.tier
-    write(item)
+    if not report.pending or applied.suspected or applied.quorum_reached:
+        # (a pending report that was not recorded changes nothing, creates no item)
+        write(item)
     return ReportOutcome(
         report.broker_name,
         report.latency_ms,
@@ -64,4 +67,5 @@ def report_locally(
         "reached" if applied.quorum_reached else "suspected" if applied.suspected else None,
         applied.reporters,
         applied.probe,
+        pending=report.pending,
     )

@@ -88,11 +88,13 @@ class MemoryStore:
                 continue
             if r.report_id:
                 self._report_ids[r.report_id] = now
-            self._log_report(r, now)
+            if not r.pending:
+                # (a send still outstanding has no latency yet for the log)
+                self._log_report(r, now)
             outcome = report_locally(self.view, r, now, self._write)
             out.append(outcome)
             event = policy.window_event(
-                outcome.change, r.isolation, outcome.quorum == "reached", outcome.probe
+                outcome.change, r.isolation, outcome.quorum == "reached", outcome.probe, r.pending
             )
             if event is not None:
                 self._event(
@@ -104,7 +106,8 @@ class MemoryStore:
                     now - r.age_ms,
                     now,
                 )
-            self.view.observe_latency(r.broker_name, r.latency_ms, now)
+            if not r.pending:
+                self.view.observe_latency(r.broker_name, r.latency_ms, now)
         return out
 
     def _forget_report_ids(self, now: int) -> None:

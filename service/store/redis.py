@@ -116,7 +116,10 @@ def _policy_arg(config: Config, events_max: int = 0) -> str:
 
 def _vote(config: Config, report: ReportIn, duration_ms: int) -> int:
     """report.lua's quorum value for a report: 1 a failure that waits for the isolation
-    quorum, 2 a slow answer that waits for the latency quorum, 0 neither."""
+    quorum, 2 a slow answer that waits for the latency quorum, 3 an in-flight signal
+    (policy.apply_pending), 0 none of these."""
+    if report.pending:
+        return 3
     if policy.counts_toward_quorum(config, report.isolation, report.origin):
         return 1
     if policy.counts_toward_latency_quorum(config, report.isolation, duration_ms, report.origin):
@@ -353,7 +356,7 @@ class RedisStore:
         for i, r in enumerate(reports):
             at = now - r.age_ms
             old = view.faults.get(r.broker_name)
-            if not policy.quiet(old, r.latency_ms, r.isolation, at, config):
+            if not policy.quiet(old, r.latency_ms, r.isolation, at, config, r.pending):
                 continue
             t = strategy.tier(config, r.latency_ms) if config.send_latency_fault_enable else None
             latency_max = None if t is None else config.latency_max[t]
@@ -450,7 +453,8 @@ class RedisStore:
         for r in reports:
             self._journal.append(r, received)
             out.append(report_locally(self.view, r, now, self.view.set_local_fault, True))
-            self.view.observe_latency(r.broker_name, r.latency_ms, now)
+            if not r.pending:
+                self.view.observe_latency(r.broker_name, r.latency_ms, now)
         return out
 
     def _make_room_locally(self, needed: int, now: int) -> None:
@@ -474,7 +478,12 @@ class RedisStore:
         """report.lua's ARGV for ``reports`` under ``config``, and each report's tier."""
         enabled = config.send_latency_fault_enable
         tiers = [
-            strategy.tier(config, r.latency_ms, r.isolation) if enabled else None for r in reports
+            None
+            if not enabled
+            else (policy.pending_tier(config, r.latency_ms) if config.pending_quorum else None)
+            if r.pending
+            else strategy.tier(config, r.latency_ms, r.isolation)
+            for r in reports
         ]
         args = self._head_args(config)
         for r, t in zip(reports, tiers, strict=True):
@@ -484,7 +493,7 @@ class RedisStore:
                 r.latency_ms,
                 duration,
                 r.age_ms,
-                int(r.isolation),
+                int(r.isolation and not r.pending),
                 r.producer,
                 _vote(config, r, duration),
                 random.randrange(policy.JITTER_SCALE) if config.jitter_percent else 0,
@@ -579,7 +588,8 @@ class RedisStore:
             # replica learns it from the reply, so its next reports can be kept local
             # (policy.quiet needs the item). No version: the next snapshot or push replaces it.
             view.faults[r.broker_name] = codec.decode_fault(r.broker_name, reply.values[i])
-        view.observe_latency(r.broker_name, r.latency_ms, reply.now_ms)
+        if not r.pending:
+            view.observe_latency(r.broker_name, r.latency_ms, reply.now_ms)
         return ReportOutcome(
             r.broker_name,
             r.latency_ms,
@@ -591,6 +601,7 @@ class RedisStore:
             strategy.WindowChange(reply.changes[i]),
             quorum=_QUORUM_STATES[reply.quorums[i]],
             probe=_PROBE_STATES[reply.probes[i]],
+            pending=r.pending,
         )
 
     async def latency_log(self, after: str | None, limit: int) -> list[LogEntry]:

@@ -3,7 +3,8 @@
 -- test feeds both the same reports).
 -- KEYS[1] faults hash (broker -> "latencyMs,availableAt" or, when the policy keeps more,
 --         "latencyMs,availableAt,isolations[,probation[,reachable]];producer=at;...", then
---         ";producer=at=end" per slow answer short of the latency quorum: see
+--         ";producer=at=end" per slow answer short of the latency quorum, ";~producer=since=at"
+--         per in-flight signal (at 0: withdrawn by a completed send at since): see
 --         service/store/codec.py; a report keeps the detector's reachable as it is)
 -- KEYS[2] meta hash (version, config_version, config)
 -- KEYS[3] latency log stream (entries b=broker l=latency ms i=isolation 0/1 p=producer
@@ -30,7 +31,7 @@
 --         written. A dropped item takes its isolation count and suspects with it.
 -- ARGV[6] policy: "quorum,quorumWindowMs,keepMs,repeat(0/1),maxIsolationMs,repeatDecayMs,
 --         jitterPercent,jitterScale,maxSuspects,maxIsolations,eventLogCap,probeOnExpiry(0/1),
---         latencyQuorum,earlyRecovery(0/1),rampMs"
+--         latencyQuorum,earlyRecovery(0/1),rampMs,pendingQuorum"
 --         (eventLogCap 0 = no log)
 -- ARGV[7] the table epoch the caller holds: a table with another epoch (or none: emptied,
 --         flushed, failed over) is not written (status -3). "+id": the caller holds no table
@@ -42,7 +43,9 @@
 -- ARGV[10..] twelve values per report, applied in order: broker, latency ms, the tier's window
 --         duration ms, age ms (the report happened at now - age), isolation (0/1), producer
 --         ("" = none), quorum (1: a failure that waits for the isolation quorum, 2: a slow
---         answer that waits for the latency quorum), jitter roll
+--         answer that waits for the latency quorum, 3: an in-flight signal, policy.apply_pending:
+--         its window duration is pending_duration's, 0 = records nothing; never logged),
+--         jitter roll
 --         (0..jitterScale-1), the tier's latencyMax ms ("" below every tier), voter (who the
 --         quorum counts: the token's identity with tokens, else the producer), the writer's
 --         sequence number (0 = none), report id ("" = none). A report whose sequence number
@@ -111,6 +114,7 @@ local latency_quorum = p[13] or 1
 -- policy.probation_on: earlyRecovery obeys the probation flag too (a window ended early)
 local probe_expiry, ramp = probe_on, (p[15] or 0) > 0
 probe_on = probe_on or p[14] == 1
+local pending_quorum = p[16] or 0
 
 local function fmt(n)
   return string.format('%.0f', n)
@@ -118,6 +122,59 @@ end
 
 local function by_time(a, b)
   return a[2] < b[2] or (a[2] == b[2] and a[1] < b[1])
+end
+
+-- policy._bounded: the producer's entry replaced, others kept while recent, newest kept.
+local function bounded_signals(signals, who, entry)
+  local kept = {}
+  for _, s in ipairs(signals) do
+    if s[1] ~= who and math.max(s[2], s[3]) > now - quorum_window then
+      kept[#kept + 1] = s
+    end
+  end
+  kept[#kept + 1] = entry
+  table.sort(kept, function(a, b)
+    local x, y = math.max(a[2], a[3]), math.max(b[2], b[3])
+    return x < y or (x == y and a[1] < b[1])
+  end)
+  while #kept > max_suspects do
+    table.remove(kept, 1)
+  end
+  return kept
+end
+
+-- A fault item as codec.encode_fault writes it.
+local function encode_value(lat, new_end, iso, probation, reach, suspects, slow, signals)
+  local value = lat .. ',' .. fmt(new_end)
+  if iso > 0 or #suspects > 0 or #slow > 0 or #signals > 0 or probation or reach ~= '' then
+    value = value .. ',' .. fmt(iso)
+    if reach ~= '' then
+      value = value .. ',' .. (probation and '1' or '0') .. ',' .. reach
+    elseif probation then
+      value = value .. ',1'
+    end
+    for _, s in ipairs(suspects) do
+      value = value .. ';' .. s[1] .. '=' .. fmt(s[2])
+    end
+    for _, s in ipairs(slow) do
+      value = value .. ';' .. s[1] .. '=' .. fmt(s[2]) .. '=' .. fmt(s[3])
+    end
+    for _, s in ipairs(signals) do
+      value = value .. ';~' .. s[1] .. '=' .. fmt(s[2]) .. '=' .. fmt(s[3])
+    end
+  end
+  return value
+end
+
+-- policy.live_signals: producers with an open signal within the quorum window.
+local function live_voters(signals)
+  local n = 0
+  for _, s in ipairs(signals) do
+    if s[3] > 0 and s[3] > now - quorum_window and s[1] ~= '~' then
+      n = n + 1
+    end
+  end
+  return n
 end
 
 local evicted = 0
@@ -263,7 +320,7 @@ for i = FIRST, #ARGV, STRIDE do
   local isolation, producer, voter = ARGV[i + 4], ARGV[i + 5], ARGV[i + 9]
   local old = redis.call('HGET', KEYS[1], broker)
   local old_end, old_iso, suspects, old_probation, reach = nil, 0, {}, false, ''
-  local slow, own_ended = {}, false
+  local slow, own_ended, signals = {}, false, {}
   if old then
     local head, tail = string.match(old, '^([^;]*)(.*)$')
     local _, e, n, pr, rc = string.match(head, '^(%d+),(%d+),?(%d*),?(%d*),?(%d*)$')
@@ -272,7 +329,9 @@ for i = FIRST, #ARGV, STRIDE do
     old_iso = tonumber(n) or 0
     old_probation = pr == '1'
     for who, when, ends_at in string.gmatch(tail, ';([^=;]*)=(%d+)=?(%d*)') do
-      if ends_at == '' then
+      if string.sub(who, 1, 1) == '~' then
+        signals[#signals + 1] = {string.sub(who, 2), tonumber(when), tonumber(ends_at)}
+      elseif ends_at == '' then
         suspects[#suspects + 1] = {who, tonumber(when)}
       else
         slow[#slow + 1] = {who, tonumber(when), tonumber(ends_at)}
@@ -282,7 +341,59 @@ for i = FIRST, #ARGV, STRIDE do
   local version, change, quorum_state, value, reporters, probe = 0, 0, 0, '', 1, 0
   local duration = tonumber(ARGV[i + 2])
   local new_end
-  if rule == 'off' then
+  if ARGV[i + 6] == '3' then
+    -- policy.apply_pending: record the signal; a quorum of them opens the window (extend
+    -- only); nothing at all with pendingQuorum 0, avoidance off or no windowed tier.
+    new_end = old_end or 0
+    local mine, accepted = nil, rule ~= 'off' and pending_quorum > 0 and duration > 0
+    for _, s in ipairs(signals) do
+      if s[1] == voter then
+        mine = s
+      end
+    end
+    local since, sig_at = at - tonumber(latency), at
+    if accepted and mine ~= nil then
+      if mine[3] == 0 then
+        accepted = since > mine[2]
+      else
+        since, sig_at = math.min(since, mine[2]), math.max(sig_at, mine[3])
+      end
+    end
+    if not accepted then
+      duration = 0
+      value = old or ''
+    else
+      signals = bounded_signals(signals, voter, {voter, since, sig_at})
+      local voters = live_voters(signals)
+      if voters >= pending_quorum then
+        quorum_state, reporters = 2, voters
+        if at + duration > new_end then
+          -- held by the signals (policy.settle_pending may end it early)
+          new_end = at + duration
+          signals = bounded_signals(signals, '~', {'~', new_end, 0})
+        end
+      else
+        quorum_state, duration = 1, 0
+      end
+      value = encode_value(old and string.match(old, '^(%d+)') or '0', new_end, old_iso,
+        old_probation, reach, suspects, slow, signals)
+      redis.call('HSET', KEYS[1], broker, value)
+      redis.call('ZADD', KEYS[5], new_end, broker)
+      local was_open = old_end ~= nil and old_end > now
+      if new_end > now and not was_open then
+        change = 1
+      elseif new_end > now and new_end ~= old_end then
+        change = 2
+      end
+      if change > 0 and event_cap > 0 then
+        redis.call('XADD', KEYS[4], 'MAXLEN', '~', event_cap, '*', 'k',
+          change == 1 and 'opened' or 'extended', 'r', 'pending', 'b', broker, 't', ARGV[i + 8],
+          'n', reporters, 'e', fmt(new_end), 'a', fmt(at))
+      end
+      version = redis.call('HINCRBY', KEYS[2], 'version', 1)
+      redis.call('PUBLISH', ARGV[3], cjson.encode({k = 'fault', v = version, f = broker, x = value}))
+    end
+  elseif rule == 'off' then
     new_end = old_end or now
     duration = 0
   else
@@ -401,21 +512,42 @@ for i = FIRST, #ARGV, STRIDE do
         new_end = old_end
       end
     end
-    value = latency .. ',' .. fmt(new_end)
-    if iso > 0 or #suspects > 0 or #slow > 0 or probation or reach ~= '' then
-      value = value .. ',' .. fmt(iso)
-      if reach ~= '' then
-        value = value .. ',' .. (probation and '1' or '0') .. ',' .. reach
-      elseif probation then
-        value = value .. ',1'
-      end
-      for _, s in ipairs(suspects) do
-        value = value .. ';' .. s[1] .. '=' .. fmt(s[2])
-      end
-      for _, s in ipairs(slow) do
-        value = value .. ';' .. s[1] .. '=' .. fmt(s[2]) .. '=' .. fmt(s[3])
+    -- policy.withdraw_pending: a completed send withdraws its producer's signal
+    local withdrawn = false
+    for _, s in ipairs(signals) do
+      if s[1] == voter then
+        local done = at
+        if s[3] == 0 then
+          done = math.max(at, s[2])
+        end
+        withdrawn = s[3] > 0
+        signals = bounded_signals(signals, voter, {voter, done, 0})
+        break
       end
     end
+    own_ended = own_ended or withdrawn
+    -- policy.settle_pending: a window the signals hold
+    local hold = nil
+    for _, s in ipairs(signals) do
+      if s[1] == '~' then
+        hold = s[2]
+      end
+    end
+    if hold ~= nil then
+      local released = {}
+      for _, s in ipairs(signals) do
+        if s[1] ~= '~' then
+          released[#released + 1] = s
+        end
+      end
+      if new_end ~= hold then
+        signals = released
+      elseif isolation ~= '1' and live_voters(signals) < pending_quorum then
+        signals = released
+        new_end = math.min(new_end, at)
+      end
+    end
+    value = encode_value(latency, new_end, iso, probation, reach, suspects, slow, signals)
     redis.call('HSET', KEYS[1], broker, value)
     redis.call('ZADD', KEYS[5], new_end, broker)
     local was_open = old_end ~= nil and old_end > now
@@ -456,7 +588,7 @@ for i = FIRST, #ARGV, STRIDE do
       redis.call('PUBLISH', ARGV[3], cjson.encode({k = 'fault', v = version, f = broker, x = value}))
     end
   end
-  if log_cap > 0 then
+  if log_cap > 0 and ARGV[i + 6] ~= '3' then
     redis.call('XADD', KEYS[3], 'MAXLEN', '~', log_cap, '*', 'b', broker, 'l', latency,
       'i', isolation, 'p', producer, 't', fmt(at))
   end
