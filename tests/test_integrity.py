@@ -131,6 +131,39 @@ def test_empty_restart_keeps_routes_windows_and_config(server: RedisServer,
             restarted.stop()
 
 
+@pytest.mark.e2e
+def test_a_replica_that_never_polled_the_epoch_still_reseeds(server: RedisServer) -> None:
+    """A replica that synced while the table was new holds the table only through pushes.
+    Its poll is a minute away, so the only way it can know the table's epoch before Redis
+    is emptied is from the pushes themselves. Then the other replica (the table's writer)
+    stops: this one alone holds the route and the window, and must put them back."""
+    writer = ServiceProcess(redis_url=server.url, env=FAST_SYNC)
+    follower = ServiceProcess(redis_url=server.url, env={"DETOUR_SYNC_INTERVAL_S": "60"})
+    restarted: RedisServer | None = None
+    try:
+        with httpx.Client(base_url=writer.url, timeout=10) as c:
+            assert c.put("/routes/t", json=ROUTE).status_code == 200
+            a_end = c.post("/report-latency", json=ISOLATE_A).json()["availableAt"]
+        wait_until(lambda: "a" in table(follower.url), 10, "window pushed")
+        wait_until(lambda: httpx.get(follower.url + "/routes/t", timeout=5).status_code == 200,
+                   10, "route pushed")
+        writer.stop()
+        server.kill()
+        restarted = RedisServer(port=server.port)  # no persistence: an empty Redis
+        wait_until(lambda: recovered(follower.url) and reseed_count(follower.url) >= 1, 30,
+                   "the follower re-seeded", interval_s=0.05)
+        r = httpx.post(follower.url + "/select", json={"topic": "t"}, timeout=5)
+        assert r.status_code == 200 and r.json()["brokerName"] != "a", r.text
+        raw = restarted.client()
+        assert raw.hget(f"{PREFIX}:routes", "t") is not None
+        assert int(raw.hget(f"{PREFIX}:faults", "a").split(",")[1]) == a_end
+    finally:
+        writer.stop()
+        follower.stop()
+        if restarted is not None:
+            restarted.stop()
+
+
 def test_a_flush_is_noticed_by_the_first_write_after_it(redis_url: str,
                                                          redis_server: RedisServer) -> None:
     """FLUSHALL, then a report before any poll: the write reply carries the loss, the

@@ -69,6 +69,9 @@ class Followed(Protocol):
     @property
     def journal_size(self) -> int: ...
 
+    @property
+    def has_epoch(self) -> bool: ...
+
     async def resync(self) -> None: ...
 
     async def replay_journal(self) -> None: ...
@@ -124,6 +127,21 @@ class Follower:
             if reply.version > store.view.version:
                 self.resync_needed = True
         elif reply.version < store.view.version:
+            self.resync_needed = True
+
+    async def _learn_epoch(self) -> None:
+        """Ask which table a push comes from before the view holds its data.
+
+        A replica that synced while the table was new (no epoch yet) learns the epoch its
+        first writer gave it from a poll. Until then it could not tell the table it holds
+        from a new one: were Redis emptied before that poll, it would take the new table
+        as its own and never re-seed what it holds. So the first push is held back until
+        the epoch is known; if Redis is gone meanwhile, the push is never applied and the
+        view holds nothing it could fail to re-seed.
+        """
+        store = self._store
+        held = store.held()
+        if store.table_lost(await store.poll(), held):
             self.resync_needed = True
 
     def on_message(self, msg: dict[str, Any]) -> None:
@@ -187,6 +205,8 @@ class Follower:
                     timeout = max(0.0, (next_poll - mono_ms()) / 1000)
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=timeout)
                     if msg is not None:
+                        if not store.has_epoch:
+                            await self._learn_epoch()
                         self.on_message(msg)
                     if mono_ms() >= next_poll:
                         await self._poll(pubsub)

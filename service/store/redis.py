@@ -279,6 +279,11 @@ class RedisStore:
         return not self.synced.is_set() or self._recovering or bool(self._journal)
 
     @property
+    def has_epoch(self) -> bool:
+        """Whether this replica knows which table (epoch) its view is a copy of."""
+        return bool(self._epoch)
+
+    @property
     def journal_size(self) -> int:
         return len(self._journal)
 
