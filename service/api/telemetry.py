@@ -37,10 +37,16 @@ _broker_cap = MAX_BROKER_SERIES
 
 
 def set_broker_series_cap(cap: int) -> None:
-    """How many broker names get series of their own in this process (first come): a
-    series, once exported, stays until the process ends, so a cap is what bounds them."""
+    """How many broker names get series of their own (first come): a series, once
+    exported, stays until the process ends, so a cap is what bounds them.
+
+    Called once per app built, and the count starts over: a process serves one app, so
+    this changes nothing in service, and an app built after others in one process (the
+    test suite builds hundreds) gets its own names' series rather than ``_other``.
+    """
     global _broker_cap
     _broker_cap = cap
+    _seen_brokers.clear()
 
 
 def broker_label(broker: str) -> str:

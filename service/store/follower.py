@@ -40,24 +40,48 @@ def mono_ms() -> float:
 
 
 class RedisClock:
-    """Redis's time estimated from the local monotonic clock, erring early."""
+    """Redis's time estimated from the local monotonic clock: a lower bound, the best of
+    the recent samples.
+
+    Every script reply carries Redis's clock. Redis read it somewhere during the round
+    trip, so pinning it to the moment the reply was received gives a lower bound of
+    Redis time: a window is seen ending up to one round trip late, never early. A slow
+    round trip gives a poor bound, and one poor sample must not move the estimate back:
+    an item written a moment ago with no window (``availableAt`` = the write's time, a
+    tier of 0 ms) would then look avoided until the clock caught up again, and every
+    select in between would fall to pickOneAtLeast. So the estimate is the largest
+    sample of the last ``HOLD_MS`` to ``2 × HOLD_MS`` (two buckets): it follows drift
+    between the two clocks within seconds, and it steps back at once only when Redis's
+    clock was set back by more than ``STEP_MS`` (or a failover reached a host whose
+    clock is that far behind).
+    """
+
+    HOLD_MS = 5_000.0
+    STEP_MS = 10_000.0
 
     def __init__(self) -> None:
-        # Until the first sync, the local wall clock stands in for Redis's.
+        # Until the first sample, the local wall clock stands in for Redis's.
         self._offset_ms = time.time_ns() / 1_000_000 - mono_ms()
+        self._current: float | None = None  # the best sample of the current bucket
+        self._previous: float | None = None  # ... and of the one before
+        self._bucket_at = 0.0
 
     def now_ms(self) -> int:
         return int(mono_ms() + self._offset_ms)
 
-    def set(self, redis_now_ms: int, received_ms: float) -> None:
-        """Track Redis time against the local monotonic clock, erring early.
-
-        Redis read its clock somewhere during the round trip; pinning it to the
-        moment the reply was ``received`` makes this replica's estimate of Redis time a lower
-        bound, so it may see a window end up to one round trip late, never early:
-        a sick broker is avoided a little longer rather than retried too soon.
-        """
-        self._offset_ms = redis_now_ms - received_ms
+    def observe(self, redis_now_ms: int, received_ms: float) -> None:
+        """Take one sample: Redis said ``redis_now_ms`` in a reply received (local
+        monotonic clock) at ``received_ms``."""
+        sample = redis_now_ms - received_ms
+        if self._current is None or sample < self._offset_ms - self.STEP_MS:
+            self._current, self._previous, self._bucket_at = sample, None, received_ms
+        elif received_ms - self._bucket_at >= self.HOLD_MS:
+            self._current, self._previous, self._bucket_at = sample, self._current, received_ms
+        elif sample > self._current:
+            self._current = sample
+        self._offset_ms = (
+            self._current if self._previous is None else max(self._current, self._previous)
+        )
 
 
 class Followed(Protocol):

@@ -437,6 +437,7 @@ class RedisStore:
             reply = ReportReply.decode(
                 await self._eval("flush", keys, args, self._scripts["report"])
             )
+            self._clock.observe(reply.now_ms, mono_ms())
             if reply.status in (STALE_CONFIG, TABLE_LOST):
                 await self.resync()
                 continue
@@ -546,6 +547,7 @@ class RedisStore:
             config = view.config
             args, tiers = self._report_args(reports, config)
             reply = ReportReply.decode(await self._eval("report", keys, args, script))
+            self._clock.observe(reply.now_ms, mono_ms())
             if reply.status == STALE_CONFIG:
                 # Another replica changed the config and its push has not
                 # arrived yet: take the table as it is now and recompute.
@@ -720,7 +722,7 @@ class RedisStore:
             "snapshot", (self._faults, self._routes, self._meta, self._writers), (self._replica_id,)
         )
         reply = SnapshotReply.decode(raw)
-        self._clock.set(reply.now_ms, mono_ms())
+        self._clock.observe(reply.now_ms, mono_ms())
         snap = Snapshot(
             version=reply.version,
             config=codec.decode_config(reply.config),
@@ -759,7 +761,7 @@ class RedisStore:
     def table_lost(self, reply: PollReply, held: tuple[int, int]) -> bool:
         """The follower's poll: does Redis's table lack what this replica held when it
         sent the poll (``held()``)?"""
-        self._clock.set(reply.now_ms, mono_ms())
+        self._clock.observe(reply.now_ms, mono_ms())
         if not self._epoch and reply.epoch:
             # Another replica's first write gave the table its epoch: this view, kept by
             # its pushes, is a copy of that table now.
