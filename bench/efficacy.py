@@ -26,6 +26,9 @@ brokers (8 ``redis-server`` processes x 2 queues, ``pipeline.brokers``), one
     ``detour-cached`` with the recommended in-flight signals (``PENDING``:
     ``pendingQuorum`` 2; the SDK signals a send outstanding 4 x the broker's p99,
     at least 50 ms): a hang is avoided before the first timeout fires.
+``detour-all``
+    ``detour-cached`` with every recommended setting at once (``RECOVER`` and
+    ``PENDING``): what a deployment following docs/policy.md runs.
 
 The fault schedule (``--faults``, seconds from the start of each arm):
 
@@ -93,7 +96,7 @@ from pipeline.brokers import Fleet, free_port
 from tests.procs import end_process
 
 ARMS = ("no-avoidance", "per-producer", "detour-cached", "detour-http", "detour-recover",
-        "detour-pending")
+        "detour-pending", "detour-all")
 #: The recovery arm's extra Config (docs/policy.md's recommended recovery settings).
 RECOVER: dict[str, Any] = {
     "rampMs": 3000, "earlyRecovery": True, "detectorEnable": True, "detectIntervalMs": 500,
@@ -101,6 +104,12 @@ RECOVER: dict[str, Any] = {
 }
 #: The detour-pending arm's config on top of the others' (docs/policy.md, "Hangs").
 PENDING = {"pendingQuorum": 2}
+#: Arms on the cached SDK, and the extra Config each adds: detour-all is every recommended
+#: setting at once (docs/policy.md), what a new deployment following the docs runs.
+CACHED_ARMS: dict[str, dict[str, Any]] = {
+    "detour-cached": {}, "detour-recover": RECOVER, "detour-pending": PENDING,
+    "detour-all": {**RECOVER, **PENDING},
+}
 #: A send at least this long is a bad attempt: RocketMQ's first tier that opens a window.
 SLOW_MS = 550.0
 DEFAULT_FAULTS = "kill:broker-b@2+6,stop:broker-c@10+5,slow:broker-d@18+8"
@@ -298,7 +307,7 @@ def run_producer(index: int, producers: int, job: Job, conn: Connection) -> dict
                              retries=job.retries, deadline=job.deadline_s)
     else:
         assert job.detour is not None
-        cached = job.arm in ("detour-cached", "detour-recover", "detour-pending")
+        cached = job.arm in CACHED_ARMS
         client = DetourClient(job.detour, mode="cached" if cached else "remote",
                               retries=job.retries, deadline=job.deadline_s,
                               producer=f"efficacy-{index}", pending_factor=job.pending_factor,
@@ -599,8 +608,7 @@ def run_arm(arm: str, repeat: int, producers: Producers, detour: str | None,
             args: argparse.Namespace, faults: Sequence[FaultSpec],
             tick: Callable[[float], None]) -> ArmResult:
     topic = f"efficacy-{arm}-{repeat}"
-    extra = {**(RECOVER if arm == "detour-recover" else {}),
-             **(PENDING if arm == "detour-pending" else {}), **args.config}
+    extra = {**CACHED_ARMS.get(arm, {}), **args.config}
     config = scaled_config(args.scale, extra)
     slow = [f for f in faults if f.action == "slow"]
     with Fleet(args.brokers, topic, args.queues) as fleet:
@@ -784,7 +792,7 @@ def markdown(results: Sequence[ArmResult], args: argparse.Namespace, command: st
 
 COLORS = {"no-avoidance": "tab:gray", "per-producer": "tab:red",
           "detour-cached": "tab:blue", "detour-http": "tab:cyan", "detour-recover": "tab:green",
-          "detour-pending": "tab:purple"}
+          "detour-pending": "tab:purple", "detour-all": "tab:red"}
 SHADE = {"crash": "tab:red", "hang": "tab:orange", "slow": "gold"}
 
 

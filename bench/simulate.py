@@ -54,6 +54,9 @@ Strategies, each over the same faults:
     ms, 4 x the latency model's p99)``) signals; the signal reaches the shared table
     ``<delay>`` later, and every report goes through ``service.policy.apply``
     (which withdraws the signal). docs/policy.md, "Hangs".
+``detour-all``
+    ``detour-100ms`` with every recommended setting at once: the recovery
+    settings and the in-flight signals.
 
 Counted: a *bad attempt* is one that failed (refused or timed out) or took at
 least 550 ms (the first tier that opens a window). Bad attempts are
@@ -94,7 +97,7 @@ from array import array
 from collections import ChainMap, deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -179,8 +182,10 @@ def arms(delays_ms: Sequence[int] = (1, 100, 1000)) -> list[Arm]:
         label = f"{d // 1000} s" if d >= 1000 and d % 1000 == 0 else f"{d} ms"
         out.append(Arm(f"detour-recover-{label.replace(' ', '')}", "detour", d, recover=True))
     # the recommended in-flight signals, at the middle delay
-    out.append(Arm("detour-pending", "detour", sorted(delays_ms)[len(delays_ms) // 2],
-                   pending=PENDING_QUORUM))
+    middle = sorted(delays_ms)[len(delays_ms) // 2]
+    out.append(Arm("detour-pending", "detour", middle, pending=PENDING_QUORUM))
+    # every recommended setting at once (docs/policy.md)
+    out.append(Arm("detour-all", "detour", middle, recover=True, pending=PENDING_QUORUM))
     return out
 
 
@@ -278,7 +283,7 @@ def simulate(
     index = {b: i for i, b in enumerate(names)}
     recover = arm.recover
     pend = arm.pending > 0
-    config = RECOVER if recover else Config(pending_quorum=arm.pending)
+    config = replace(RECOVER if recover else Config(), pending_quorum=arm.pending)
     lrw = config.last_report_wins
     enabled = arm.kind != "none"
     per_producer = arm.kind == "per-producer"
@@ -667,6 +672,8 @@ ARM_STYLE: dict[str, tuple[str, str]] = {
     "detour-recover-1ms": ("tab:green", "<"),
     "detour-recover-100ms": ("tab:olive", ">"),
     "detour-recover-1s": ("tab:brown", "P"),
+    "detour-pending": ("tab:pink", "X"),
+    "detour-all": ("black", "*"),
 }
 
 

@@ -321,3 +321,24 @@ def test_simulated_recovery_brings_a_crashed_broker_back_at_once() -> None:
     # deterministic for a seed, like the other arms
     again = simulate.simulate(world, by_name["detour-recover-100ms"], 100)
     assert dataclasses.replace(again, wall_s=0) == dataclasses.replace(recover, wall_s=0)
+
+
+@pytest.mark.unit
+def test_simulated_recommended_settings_combine_both_gains() -> None:
+    """detour-all (recovery and in-flight signals at once): a crashed broker is back at
+    once as with detour-recover, hangs cost as little as with detour-pending, and slow
+    brokers less than with either alone (the signals stop the first wave, the ramp the
+    wave at each window's end)."""
+    from bench import simulate
+
+    world = simulate.World(brokers=20, queues=4, duration_s=600, seed=3, rate=5.0)
+    by_name = {a.name: a for a in simulate.arms()}
+    assert by_name["detour-all"].recover and by_name["detour-all"].pending
+    plain = simulate.simulate(world, by_name["detour-100ms"], 50)
+    both = simulate.simulate(world, by_name["detour-all"], 50)
+    pend = simulate.simulate(world, by_name["detour-pending"], 50)
+    assert both.kinds["crash"]["to_traffic_s"] < 5
+    assert not plain.kinds["crash"]["to_traffic_s"] < 5
+    assert both.kinds["crash"]["per_fault"] <= plain.kinds["crash"]["per_fault"] + 1
+    assert both.kinds["hang"]["per_fault"] * 4 <= plain.kinds["hang"]["per_fault"]
+    assert both.kinds["slow"]["per_fault"] < pend.kinds["slow"]["per_fault"]
