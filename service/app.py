@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from service import detector
 from service.api import admin, events, health, reports, routes, select, status, stream
 from service.api.bounds import bound_names, install_bounds
+from service.api.direct import DirectLane
 from service.api.errors import install_error_handlers
 from service.api.fast import HotLane, mount_fast
 from service.api.guard import Guard
@@ -206,6 +207,15 @@ def create_app(settings: Settings | None = None, tokens: TokenTable | None = Non
     for module in (select, reports, routes, stream, admin, events, health, status):
         app.include_router(module.router)
     hot = mount_fast(app, (("/select", select.select), ("/report-latency", reports.report_latency)))
+    if settings.direct_lane:
+        # The same two routes answered by the protocol when they never wait.
+        edge.direct = DirectLane(
+            hot,
+            settings.max_body_bytes,
+            app.exception_handlers,
+            tokens or None,
+            shedder.max_wait_ns,
+        )
     app.add_middleware(JsonBodies)
     app.add_middleware(RequestTimer)
     app.add_middleware(

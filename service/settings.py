@@ -70,6 +70,10 @@ class Settings(BaseSettings):
     #: refuses the rest at once: refusals then wait at most about one such turn. 0 = off
     #: (the in-flight bound alone). docs/reliability.md, "Overload".
     turn_budget_ms: float = Field(0.5, ge=0, le=1_000)
+    #: Selects, and reports kept on this replica, answered by the server protocol itself
+    #: when they never wait (service/api/direct.py); off: every request goes through ASGI.
+    #: Same answers either way; off costs about twice the CPU per select.
+    direct_lane: bool = True
     log_level: str = Field("info", pattern=r"^(critical|error|warning|info|debug|trace)$")
     #: A YAML or JSON file of tokens (docs/security.md); ``tokens`` holds the same text
     #: inline (for a Secret mounted as an environment variable). Neither: the service

@@ -56,7 +56,10 @@ def store_of(request: Request) -> FaultStore:
 def reporter_of(request: Request, given: str | None) -> str:
     """Who made a report: with tokens, the token's name, then ``/`` and the producer id
     the request gave, so one token's holder cannot report as another's producers."""
-    principal: Principal | None = request.scope["state"].get("principal")
+    return reporter(request.scope["state"].get("principal"), given)
+
+
+def reporter(principal: Principal | None, given: str | None) -> str:
     if principal is None:
         return given or ""
     return f"{principal.name}/{given}" if given else principal.name
@@ -65,7 +68,10 @@ def reporter_of(request: Request, given: str | None) -> str:
 def voter_of(request: Request, given: str | None) -> str:
     """Who the isolation quorum counts a producer as: with tokens, the token's name alone
     (a holder cannot vote as many producers by varying ``producer``); else the id given."""
-    principal: Principal | None = request.scope["state"].get("principal")
+    return voter(request.scope["state"].get("principal"), given)
+
+
+def voter(principal: Principal | None, given: str | None) -> str:
     return principal.name if principal is not None else given or ""
 
 

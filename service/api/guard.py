@@ -10,6 +10,7 @@ records the principal (``request.state.principal``) for reporter identity.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -33,6 +34,32 @@ async def _refuse(
     await send({"type": "http.response.body", "body": body})
 
 
+def credentials(headers: Iterable[tuple[bytes, bytes]]) -> tuple[str | None, str | None]:
+    """The bearer token and the namespace asked for, each None when absent."""
+    token = None
+    wanted_ns = None
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, rest = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer" and rest.strip():
+                token = rest.strip()
+        elif name == NAMESPACE_HEADER:
+            wanted_ns = value.decode("latin-1")
+    return token, wanted_ns
+
+
+def admitted(
+    tokens: TokenTable, headers: Iterable[tuple[bytes, bytes]], method: str, path: str
+) -> Principal | None:
+    """The caller's principal when ``Guard`` would let the request through, else None
+    (the direct lane then leaves the request to ``Guard``, which says why)."""
+    token, wanted_ns = credentials(headers)
+    principal = tokens.lookup(token) if token else None
+    if principal is None or (wanted_ns is not None and wanted_ns != principal.namespace):
+        return None
+    return principal if principal.may(method, path) else None
+
+
 class Guard:
     def __init__(self, app: ASGIApp, tokens: TokenTable) -> None:
         self.app = app
@@ -42,15 +69,7 @@ class Guard:
         if scope["type"] != "http" or not requires_token(scope["path"]):
             await self.app(scope, receive, send)
             return
-        token = None
-        wanted_ns = None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                scheme, _, rest = value.decode("latin-1").partition(" ")
-                if scheme.lower() == "bearer" and rest.strip():
-                    token = rest.strip()
-            elif name == NAMESPACE_HEADER:
-                wanted_ns = value.decode("latin-1")
+        token, wanted_ns = credentials(scope["headers"])
         principal: Principal | None = self.tokens.lookup(token) if token else None
         if principal is None:
             await _refuse(

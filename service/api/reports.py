@@ -14,13 +14,16 @@ from service.api.deps import ERRORS, STREAM_ID_PATTERN, UNAVAILABLE, StoreDep
 from service.api.fast import (
     json_response,
     parse,
+    reporter,
     reporter_of,
     request_body,
     store_of,
+    voter,
     voter_of,
 )
 from service.api.render import report_out
 from service.api.telemetry import observe_reports
+from service.auth import Principal
 from service.errors import TableFull
 from service.schemas import (
     BatchReportRequest,
@@ -33,7 +36,7 @@ from service.schemas import (
 )
 from service.store import FaultStore, ReportIn, ReportOutcome
 
-_REPORT = TypeAdapter(ReportRequest)
+REQUEST = TypeAdapter(ReportRequest)
 
 router = APIRouter(tags=["reports"])
 _TABLE_FULL: dict[int | str, dict[str, Any]] = {
@@ -75,23 +78,44 @@ async def report_latency(request: Request) -> Response:
     `pending: true`: an in-flight signal, the send is still outstanding (`pendingQuorum`,
     docs/policy.md "Hangs"); the producer's next report that is not pending withdraws it.
     """
-    body = await parse(request, _REPORT)
-    report = ReportIn(
+    body = await parse(request, REQUEST)
+    principal = request.scope["state"].get("principal")
+    store = store_of(request)
+    reports = [report_in(body, principal)]
+    outcomes = applied_now(store, reports) or await _apply(store, reports)
+    return json_response(render(outcomes[0]))
+
+
+def report_in(body: ReportRequest, principal: Principal | None) -> ReportIn:
+    return ReportIn(
         body.broker_name,
         math.floor(body.latency_ms),
         body.isolation,
         0,
-        reporter_of(request, body.producer),
+        reporter(principal, body.producer),
         body.origin,
-        voter_of(request, body.producer),
+        voter(principal, body.producer),
         report_id=body.report_id or "",
         pending=body.pending,
     )
-    store = store_of(request)
-    outcomes = await _apply(store, [report])
-    o = outcomes[0]
+
+
+def applied_now(store: FaultStore, reports: list[ReportIn]) -> list[ReportOutcome] | None:
+    """The outcomes when the store applies the reports without waiting (``report_now``);
+    None: the caller awaits ``_apply``."""
+    try:
+        outcomes = store.report_now(reports)
+    except TableFull:
+        metrics.REPORTS_REFUSED.labels(store.namespace, "table_full").inc(len(reports))
+        raise
+    if outcomes is not None:
+        observe_reports(store.namespace, outcomes)
+    return outcomes
+
+
+def render(o: ReportOutcome) -> str:
     # brokerName matched NAME_PATTERN on the way in: nothing to escape.
-    return json_response(
+    return (
         f'{{"brokerName":"{o.broker_name}","latencyMs":{o.latency_ms},'
         f'"notAvailableDurationMs":{o.not_available_duration_ms},'
         f'"availableAt":{o.available_at},"degraded":{"true" if o.degraded else "false"}}}'

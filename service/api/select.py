@@ -12,8 +12,9 @@ from service.errors import NotFound
 from service.model import Queue
 from service.schemas import SelectRequest, SelectResponse
 from service.selector import choose
+from service.store import FaultStore
 
-_REQUEST = TypeAdapter(SelectRequest)
+REQUEST = TypeAdapter(SelectRequest)
 
 router = APIRouter(tags=["select"])
 
@@ -56,11 +57,17 @@ async def select(request: Request) -> Response:
     obeyed (`unenforcedBrokers`, `panic`, `dryRun`); `selection: p2c-ewma` picks the
     faster of two random available queues instead of walking round-robin.
     """
-    body = await parse(request, _REQUEST)
-    inline = [Queue(q.broker_name, q.queue_id) for q in body.queues] if body.queues else None
+    body = await parse(request, REQUEST)
     store = store_of(request)
     # The identity the producer's reports vote with (the token's when tokens are on).
-    producer = voter_of(request, body.producer) or None
+    return json_response(answer(store, body, voter_of(request, body.producer) or None))
+
+
+def answer(store: FaultStore, body: SelectRequest, producer: str | None) -> str:
+    """The select's answer as JSON text; raises NotFound (counted) for an unknown topic.
+
+    Synchronous: the server's direct lane (service/api/direct.py) calls it too."""
+    inline = [Queue(q.broker_name, q.queue_id) for q in body.queues] if body.queues else None
     view = store.view
     try:
         route, choice = choose(
@@ -80,7 +87,7 @@ async def select(request: Request) -> Response:
     avoided = ",".join(f'"{b}"' for b in sel.avoided_brokers)
     unenforced = ",".join(f'"{b}"' for b in av.unenforced)
     ordered = f'"{choice.ordered}"' if choice.ordered else "null"
-    return json_response(
+    return (
         f'{{"topic":"{body.topic}","brokerName":"{queue.broker_name}",'
         f'"queueId":{queue.queue_id},"address":{address_json},'
         f'"decision":"{sel.decision.value}","avoidedBrokers":[{avoided}],'

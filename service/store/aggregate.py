@@ -66,6 +66,10 @@ class Aggregate:
     def __len__(self) -> int:
         return len(self._by_broker)
 
+    def has_room(self, broker: str, producer: str) -> bool:
+        """Whether ``add`` would take a report for this broker and producer."""
+        return (broker, producer) in self._by_broker or len(self._by_broker) < self._cap
+
     def add(self, broker: str, producer: str, latency_ms: int, at_ms: int) -> bool:
         """Sum one quiet report; False when the bound is reached (send it instead)."""
         key = (broker, producer)

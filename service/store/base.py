@@ -146,6 +146,13 @@ class FaultStore(Protocol):
         """Apply reports in order, all at once (one atomic store operation)."""
         ...
 
+    def report_now(self, reports: Sequence[ReportIn]) -> list[ReportOutcome] | None:
+        """``report_many``'s outcomes when the store can apply them without waiting for
+        I/O (the memory table; reports a Redis replica keeps local), or None, having
+        changed nothing: the caller then awaits ``report_many``. The server answers the
+        first kind in the loop turn that read the request (service/api/direct.py)."""
+        ...
+
     async def latency_log(self, after: str | None, limit: int) -> list[LogEntry]:
         """Log entries after id ``after`` (from the oldest kept when None), oldest first."""
         ...

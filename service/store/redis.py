@@ -352,11 +352,37 @@ class RedisStore:
             return [kept[i] if i in kept else next(outcomes) for i in range(len(reports))]
         return self._report_locally(self._number(reports))
 
-    def _keep_quiet(self, reports: Sequence[ReportIn]) -> dict[int, ReportOutcome]:
+    def report_now(self, reports: Sequence[ReportIn]) -> list[ReportOutcome] | None:
+        """A single report this replica keeps local (``_keep_quiet``): answered without a
+        round trip. Anything else (a window to write, a batch, the journal in use) is
+        None, with nothing changed, and goes through ``report_many``."""
+        if (
+            len(reports) != 1
+            or self._flush_ms <= 0
+            or self._journal
+            or self._recovering
+            or not self.synced.is_set()
+        ):
+            return None
+        r = reports[0]
+        view = self.view
+        now = view.now_ms()
+        old = view.faults.get(r.broker_name)
+        if not self._quiet.has_room(r.broker_name, r.producer) or not policy.quiet(
+            old, r.latency_ms, r.isolation, now - r.age_ms, view.config, r.pending
+        ):
+            return None
+        # Quiet with room (or a duplicate): ``_keep_quiet`` keeps it, at the same ``now``.
+        return [self._keep_quiet(reports, now)[0]]
+
+    def _keep_quiet(
+        self, reports: Sequence[ReportIn], now: int | None = None
+    ) -> dict[int, ReportOutcome]:
         """The reports that change nothing another replica must see (policy.quiet, decided
         on this replica's copy), summed for the next flush and answered from the copy."""
         view, config = self.view, self.view.config
-        now = view.now_ms()
+        if now is None:
+            now = view.now_ms()
         kept: dict[int, ReportOutcome] = {}
         for i, r in enumerate(reports):
             at = now - r.age_ms
