@@ -210,11 +210,7 @@ def create_app(settings: Settings | None = None, tokens: TokenTable | None = Non
     if settings.direct_lane:
         # The same two routes answered by the protocol when they never wait.
         edge.direct = DirectLane(
-            hot,
-            settings.max_body_bytes,
-            app.exception_handlers,
-            tokens or None,
-            shedder.max_wait_ns,
+            hot, settings.max_body_bytes, app.exception_handlers, tokens or None
         )
     app.add_middleware(JsonBodies)
     app.add_middleware(RequestTimer)

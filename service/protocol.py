@@ -356,7 +356,7 @@ class EdgeProtocol(HttpToolsProtocol):
         edge = self._edge
         assert edge is not None and edge.direct is not None
         scope = cast(dict[str, Any], self.scope)
-        answer = edge.direct.answer(path, self.headers, body, scope["state"], scope.get(ARRIVED))
+        answer = edge.direct.answer(path, self.headers, body, scope["state"])
         if answer is None:
             # As if the lane had never looked: the cycle starts with the body complete.
             self._flush_out()
@@ -366,6 +366,8 @@ class EdgeProtocol(HttpToolsProtocol):
             cycle.more_body = False
             cycle.message_event.set()
             return
+        if edge.shedder is not None:
+            edge.shedder.answered()
         status, headers, payload = answer
         keep_alive = self.parser.should_keep_alive()
         content = [STATUS_LINE[status]]

@@ -78,6 +78,9 @@ class TurnBudget:
         self.ceiling = max(1, ceiling)
         self.limit = self.ceiling
         self.started = 0
+        #: Of those, answered already, in the turn itself (the direct lane): no longer
+        #: in flight, but their CPU was the turn's.
+        self.done = 0
         self._cpu_ns = cpu_ns
         self._turn_began = cpu_ns()
 
@@ -86,6 +89,7 @@ class TurnBudget:
         now = self._cpu_ns()
         used, self._turn_began = now - self._turn_began, now
         self.started = 0
+        self.done = 0
         if self.budget_ns <= 0:
             return  # no budget: the limit stays at the ceiling
         if used > self.budget_ns:
@@ -203,7 +207,7 @@ class Shedder:
             self._turn_open = True
             asyncio.get_running_loop().call_soon(self._close_turn)
             turns.begin()
-        if self.in_flight - self.awaiting_body + turns.started >= self.max_in_flight:
+        if self.in_flight - self.awaiting_body + turns.started - turns.done >= self.max_in_flight:
             self.shedding_until = time.monotonic_ns() + self.hold_ns
             return "in_flight"
         if not turns.may_start():
@@ -213,6 +217,12 @@ class Shedder:
                 return "turn_budget"
         turns.started += 1
         return None
+
+    def answered(self) -> None:
+        """A request this turn started was answered in the turn (the direct lane)."""
+        turns = self.turns
+        if turns.done < turns.started:  # (a body that came in a later turn: not this one's)
+            turns.done += 1
 
     def _close_turn(self) -> None:
         self._turn_open = False

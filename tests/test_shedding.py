@@ -216,6 +216,23 @@ def test_a_request_counts_from_the_turn_that_starts_it_until_its_app_call_return
     asyncio.run(scenario())
 
 
+def test_a_request_answered_in_its_own_turn_frees_its_slot_at_once() -> None:
+    """The direct lane answers in the turn that read the request (``answered``): it stops
+    counting as in flight there, so a burst on one connection is not refused for requests
+    already answered. A body that arrives in a later turn cannot free another's slot."""
+    async def scenario() -> None:
+        shed = Shedder(Gate(), max_in_flight=2, max_queue_wait_ms=200)
+        for _ in range(5):
+            assert shed.refusal() is None
+            shed.answered()
+        assert [shed.refusal(), shed.refusal(), shed.refusal()] == [None, None, "in_flight"]
+        await asyncio.sleep(0)  # a new turn: nothing started in it yet
+        shed.answered()  # the last body of a request the previous turn started
+        assert [shed.refusal(), shed.refusal(), shed.refusal()] == [None, None, "in_flight"]
+
+    asyncio.run(scenario())
+
+
 class CpuClock:
     """A thread CPU clock the test moves by hand."""
 

@@ -8,8 +8,9 @@ objects, four middleware layers and two writes: measured, more than the select i
 request, once its body is in, to ``DirectLane.answer``, which does what the ASGI path
 does for it, with the same code, and returns the whole answer for one write:
 
-* the shedder's queue-wait rule (the in-flight and turn rules ran when the head was
-  read, as for every request);
+* the shedder's rules ran when the head was read, as for every request; its queue-wait
+  rule has nothing to measure here: the answer is written in the callback that read the
+  request's last bytes, with no queue between;
 * the token check (``guard.admitted``) and the namespace's store;
 * ``HotLane``'s steps: the repeated-key check, the body's validation, the endpoint's
   own function (``select.answer``, ``reports.report_in``/``applied_now``), the app's
@@ -18,8 +19,8 @@ does for it, with the same code, and returns the whole answer for one write:
 Whatever it does not answer goes the ASGI way untouched, and it declines before any
 side effect: a head the lane does not take (no Content-Length or over the limit, not
 JSON, chunked, ``Expect``, HTTP/1.0, a pipelined request behind another, a paused
-writer), a request the token check or the queue-wait rule would refuse (the ASGI path
-answers those, with their metrics), and a report that needs the store's I/O. Answers,
+writer), a request the token check would refuse (the ASGI path answers it, with its
+metrics), and a report that needs the store's I/O. Answers,
 errors and metrics are the ASGI path's: ``tests/test_direct_lane.py`` checks each
 against the same request sent the ASGI way, and every hot-route suite runs through it.
 """
@@ -103,13 +104,10 @@ class DirectLane:
         max_body_bytes: int,
         handlers: Mapping[Any, Callable[..., Any]],
         tokens: TokenTable | None = None,
-        max_wait_ns: int | None = None,
     ) -> None:
         self.paths = frozenset(_ENDPOINTS)
         self.max_body_bytes = max_body_bytes
         self.tokens = tokens
-        #: The shedder's queue-wait bound (None: no shedder).
-        self.max_wait_ns = max_wait_ns
         self._routes = {p.encode(): routes[p] for p in ("/select", "/report-latency")}
         self._handlers = handlers
 
@@ -131,15 +129,9 @@ class DirectLane:
         return json_body and 0 < length <= self.max_body_bytes
 
     def answer(
-        self, path: bytes, headers: Headers, body: bytes, state: dict[str, Any], arrived: int | None
+        self, path: bytes, headers: Headers, body: bytes, state: dict[str, Any]
     ) -> Answer | None:
         """The whole answer, or None: the request goes the ASGI way, nothing changed."""
-        if (
-            self.max_wait_ns is not None
-            and arrived is not None
-            and time.monotonic_ns() - arrived > self.max_wait_ns
-        ):
-            return None  # the shedder refuses it (queue_wait), counted there
         principal = None
         store: FaultStore = state["store"]
         if self.tokens is not None:
