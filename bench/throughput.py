@@ -136,8 +136,10 @@ def check_answer(url: str, endpoint: str, floor: bool) -> None:
         r = httpx.post(url + path, json=body, timeout=5)
         r.raise_for_status()
         answer = r.json()
-        return floor or endpoint != "select" or (
-            answer["decision"] == "available" and not answer["avoidedBrokers"]
+        return (
+            floor
+            or endpoint != "select"
+            or (answer["decision"] == "available" and not answer["avoidedBrokers"])
         )
 
     wait_until(plain, 5, f"a plain answer from {url}{path}")
@@ -152,9 +154,12 @@ class Servers:
     floor: FloorServer
     #: The raw-ASGI floor (no framework): the hot-path targets are ratios to it.
     raw: FloorServer
+    #: Detour with the direct lane off (every request through ASGI), on its own namespace.
+    asgi: ServiceProcess
 
     def _server(self, side: str) -> ServiceProcess | FloorServer:
-        return {"detour": self.detour, "floor": self.floor, "raw": self.raw}[side]
+        return {"detour": self.detour, "floor": self.floor, "raw": self.raw,
+                "asgi": self.asgi}[side]  # fmt: skip
 
     def url(self, side: str) -> str:
         return self._server(side).url
@@ -179,8 +184,13 @@ def started(workers: int, log_dir: Path | None) -> Iterator[Servers]:
         stack.callback(floor.stop)
         raw = FloorServer(workers=workers, log_path=log("raw"), raw=True)
         stack.callback(raw.stop)
+        asgi = ServiceProcess(redis_url=redis.url, workers=workers, log_path=log("asgi"),
+                              env={"DETOUR_DIRECT_LANE": "false",
+                                   "DETOUR_NAMESPACE": "asgi-path"})  # fmt: skip
+        stack.callback(asgi.stop)
         prepare_detour(detour.url)
-        yield Servers(workers, redis, detour, floor, raw)
+        prepare_detour(asgi.url)
+        yield Servers(workers, redis, detour, floor, raw, asgi)
 
 
 def measure(
@@ -196,7 +206,7 @@ def measure(
 ) -> tuple[WrkResult, dict[str, float]]:
     """One wrk run plus the CPU the server (and Redis, for Detour) spent per request."""
     url = servers.url(side)
-    check_answer(url, endpoint, floor=side != "detour")
+    check_answer(url, endpoint, floor=side not in DETOURS)
     waited, busy_before = wait_for_quiet(quiet_wait_s) if quiet_wait_s > 0 else (0.0, -1.0)
     pids = servers.pids(side)
     redis_pid = servers.redis.proc.pid
@@ -210,7 +220,7 @@ def measure(
     secs = res.duration_s or 1.0
     return res, {
         "server_cpu_us_per_req": cpu * per,
-        "redis_cpu_us_per_req": rcpu * per if side == "detour" else 0.0,
+        "redis_cpu_us_per_req": rcpu * per if side in DETOURS else 0.0,
         "server_cores": cpu / secs,
         "redis_cores": rcpu / secs,
         "wrk_cores": res.wrk_cpu_s / secs,
@@ -243,8 +253,16 @@ def _measure_until_clean(
     """One measurement, retried while outside load spoils it; every attempt is returned."""
     attempts: list[dict[str, Any]] = []
     for attempt in range(retries + 1):
-        res, cpu = measure(servers, side, endpoint, script, connections=connections,
-                           duration_s=duration_s, threads=threads, quiet_wait_s=quiet_wait_s)
+        res, cpu = measure(
+            servers,
+            side,
+            endpoint,
+            script,
+            connections=connections,
+            duration_s=duration_s,
+            threads=threads,
+            quiet_wait_s=quiet_wait_s,
+        )
         noisy = cpu["other_cores"] > noise_limit
         discarded = noisy and attempt < retries
         attempts.append({
@@ -252,12 +270,14 @@ def _measure_until_clean(
             "attempt": attempt, "discarded": discarded, "side": side, "endpoint": endpoint,
             **res.as_dict(), **cpu,
         })  # fmt: skip
-        progress(f"  workers={servers.workers} conns={connections} rep={repeat + 1} "
-                 f"{side:6} {endpoint:10} {res.rps:9.0f} req/s "
-                 f"p50 {res.p50_ms:6.2f} ms p99 {res.p99_ms:6.2f} ms "
-                 f"other {cpu['other_cores']:.2f} cores"
-                 + (" (discarded: outside load, again)" if discarded else "")
-                 + (f" ERRORS {res.errors}" if res.error_count else ""))
+        progress(
+            f"  workers={servers.workers} conns={connections} rep={repeat + 1} "
+            f"{side:6} {endpoint:10} {res.rps:9.0f} req/s "
+            f"p50 {res.p50_ms:6.2f} ms p99 {res.p99_ms:6.2f} ms "
+            f"other {cpu['other_cores']:.2f} cores"
+            + (" (discarded: outside load, again)" if discarded else "")
+            + (f" ERRORS {res.errors}" if res.error_count else "")
+        )
         if not discarded:
             break
     return attempts
@@ -268,20 +288,24 @@ def _measure_until_clean(
 PLAN: tuple[tuple[str, str], ...] = (
     ("raw", "select"),
     ("floor", "select"),
+    ("asgi", "select"),
     ("detour", "select"),
     ("raw", "report"),
     ("floor", "report"),
+    ("asgi", "report"),
     ("detour", "report"),
     ("detour", "report-mix"),
 )
+#: The sides that are Detour: with the direct lane (the default) and without it.
+DETOURS = ("detour", "asgi")
 
 
 def _ordered(repeat: int) -> list[tuple[str, str]]:
-    """Alternate the order within each raw/floor/Detour group, repeat by repeat."""
+    """Alternate the order within each raw/floor/ASGI/Detour group, repeat by repeat."""
     plan = list(PLAN)
     if repeat % 2 == 1:
-        plan[0:3] = plan[2::-1]
-        plan[3:6] = plan[5:2:-1]
+        plan[0:4] = plan[3::-1]
+        plan[4:8] = plan[7:3:-1]
     return plan
 
 
@@ -317,18 +341,33 @@ def run_throughput(
             with started(w, log_dir) as servers:
                 if warmup_s > 0:
                     for side, ep in PLAN:
-                        measure(servers, side, ep, scripts[side, ep], connections=max(connections),
-                                duration_s=warmup_s, threads=threads)
+                        measure(
+                            servers,
+                            side,
+                            ep,
+                            scripts[side, ep],
+                            connections=max(connections),
+                            duration_s=warmup_s,
+                            threads=threads,
+                        )
                     with httpx.Client(base_url=servers.detour.url, timeout=5) as c:
                         reset_faults(c)
                 for conns in connections:
                     for rep in range(repeats):
                         for side, ep in _ordered(rep):
                             runs += _measure_until_clean(
-                                servers, side, ep, scripts[side, ep], repeat=rep,
-                                connections=conns, duration_s=duration_s, threads=threads,
-                                quiet_wait_s=quiet_wait_s, noise_limit=noise_limit,
-                                retries=noisy_retries, progress=progress,
+                                servers,
+                                side,
+                                ep,
+                                scripts[side, ep],
+                                repeat=rep,
+                                connections=conns,
+                                duration_s=duration_s,
+                                threads=threads,
+                                quiet_wait_s=quiet_wait_s,
+                                noise_limit=noise_limit,
+                                retries=noisy_retries,
+                                progress=progress,
                             )
                             if ep == "report-mix":
                                 with httpx.Client(base_url=servers.detour.url, timeout=5) as c:
@@ -375,19 +414,38 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     keys = sorted({(r["workers"], r["connections"]) for r in runs})
     for w, c in keys:
         for ep, (_, floor_ep) in ENDPOINTS.items():
-            det = [r for r in runs if (r["workers"], r["connections"], r["side"], r["endpoint"])
-                   == (w, c, "detour", ep)]
-            flo = [r for r in runs if (r["workers"], r["connections"], r["side"], r["endpoint"])
-                   == (w, c, "floor", floor_ep)]
-            raw = [r for r in runs if (r["workers"], r["connections"], r["side"], r["endpoint"])
-                   == (w, c, "raw", floor_ep)]
+            det = [
+                r
+                for r in runs
+                if (r["workers"], r["connections"], r["side"], r["endpoint"])
+                == (w, c, "detour", ep)
+            ]
+            flo = [
+                r
+                for r in runs
+                if (r["workers"], r["connections"], r["side"], r["endpoint"])
+                == (w, c, "floor", floor_ep)
+            ]
+            raw = [
+                r
+                for r in runs
+                if (r["workers"], r["connections"], r["side"], r["endpoint"])
+                == (w, c, "raw", floor_ep)
+            ]
+            lane_off = [
+                r
+                for r in runs
+                if (r["workers"], r["connections"], r["side"], r["endpoint"]) == (w, c, "asgi", ep)
+            ]
             if not det or not flo:
                 continue
             d, f = _side(det), _side(flo)
             a = _side(raw) if raw else None
+            o = _side(lane_off) if lane_off else None
             rows.append({
                 "workers": w, "connections": c, "endpoint": ep, "floor_endpoint": floor_ep,
-                "detour": d, "floor": f, "raw": a,
+                "detour": d, "floor": f, "raw": a, "asgi": o,
+                "ratio_asgi_raw": o["rps"] / a["rps"] if o and a and a["rps"] else 0.0,
                 "ratio_rps": d["rps"] / f["rps"] if f["rps"] else 0.0,
                 "ratio_raw": d["rps"] / a["rps"] if a and a["rps"] else 0.0,
             })  # fmt: skip
@@ -401,23 +459,26 @@ def to_markdown(result: dict[str, Any]) -> str:
         "report-mix": "/report-latency (mix)",
     }
     lines = [
-        "| workers | conns | Detour endpoint | raw ASGI req/s | floor req/s | Detour req/s "
-        "| Detour/raw ASGI | Detour/floor "
-        "| floor p50 / p99 ms | Detour p50 / p99 ms | server CPU µs/req floor / Detour (+Redis) "
-        "| errors |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| workers | conns | Detour endpoint | raw ASGI req/s | floor req/s "
+        "| Detour, lane off req/s | Detour req/s | Detour/raw ASGI (lane off) | Detour/floor "
+        "| floor p50 / p99 ms | Detour p50 / p99 ms "
+        "| server CPU µs/req raw / floor / lane off / Detour (+Redis) | errors |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in result["summary"]:
         d, f = row["detour"], row["floor"]
-        a = row.get("raw") or {"rps": 0.0}
+        a = row.get("raw") or {"rps": 0.0, "server_cpu_us_per_req": 0.0}
+        o = row.get("asgi") or {"rps": 0.0, "server_cpu_us_per_req": 0.0, "errors": 0}
         redis = f" (+{d['redis_cpu_us_per_req']:.0f})" if row["endpoint"] != "select" else ""
         lines.append(
             f"| {row['workers']} | {row['connections']} | {label[row['endpoint']]} "
-            f"| {a['rps']:,.0f} | {f['rps']:,.0f} | {d['rps']:,.0f} "
-            f"| **{row.get('ratio_raw', 0.0):.2f}x** | {row['ratio_rps']:.2f}x "
+            f"| {a['rps']:,.0f} | {f['rps']:,.0f} | {o['rps']:,.0f} | {d['rps']:,.0f} "
+            f"| **{row.get('ratio_raw', 0.0):.2f}x** ({row.get('ratio_asgi_raw', 0.0):.2f}x) "
+            f"| {row['ratio_rps']:.2f}x "
             f"| {f['p50_ms']:.2f} / {f['p99_ms']:.2f} | {d['p50_ms']:.2f} / {d['p99_ms']:.2f} "
-            f"| {f['server_cpu_us_per_req']:.0f} / {d['server_cpu_us_per_req']:.0f}{redis} "
-            f"| {f['errors'] + d['errors']} |"
+            f"| {a['server_cpu_us_per_req']:.0f} / {f['server_cpu_us_per_req']:.0f} "
+            f"/ {o['server_cpu_us_per_req']:.0f} / {d['server_cpu_us_per_req']:.0f}{redis} "
+            f"| {f['errors'] + d['errors'] + o['errors']} |"
         )
     return "\n".join(lines)
 
@@ -457,9 +518,11 @@ def verdict(result: dict[str, Any], min_ratio: float = 0.8, max_p99_ms: float = 
         out.append(
             f"workers={row['workers']}: /select at {row['ratio_rps']:.2f}x the floor "
             f"(target >= {min_ratio}x: {'met' if ok_ratio else 'NOT met'}"
-            + ("" if ok_ratio else f", short by {min_ratio - ratio:.2f}x") + "), "
+            + ("" if ok_ratio else f", short by {min_ratio - ratio:.2f}x")
+            + "), "
             f"p99 {p99:.2f} ms (target < {max_p99_ms} ms: {'met' if ok_p99 else 'NOT met'}"
-            + ("" if ok_p99 else f", over by {p99 - max_p99_ms:.2f} ms") + ")"
+            + ("" if ok_p99 else f", over by {p99 - max_p99_ms:.2f} ms")
+            + ")"
         )
     return out
 

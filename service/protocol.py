@@ -167,6 +167,9 @@ class EdgeProtocol(HttpToolsProtocol):
     #: Whole answers waiting for the end of the loop's turn (``Outbox``), and their size.
     _out: list[bytes] | None = None
     _out_bytes = 0
+    #: The server is stopping: the request being read is answered, then the connection
+    #: closes.
+    _close_after = False
 
     # Connection --------------------------------------------------------------------
 
@@ -362,6 +365,8 @@ class EdgeProtocol(HttpToolsProtocol):
             self._flush_out()
             HttpToolsProtocol.on_headers_complete(self)
             cycle = self.cycle
+            if self._close_after:
+                cycle.keep_alive = False
             cycle.body += body
             cycle.more_body = False
             cycle.message_event.set()
@@ -369,7 +374,7 @@ class EdgeProtocol(HttpToolsProtocol):
         if edge.shedder is not None:
             edge.shedder.answered()
         status, headers, payload = answer
-        keep_alive = self.parser.should_keep_alive()
+        keep_alive = self.parser.should_keep_alive() and not self._close_after
         content = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
             content += (name, b": ", value, b"\r\n")
@@ -415,6 +420,11 @@ class EdgeProtocol(HttpToolsProtocol):
 
     def shutdown(self) -> None:
         self._flush_out()
+        if self._direct is not None:
+            # Its head is in, as for a request uvicorn's cycle holds: it is answered,
+            # then the connection closes.
+            self._close_after = True
+            return
         super().shutdown()
 
     def timeout_keep_alive_handler(self) -> None:
