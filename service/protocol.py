@@ -28,6 +28,11 @@ costs about a fifth of a select, so refusals alone would eat the CPU
 (docs/BENCHMARKS.md, "Overload"). The shedder and
 the limits come from the app's lifespan state (``EDGE_STATE``), so the protocol has no
 global of its own; without them it behaves as uvicorn's.
+
+Selects, and reports the replica keeps, skip ASGI altogether: once such a request's
+body is in, ``DirectLane`` (service/api/direct.py) answers it in the same callback, or
+hands it back and uvicorn's cycle starts with the body complete. Its answers, and the
+refusals, are written when the loop's turn has read everything (``Outbox``).
 """
 
 from __future__ import annotations
@@ -346,6 +351,12 @@ class EdgeProtocol(HttpToolsProtocol):
             and not self.pipeline
             and not self.flow.write_paused
             and lane.takes(self.headers)
+            # One the shedder's queue-wait rule refuses goes its way (and is refused).
+            and not (
+                edge is not None
+                and edge.shedder is not None
+                and edge.shedder.overdue(cast(dict[str, Any], self.scope)[ARRIVED])
+            )
         ):
             self._direct = path
             self._direct_body = []
@@ -371,8 +382,6 @@ class EdgeProtocol(HttpToolsProtocol):
             cycle.more_body = False
             cycle.message_event.set()
             return
-        if edge.shedder is not None:
-            edge.shedder.answered()
         status, headers, payload = answer
         keep_alive = self.parser.should_keep_alive() and not self._close_after
         content = [STATUS_LINE[status]]

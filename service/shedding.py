@@ -11,11 +11,15 @@ with 503 ``{"error": "SYSTEM_BUSY"}`` and ``Retry-After`` and counted in
   without a task or Detour's app: a few µs, in the loop turn that read the request.
   A request whose body is still arriving is not in flight (the protocol says which):
   slow bodies are bounded by the body deadline and the connection bound instead.
-* ``turn_budget``: while the service is shedding (from any refusal until a second
-  after the last), one turn of the event loop starts only as many requests as keep
-  its CPU time near ``turn_budget_ms`` (``TurnBudget``). A refusal waits for at most
-  the turn before it, so short turns are what make refusals come back at once under
-  a large overload; outside shedding, bursts pass untouched.
+* ``turn_budget``: while the service is shedding (from an ``in_flight`` or
+  ``queue_wait`` refusal until a second after the last), one turn of the event loop
+  starts only as many requests as keep its CPU time near ``turn_budget_ms``
+  (``TurnBudget``). A refusal waits for at most the turn before it, so short turns are
+  what make refusals come back at once under a large overload; outside shedding,
+  bursts pass untouched. Its own refusals do not prolong shedding: they follow from the
+  limit, not from the loop falling behind, and a service that shed for one long turn
+  (a pause, a burst) refused a third of half load for as long as the load lasted when
+  they did. Under a lasting overload the next long turn starts it again.
 * ``queue_wait``: the request waited longer than ``max_queue_wait_ms`` between
   being read off the socket and being served — the event loop is behind, like a
   send request that sat in RocketMQ's queue past ``waitTimeMillsInSendQueue``.
@@ -78,9 +82,6 @@ class TurnBudget:
         self.ceiling = max(1, ceiling)
         self.limit = self.ceiling
         self.started = 0
-        #: Of those, answered already, in the turn itself (the direct lane): no longer
-        #: in flight, but their CPU was the turn's.
-        self.done = 0
         self._cpu_ns = cpu_ns
         self._turn_began = cpu_ns()
 
@@ -89,7 +90,6 @@ class TurnBudget:
         now = self._cpu_ns()
         used, self._turn_began = now - self._turn_began, now
         self.started = 0
-        self.done = 0
         if self.budget_ns <= 0:
             return  # no budget: the limit stays at the ceiling
         if used > self.budget_ns:
@@ -195,7 +195,8 @@ class Shedder:
 
     def refusal(self) -> str | None:
         """Called by the protocol when a request's headers are read: why to refuse it
-        at once, or None to start it. Any refusal starts (or prolongs) shedding.
+        at once, or None to start it. An ``in_flight`` refusal starts (or prolongs)
+        shedding; a ``turn_budget`` one happens only while shedding and leaves its end.
 
         In flight = requests inside the app plus those this turn started: their tasks
         run only after the turn has read everything, and a task that has answered but
@@ -207,22 +208,19 @@ class Shedder:
             self._turn_open = True
             asyncio.get_running_loop().call_soon(self._close_turn)
             turns.begin()
-        if self.in_flight - self.awaiting_body + turns.started - turns.done >= self.max_in_flight:
+        if self.in_flight - self.awaiting_body + turns.started >= self.max_in_flight:
             self.shedding_until = time.monotonic_ns() + self.hold_ns
             return "in_flight"
         if not turns.may_start():
             now = time.monotonic_ns()
             if now < self.shedding_until:
-                self.shedding_until = now + self.hold_ns
                 return "turn_budget"
         turns.started += 1
         return None
 
-    def answered(self) -> None:
-        """A request this turn started was answered in the turn (the direct lane)."""
-        turns = self.turns
-        if turns.done < turns.started:  # (a body that came in a later turn: not this one's)
-            turns.done += 1
+    def overdue(self, arrived_ns: int) -> bool:
+        """Whether a request that began at ``arrived_ns`` has waited past the bound."""
+        return time.monotonic_ns() - arrived_ns > self.max_wait_ns
 
     def _close_turn(self) -> None:
         self._turn_open = False

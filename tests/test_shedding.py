@@ -216,23 +216,6 @@ def test_a_request_counts_from_the_turn_that_starts_it_until_its_app_call_return
     asyncio.run(scenario())
 
 
-def test_a_request_answered_in_its_own_turn_frees_its_slot_at_once() -> None:
-    """The direct lane answers in the turn that read the request (``answered``): it stops
-    counting as in flight there, so a burst on one connection is not refused for requests
-    already answered. A body that arrives in a later turn cannot free another's slot."""
-    async def scenario() -> None:
-        shed = Shedder(Gate(), max_in_flight=2, max_queue_wait_ms=200)
-        for _ in range(5):
-            assert shed.refusal() is None
-            shed.answered()
-        assert [shed.refusal(), shed.refusal(), shed.refusal()] == [None, None, "in_flight"]
-        await asyncio.sleep(0)  # a new turn: nothing started in it yet
-        shed.answered()  # the last body of a request the previous turn started
-        assert [shed.refusal(), shed.refusal(), shed.refusal()] == [None, None, "in_flight"]
-
-    asyncio.run(scenario())
-
-
 class CpuClock:
     """A thread CPU clock the test moves by hand."""
 
@@ -295,6 +278,25 @@ def test_the_turn_limit_applies_only_while_shedding() -> None:
         await asyncio.sleep(0)
         cpu.ns += 10**9
         assert [shed.refusal() for _ in range(3)] == [None, None, None]
+
+    asyncio.run(scenario())
+
+
+def test_the_turn_limits_own_refusals_do_not_prolong_shedding() -> None:
+    """Shedding ends a hold after the last in-flight refusal even while the turn limit
+    keeps refusing: a service that keeps up again stops shedding."""
+    async def scenario() -> None:
+        shed = Shedder(Gate(), max_in_flight=3, max_queue_wait_ms=200,
+                       turn_budget_ms=1.0, shedding_hold_s=60)
+        cpu = CpuClock()
+        shed.turns = TurnBudget(1.0, 3, cpu_ns=cpu)
+        cpu.ns = 10**9
+        assert [shed.refusal() for _ in range(4)][-1] == "in_flight"
+        until = shed.shedding_until
+        await asyncio.sleep(0)
+        cpu.ns += 10**9
+        assert [shed.refusal() for _ in range(3)] == [None, "turn_budget", "turn_budget"]
+        assert shed.shedding_until == until
 
     asyncio.run(scenario())
 

@@ -8,9 +8,10 @@ objects, four middleware layers and two writes: measured, more than the select i
 request, once its body is in, to ``DirectLane.answer``, which does what the ASGI path
 does for it, with the same code, and returns the whole answer for one write:
 
-* the shedder's rules ran when the head was read, as for every request; its queue-wait
-  rule has nothing to measure here: the answer is written in the callback that read the
-  request's last bytes, with no queue between;
+* the shedder's rules ran when the head was read, as for every request (a head that
+  had already waited past the queue-wait bound is left to the ASGI path, which refuses
+  it); after that nothing queues: the answer is made in the callback that read the
+  request's last bytes;
 * the token check (``guard.admitted``) and the namespace's store;
 * ``HotLane``'s steps: the repeated-key check, the body's validation, the endpoint's
   own function (``select.answer``, ``reports.report_in``/``applied_now``), the app's
