@@ -15,6 +15,7 @@ import random
 import socket
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
@@ -60,11 +61,17 @@ class RecordingProtocol(EdgeProtocol):
         WAYS.setdefault(self.server[1] if self.server else 0, []).append(way)
 
 
-def _serve(settings: Settings, tokens: TokenTable | None = None) -> Iterator[Server]:
+@contextmanager
+def running(
+    settings: Settings, tokens: TokenTable | None = None,
+    protocol: type[EdgeProtocol] = RecordingProtocol,
+) -> Iterator[tuple[int, uvicorn.Server]]:  # fmt: skip
+    """Detour's app on a uvicorn server in a thread of its own: (port, server)."""
     port = free_port()
     config = uvicorn.Config(
-        create_app(settings, tokens), host="127.0.0.1", port=port, http=RecordingProtocol,
+        create_app(settings, tokens), host="127.0.0.1", port=port, http=protocol,
         log_level="warning", lifespan="on", access_log=False, server_header=False,
+        timeout_graceful_shutdown=30,
     )  # fmt: skip
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
@@ -72,10 +79,16 @@ def _serve(settings: Settings, tokens: TokenTable | None = None) -> Iterator[Ser
     wait_until(lambda: server.started, 30, "the server started")
     WAYS[port] = []
     try:
-        yield Server("redis" if settings.redis_url else "memory", port, WAYS[port])
+        yield port, server
     finally:
         server.should_exit = True
         thread.join(30)
+    assert not thread.is_alive(), "the server stopped"
+
+
+def _serve(settings: Settings, tokens: TokenTable | None = None) -> Iterator[Server]:
+    with running(settings, tokens) as (port, _):
+        yield Server("redis" if settings.redis_url else "memory", port, WAYS[port])
 
 
 def _settings(store: str, redis_url: str | None, direct: bool) -> Settings:
@@ -532,17 +545,7 @@ def test_a_request_being_read_when_the_server_stops_is_answered_then_closed() ->
     cycle would be, and the connection then closes."""
     StoppingProtocol.headed = threading.Event()
     StoppingProtocol.shut = threading.Event()
-    port = free_port()
-    config = uvicorn.Config(
-        create_app(Settings()), host="127.0.0.1", port=port, http=StoppingProtocol,
-        log_level="warning", lifespan="on", timeout_graceful_shutdown=30,
-    )  # fmt: skip
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_until(lambda: server.started, 30, "the server started")
-    WAYS[port] = []
-    try:
+    with running(Settings(), protocol=StoppingProtocol) as (port, server):
         assert exchange(port, http("PUT", "/routes/orders", ROUTE))[0] == 200
         request = http("POST", "/select", {"topic": "orders"})
         cut = request.index(b"\r\n\r\n") + 6
@@ -556,7 +559,3 @@ def test_a_request_being_read_when_the_server_stops_is_answered_then_closed() ->
             assert (status, heads.get("connection")) == (200, "close")
             assert s.recv(1) == b""
         assert WAYS[port] == ["direct"]
-    finally:
-        server.should_exit = True
-        thread.join(30)
-    assert not thread.is_alive()

@@ -39,8 +39,13 @@ Endpoint = Callable[[Request], Any]
 
 async def parse(request: Request, adapter: TypeAdapter[M]) -> M:
     """The request body as a model; errors are reported as FastAPI's would be (under `body`)."""
+    return validated(adapter, await request.body())
+
+
+def validated(adapter: TypeAdapter[M], body: bytes) -> M:
+    """``parse`` on bytes in hand (the direct lane has the body already)."""
     try:
-        return adapter.validate_json(await request.body() or b"null")
+        return adapter.validate_json(body or b"null")
     except ValidationError as exc:
         raise RequestValidationError(
             [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
@@ -197,23 +202,28 @@ class HotLane:
         try:
             response = await route.endpoint(request)
         except Exception as exc:
-            handler = self._handler(exc)
+            handler = handler_for(self._handlers, exc)
             if handler is None:
                 raise
             response = await handler(request, exc)
         await response(scope, checked_receive, send)
         return int(response.status_code)
 
-    def _handler(self, exc: Exception) -> Callable[..., Any] | None:
-        handlers = self._handlers
-        if isinstance(exc, HTTPException):
-            found = handlers.get(exc.status_code)
-            if found is not None and exc.status_code != 500:
-                return found
-        for cls in type(exc).__mro__:
-            if cls is Exception:
-                return None  # the server-error middleware's, as before
-            found = handlers.get(cls)
-            if found is not None:
-                return found
-        return None
+
+def handler_for(
+    handlers: Mapping[Any, Callable[..., Any]], exc: Exception
+) -> Callable[..., Any] | None:
+    """The app's handler for ``exc`` as the exception middleware picks it: by status for
+    HTTP errors, else by class; None for what only the server-error middleware's (the
+    500 and ``Exception`` one) handles."""
+    if isinstance(exc, HTTPException):
+        found = handlers.get(exc.status_code)
+        if found is not None and exc.status_code != 500:
+            return found
+    for cls in type(exc).__mro__:
+        if cls is Exception:
+            return None
+        found = handlers.get(cls)
+        if found is not None:
+            return found
+    return None
