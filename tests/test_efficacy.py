@@ -136,7 +136,11 @@ def test_real_producers_shared_table_fails_less_on_a_crash(tmp_path: Path) -> No
     # report protects the others (a second may be in flight while it propagates)
     assert alone["producers_hit"] == 4
     assert shared["bad"] < alone["bad"]
-    assert shared["to_last_bad_s"] < alone["to_last_bad_s"]
+    assert shared["producers_hit"] < alone["producers_hit"]
+    # (Not compared per run: the time of the last bad send. Both arms send on the same
+    # schedule, each producer every 50 ms, 12.5 ms apart, so the shared arm's one
+    # failure and the last of the four alone can fall on the same send slot: both
+    # 0.125 s after the kill in one loaded run. The benchmark compares medians of runs.)
     for r in results:
         assert r.messages > 0.8 * 4 * 20 * 4
         assert r.exhausted == 0
