@@ -146,7 +146,8 @@ class DirectLane:
         except Exception as exc:  # the app's handlers, as HotLane runs them
             answer = self._handled(path, headers, state, exc)
         else:
-            answer = (200, [_JSON_HEADERS, (b"content-length", b"%d" % len(text))], text.encode())
+            payload = text.encode()
+            answer = (200, [_JSON_HEADERS, (b"content-length", b"%d" % len(payload))], payload)
         observe_request({"route": self._routes[path], "method": "POST"}, answer[0], start)
         return answer
 
