@@ -73,7 +73,7 @@ class Settings(BaseSettings):
     turn_budget_ms: float = Field(0.5, ge=0, le=1_000)
     #: Selects, and reports kept on this replica, answered by the server protocol itself
     #: when they never wait (service/api/direct.py); off: every request goes through ASGI.
-    #: Same answers either way; off costs about twice the CPU per select.
+    #: Same answers either way; off costs about three times the CPU per select.
     direct_lane: bool = True
     log_level: str = Field("info", pattern=r"^(critical|error|warning|info|debug|trace)$")
     #: A YAML or JSON file of tokens (docs/security.md); ``tokens`` holds the same text
