@@ -39,7 +39,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from service.api import reports, select
-from service.api.fast import handler_for, validated
+from service.api.fast import handler_for, validated, voter
 from service.api.guard import admitted
 from service.api.telemetry import observe_request
 from service.auth import Principal, TokenTable
@@ -72,8 +72,7 @@ def _validated(adapter: TypeAdapter[Any], body: bytes) -> Any:
 
 def _select(store: FaultStore, model: BaseModel, principal: Principal | None) -> str:
     assert isinstance(model, SelectRequest)
-    voter = principal.name if principal is not None else model.producer
-    return select.answer(store, model, voter or None)
+    return select.answer(store, model, voter(principal, model.producer) or None)
 
 
 def _report(store: FaultStore, model: BaseModel, principal: Principal | None) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
@@ -48,13 +50,22 @@ _TABLE_FULL: dict[int | str, dict[str, Any]] = {
 }
 
 
-async def _apply(store: FaultStore, reports: list[ReportIn]) -> list[ReportOutcome]:
+@contextmanager
+def _counting_table_full(store: FaultStore, reports: list[ReportIn]) -> Iterator[None]:
     try:
-        outcomes = await store.report_many(reports)
+        yield
     except TableFull:
         metrics.REPORTS_REFUSED.labels(store.namespace, "table_full").inc(len(reports))
         raise
-    observe_reports(store.namespace, outcomes)
+
+
+async def _apply(store: FaultStore, reports: list[ReportIn]) -> list[ReportOutcome]:
+    """Applied at once when the store needs no I/O for them, else one store operation."""
+    outcomes = applied_now(store, reports)
+    if outcomes is None:
+        with _counting_table_full(store, reports):
+            outcomes = await store.report_many(reports)
+        observe_reports(store.namespace, outcomes)
     return outcomes
 
 
@@ -82,7 +93,7 @@ async def report_latency(request: Request) -> Response:
     principal = request.scope["state"].get("principal")
     store = store_of(request)
     reports = [report_in(body, principal)]
-    outcomes = applied_now(store, reports) or await _apply(store, reports)
+    outcomes = await _apply(store, reports)
     return json_response(render(outcomes[0]))
 
 
@@ -103,11 +114,8 @@ def report_in(body: ReportRequest, principal: Principal | None) -> ReportIn:
 def applied_now(store: FaultStore, reports: list[ReportIn]) -> list[ReportOutcome] | None:
     """The outcomes when the store applies the reports without waiting (``report_now``);
     None: the caller awaits ``_apply``."""
-    try:
+    with _counting_table_full(store, reports):
         outcomes = store.report_now(reports)
-    except TableFull:
-        metrics.REPORTS_REFUSED.labels(store.namespace, "table_full").inc(len(reports))
-        raise
     if outcomes is not None:
         observe_reports(store.namespace, outcomes)
     return outcomes
