@@ -39,7 +39,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.cgroup import CpuCap
 from bench.loadgen import run_wrk, wait_for_quiet, write_script
-from tests.procs import RedisServer, ServiceProcess
+from tests.procs import RedisServer, ServiceProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATOR = ROOT / "bench" / "overload_gen.js"
@@ -123,16 +123,43 @@ def run_endpoint(ep: Endpoint, args: argparse.Namespace, work: Path) -> dict[str
                 shed = shed_counts(svc.url)
                 if args.cpu_quota_us:
                     throttled = cpu.throttled()
-            runs.append({"capacity_rps": cap, "under": under, "over": over,
-                         "busy_cores_before": quiet[1], "shed_total": shed,
-                         "throttled": throttled})
+            run: dict[str, Any] = {"capacity_rps": cap, "under": under, "over": over,
+                   "busy_cores_before": quiet[1], "shed_total": shed, "throttled": throttled}
             print(f"{ep.name} run {i + 1}: capacity {cap:.0f}/s; over: "
                   f"ok p99 {over['ok']['p99_ms']} ms, busy p99 {over['busy']['p99_ms']} ms; "
                   f"refusals by reason {shed}", file=sys.stderr)
+            if args.floor:
+                wait_for_quiet(30)
+                floor = run["floor"] = floor_over(ep, rate, args, seed=2 * i + 2)
+                print(f"{ep.name} run {i + 1}: refusal floor at {rate:.0f}/s: busy p99 "
+                      f"{floor['busy']['p99_ms']} ms", file=sys.stderr)
+            runs.append(run)
     finally:
         if redis:
             redis.stop()
     return {"endpoint": ep.name, "runs": runs}
+
+
+def floor_over(ep: Endpoint, rate: float, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """The over phase's load, offered to the refusal floor under the same cap.
+
+    ``bench/refusal_floor.py`` refuses every request and does nothing else, on the same
+    server machinery: a rate it cannot refuse within the bar, no shedding policy on this
+    stack can."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "bench.refusal_floor", "--port", str(port)],
+                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        if not proc.stdout.readline().startswith("refusal floor on"):
+            raise RuntimeError("the refusal floor did not start")
+        with contextlib.ExitStack() as stack:
+            if args.cpu_quota_us:
+                stack.enter_context(CpuCap(args.cpu_quota_us, args.cpu_period_us)).add(proc.pid)
+            return offer(port, ep, rate, args.conns, args.duration, seed)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def shed_counts(url: str) -> dict[str, float]:
@@ -206,6 +233,19 @@ def markdown(results: Sequence[dict[str, Any]], args: argparse.Namespace, comman
                 f"| {_fmt(_median(runs, load, 'wire', 'ok', 'p99_ms'))} "
                 f"| {_fmt(_median(runs, load, 'wire', 'busy', 'p99_ms'))} |"
             )
+        if all("floor" in r for r in runs):
+            fl = [r["floor"] for r in runs]
+
+            def rate(outcome: str, fl: list[dict[str, Any]] = fl) -> float | None:
+                return _median([{"v": f[outcome]["count"] / f["duration_s"]} for f in fl], "v")
+
+            lines.append(
+                f"| refusal floor | — | over | {_fmt(_median(fl, 'offered_rps'), 0)} "
+                f"| {_fmt(rate('ok'), 0)} | {_fmt(rate('busy'), 0)} | — "
+                f"| {_fmt(_median(fl, 'busy', 'p50_ms'))} / "
+                f"{_fmt(_median(fl, 'busy', 'p99_ms'))} "
+                f"| — | {_fmt(_median(fl, 'wire', 'busy', 'p99_ms'))} |"
+            )
         ok99 = _median(runs, "over", "ok", "p99_ms")
         busy99 = _median(runs, "over", "busy", "p99_ms")
         verdicts.append(
@@ -215,6 +255,13 @@ def markdown(results: Sequence[dict[str, Any]], args: argparse.Namespace, comman
             f"({'meets' if busy99 is not None and busy99 < BAR_BUSY_P99_MS else 'misses'} "
             f"< {BAR_BUSY_P99_MS:.0f} ms)."
         )
+        if all("floor" in r for r in runs):
+            floor99 = _median([r["floor"] for r in runs], "busy", "p99_ms")
+            verdicts.append(
+                f"- the refusal floor at the same load: refusals p99 {_fmt(floor99)} ms "
+                f"({'meets' if floor99 is not None and floor99 < BAR_BUSY_P99_MS else 'misses'}"
+                f" < {BAR_BUSY_P99_MS:.0f} ms)."
+            )
     return "\n".join([*lines, "", *verdicts, ""])
 
 
@@ -236,6 +283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--over-rate", type=float, default=None,
                    help="offer this many requests/s in the over phase instead of "
                         "--factor x the measured capacity")
+    p.add_argument("--floor", action="store_true",
+                   help="also offer each over phase's load to the refusal floor "
+                        "(bench/refusal_floor.py) under the same cap")
     p.add_argument("--markdown", type=Path, help="also write the section to this file")
     args = p.parse_args(argv)
     given = sys.argv[1:] if argv is None else list(argv)

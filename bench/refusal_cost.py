@@ -8,6 +8,10 @@ loop, one request at a time each, as the overload generator's connections) on
 ``/select`` for 5 s; the server's CPU (user + system) over the responses. About 98% of
 the responses are 503 refusals, so the figure is the cost of a refusal. CPU per
 response, not req/s: it carries over from a busy machine.
+
+``--floor`` adds the refusal floor (``bench/refusal_floor.py``: refuses everything, does
+nothing else) to each round, under the same load: the least a refusal can cost on this
+stack, so the gap above it is what Detour's own refusal path costs.
 """
 
 from __future__ import annotations
@@ -40,20 +44,52 @@ with ServiceProcess(env=env) as svc:
                                 "cpu_s": cpu}))
 """
 
+#: The same measurement on the refusal floor (bench/refusal_floor.py): a server that
+#: refuses everything and does nothing else, on the same machinery. What is left of
+#: Detour's figure above it is Detour's own per-refusal work.
+_FLOOR = r"""
+import json, subprocess, sys
+from pathlib import Path
+from bench.loadgen import proc_cpu_s, run_wrk, write_script
+from tests.procs import free_port
+port = free_port()
+proc = subprocess.Popen([sys.executable, "-m", "bench.refusal_floor", "--port", str(port)],
+                        stdout=subprocess.PIPE, text=True)
+try:
+    assert proc.stdout is not None and proc.stdout.readline().startswith("refusal floor")
+    url = f"http://127.0.0.1:{port}"
+    script = write_script(Path(WORK) / "select.lua", "/select", [{"topic": "orders"}])
+    run_wrk(url, script, connections=64, duration_s=1)
+    before = proc_cpu_s(proc.pid)
+    r = run_wrk(url, script, connections=64, duration_s=5)
+    cpu = proc_cpu_s(proc.pid) - before
+    print("RESULT", json.dumps({"requests": r.requests, "refused": r.errors.get("status", 0),
+                                "cpu_s": cpu}))
+finally:
+    proc.terminate()
+    proc.wait(30)
+"""
+FLOOR = "refusal floor"
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.refusal_cost", description=__doc__)
     p.add_argument("dirs", nargs="+", help="Detour checkouts to compare")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--work", default="/tmp", help="where wrk's script is written")
+    p.add_argument("--floor", action="store_true",
+                   help="also measure the refusal floor (bench/refusal_floor.py) each round")
     args = p.parse_args(argv)
-    runs: dict[str, list[dict[str, float]]] = {d: [] for d in args.dirs}
+    names = [*args.dirs, FLOOR] if args.floor else list(args.dirs)
+    runs: dict[str, list[dict[str, float]]] = {d: [] for d in names}
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for r in range(args.rounds):
-        for d in args.dirs if r % 2 == 0 else args.dirs[::-1]:
-            code = f"WORK = {args.work!r}\n" + _RUN
+        for d in names if r % 2 == 0 else names[::-1]:
+            code = f"WORK = {args.work!r}\n" + (_FLOOR if d == FLOOR else _RUN)
+            cwd = here if d == FLOOR else d
             out = subprocess.run(
-                [sys.executable, "-c", code], cwd=d, capture_output=True, text=True,
-                env={**os.environ, "PYTHONPATH": d}, timeout=180,
+                [sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
+                env={**os.environ, "PYTHONPATH": cwd}, timeout=180,
             )  # fmt: skip
             line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
             if line is None:

@@ -9,6 +9,7 @@ took from each read, so each test can tell the fast path from the parser's.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -235,10 +236,10 @@ def test_more_headers_than_the_bound_are_left_to_the_parser(served: Served) -> N
     assert TAKEN == []
 
 
-def test_the_keep_alive_timeout_applies_after_fast_refusals() -> None:
-    """A connection idle after fast refusals is closed by uvicorn's keep-alive timeout
-    (armed once per read), not held open."""
-    shedder = Shedder(None, max_in_flight=0, max_queue_wait_ms=60_000)
+@contextlib.contextmanager
+def refusing_server(timeout_keep_alive: int) -> Iterator[int]:
+    """A server that refuses everything on the fast path; its port."""
+    shedder = Shedder(None, max_in_flight=0, max_queue_wait_ms=60_000, shedding_hold_s=3600)
     edge = Edge(EdgeLimits(header_timeout_s=30), shedder)
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -256,24 +257,73 @@ def test_the_keep_alive_timeout_applies_after_fast_refusals() -> None:
     shedder.shedding_until = time.monotonic_ns() + 3600 * 10**9
     port = free_port()
     config = uvicorn.Config(shedder, host="127.0.0.1", port=port, http=RecordingProtocol,
-                            loop="asyncio", log_level="warning", timeout_keep_alive=1)
+                            loop="asyncio", log_level="warning",
+                            timeout_keep_alive=timeout_keep_alive)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
         wait_until(lambda: server.started, 20, "the server started")
         TAKEN.clear()
-        with connect(port) as s:
-            s.sendall(request() * 3)
-            assert statuses(s, 3) == [503] * 3
-            start = time.monotonic()
-            s.settimeout(15)
-            assert s.recv(100) == b""
-            assert 0.5 < time.monotonic() - start < 10
-        assert TAKEN
+        yield port
     finally:
         server.should_exit = True
         thread.join(20)
+
+
+def test_the_keep_alive_timeout_applies_after_fast_refusals() -> None:
+    """A connection idle after fast refusals is closed by uvicorn's keep-alive timeout
+    (armed once per read), not held open."""
+    with refusing_server(timeout_keep_alive=1) as port, connect(port) as s:
+        s.sendall(request() * 3)
+        assert statuses(s, 3) == [503] * 3
+        start = time.monotonic()
+        s.settimeout(15)
+        assert s.recv(100) == b""
+        assert 0.5 < time.monotonic() - start < 10
+    assert TAKEN
+
+
+def test_the_keep_alive_timeout_counts_from_the_last_refusal() -> None:
+    """The fast path moves the running keep-alive timer rather than replacing it: a
+    connection refused again shortly before the timer was due stays open for the whole
+    timeout from that refusal, however many times it is moved."""
+    with refusing_server(timeout_keep_alive=2) as port, connect(port) as s:
+        s.settimeout(15)
+        for _ in range(3):
+            s.sendall(request())
+            assert statuses(s, 1) == [503]
+            # Time passing is the point here: most of the timeout, not all of it.
+            time.sleep(1.2)
+        s.sendall(request())
+        assert statuses(s, 1) == [503]
+        last = time.monotonic()
+        assert s.recv(100) == b""  # closed, once idle for the whole timeout
+        assert time.monotonic() - last > 1.8
+    assert len(TAKEN) == 4
+
+
+def test_a_repeated_head_is_refused_and_a_changed_one_judged_afresh(served: Served) -> None:
+    """The fast path remembers a connection's last simple head: the same head again is
+    refused without a scan, while a head that differs in any byte is judged anew (a new
+    length, an exempt path, a header that makes it not simple)."""
+    served.shed()
+    with connect(served.port) as s:
+        s.sendall(request(body=b'{"n":1}'))
+        s.sendall(request(body=b'{"n":2}'))  # the same head, another body
+        s.sendall(request(body=b'{"n":333}') + request(body=b'{"n":4}'))
+        assert statuses(s, 4) == [503] * 4
+        s.sendall(request(path=b"/healthz"))  # exempt: to the app
+        assert statuses(s, 1) == [200]
+        s.sendall(request(body=b'{"n":5}'))
+        assert statuses(s, 1) == [503]
+        s.sendall(request(body=b'{"n":6}', extra=b"connection: close\r\n"))
+        assert statuses(s, 1) == [503]
+        assert s.recv(100) == b""  # not simple: the parser refused it and closed
+    # Every refusal but the last went the fast way, their bytes whole.
+    taken = sum(n - left for n, left in TAKEN)
+    assert taken == 4 * len(request(body=b'{"n":1}')) + len(request(body=b'{"n":333}'))
+    assert served.entered == 1
 
 
 def test_the_refusals_are_counted_by_reason(served: Served) -> None:
