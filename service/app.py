@@ -24,11 +24,12 @@ from service.api.fast import HotLane, mount_fast
 from service.api.guard import Guard
 from service.api.telemetry import RequestTimer, prepare_namespaces
 from service.auth import Principal, Role, TokenTable, load_tokens, requires_token
+from service.cpu_share import CpuShare
 from service.limits import BodyLimit, HostNames, JsonBodies, connection_bound
 from service.protocol import Edge, EdgeLimits
 from service.schemas import ReportRequest, SelectRequest
 from service.settings import Settings
-from service.shedding import Shedder
+from service.shedding import Saturation, Shedder
 from service.store import FaultStore, StoreOptions, open_store, with_redis_password
 from service.store.connect import describe_redis_url
 
@@ -143,6 +144,7 @@ def create_app(settings: Settings | None = None, tokens: TokenTable | None = Non
         max_in_flight=settings.max_in_flight,
         max_queue_wait_ms=settings.max_queue_wait_ms,
         turn_budget_ms=settings.turn_budget_ms,
+        saturation=Saturation(CpuShare(settings.workers).cores),
     )
     edge = Edge(_edge_limits(settings, bool(tokens)), shedder)
 

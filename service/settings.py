@@ -65,11 +65,11 @@ class Settings(BaseSettings):
     #: A request that waited longer than this (ms) before being served gets 503 SYSTEM_BUSY
     #: (RocketMQ's waitTimeMillsInSendQueue).
     max_queue_wait_ms: float = Field(200.0, ge=0, le=60_000)
-    #: While shedding (from an in-flight or queue-wait refusal until 1 s after the last),
-    #: each turn of the event loop starts only as many requests as keep its CPU time
-    #: near this (ms), and refuses the rest at once: refusals then wait at most about
-    #: one such turn. 0 = off
-    #: (the in-flight bound alone). docs/reliability.md, "Overload".
+    #: While shedding (from an in-flight or queue-wait refusal until 1 s after the last;
+    #: while the loop is saturated, the limit's own refusals count as well), each turn
+    #: of the event loop starts only as many requests as keep its CPU time near this
+    #: (ms), and refuses the rest at once: refusals then wait at most about one such
+    #: turn. 0 = off (the in-flight bound alone). docs/reliability.md, "Overload".
     turn_budget_ms: float = Field(0.5, ge=0, le=1_000)
     #: Selects, and reports kept on this replica, answered by the server protocol itself
     #: when they never wait (service/api/direct.py); off: every request goes through ASGI.

@@ -16,10 +16,12 @@ with 503 ``{"error": "SYSTEM_BUSY"}`` and ``Retry-After`` and counted in
   starts only as many requests as keep its CPU time near ``turn_budget_ms``
   (``TurnBudget``). A refusal waits for at most the turn before it, so short turns are
   what make refusals come back at once under a large overload; outside shedding,
-  bursts pass untouched. Its own refusals do not prolong shedding: they follow from the
-  limit, not from the loop falling behind, and a service that shed for one long turn
-  (a pause, a burst) refused a third of half load for as long as the load lasted when
-  they did. Under a lasting overload the next long turn starts it again.
+  bursts pass untouched. Its own refusals prolong shedding only while the loop is
+  saturated (``Saturation``): at half load, one long turn (a pause, a burst) made the
+  limit refuse for a moment, and when those refusals prolonged shedding, they kept it
+  going for as long as the load lasted (a third to a half of half load refused); under
+  a lasting overload, a lapse starts every waiting request in one turn, and that turn
+  stalls everything behind it.
 * ``queue_wait``: the request waited longer than ``max_queue_wait_ms`` between
   being read off the socket and being served — the event loop is behind, like a
   send request that sat in RocketMQ's queue past ``waitTimeMillsInSendQueue``.
@@ -44,6 +46,7 @@ from collections.abc import Callable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import metrics
+from service.cpu_share import CpuShare
 from service.errors import error_body
 
 #: The scope key the protocol stamps (monotonic ns when the request began).
@@ -101,6 +104,52 @@ class TurnBudget:
         return self.started < self.limit
 
 
+class Saturation:
+    """Whether the event loop used nearly all the CPU it may use over the last window.
+
+    Why: while the service sheds, the turn limit's refusals show that more arrives than
+    the limit lets start, but that alone does not say the service is overloaded. A
+    loop at half load refuses too after one long turn (a pause, a burst), as the limit
+    halves and then grows back; when those refusals kept shedding going, they kept
+    themselves going, and a third to a half of half load was refused for as long as the
+    load lasted. Under a lasting overload, on the other hand, shedding must not lapse:
+    each lapse starts every waiting request at once, and that turn stalls everything
+    behind it for tens of milliseconds. A saturated loop tells the two apart. Under a
+    CPU quota a saturated process uses only its quota, so the share is of what it may
+    use (``CpuShare``), not of wall time.
+
+    Pure bookkeeping, clocks injected: ``update`` at each turn; a window closes once it
+    is ``window_ms`` old.
+    """
+
+    def __init__(
+        self,
+        cores: Callable[[], float],
+        threshold: float = 0.85,
+        window_ms: float = 100.0,
+        cpu_ns: Callable[[], int] = time.thread_time_ns,
+        wall_ns: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.threshold = threshold
+        self.window_ns = int(window_ms * 1_000_000)
+        self.saturated = False
+        self._cores = cores
+        self._cpu_ns = cpu_ns
+        self._wall_ns = wall_ns
+        self._cpu0 = cpu_ns()
+        self._wall0 = wall_ns()
+
+    def update(self) -> None:
+        wall = self._wall_ns()
+        elapsed = wall - self._wall0
+        if elapsed < self.window_ns:
+            return
+        cpu = self._cpu_ns()
+        used = (cpu - self._cpu0) / (elapsed * self._cores())
+        self.saturated = used >= self.threshold
+        self._cpu0, self._wall0 = cpu, wall
+
+
 async def _no_app(scope: Scope, receive: Receive, send: Send) -> None:
     raise RuntimeError("Shedder.wrap was not called")
 
@@ -116,6 +165,7 @@ class Shedder:
         max_queue_wait_ms: float,
         turn_budget_ms: float = 0.0,
         shedding_hold_s: float = 1.0,
+        saturation: Saturation | None = None,
     ) -> None:
         #: The app it guards; None until ``wrap`` (the app's middleware stack is built
         #: after the shedder, which the protocol reaches through the lifespan state).
@@ -130,6 +180,9 @@ class Shedder:
         #: The turn being read: how many requests it started, and the per-turn limit
         #: (a 0 ms budget: no limit, the in-flight bound alone).
         self.turns = TurnBudget(turn_budget_ms, max_in_flight)
+        #: Whether the loop is saturated: the turn limit's refusals prolong shedding
+        #: only then (``Saturation``).
+        self.saturation = saturation or Saturation(CpuShare().cores)
         self._turn_open = False
         #: Shedding lasts until this long after the last refusal (monotonic ns).
         self.hold_ns = int(shedding_hold_s * 1_000_000_000)
@@ -196,7 +249,8 @@ class Shedder:
     def refusal(self) -> str | None:
         """Called by the protocol when a request's headers are read: why to refuse it
         at once, or None to start it. An ``in_flight`` refusal starts (or prolongs)
-        shedding; a ``turn_budget`` one happens only while shedding and leaves its end.
+        shedding; a ``turn_budget`` one happens only while shedding, and prolongs it only
+        while the loop is saturated (``Saturation``).
 
         In flight = requests inside the app plus those this turn started: their tasks
         run only after the turn has read everything, and a task that has answered but
@@ -208,12 +262,15 @@ class Shedder:
             self._turn_open = True
             asyncio.get_running_loop().call_soon(self._close_turn)
             turns.begin()
+            self.saturation.update()
         if self.in_flight - self.awaiting_body + turns.started >= self.max_in_flight:
             self.shedding_until = time.monotonic_ns() + self.hold_ns
             return "in_flight"
         if not turns.may_start():
             now = time.monotonic_ns()
             if now < self.shedding_until:
+                if self.saturation.saturated:
+                    self.shedding_until = now + self.hold_ns
                 return "turn_budget"
         turns.started += 1
         return None

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.shedding import ARRIVED, Shedder, TurnBudget
+from service.shedding import ARRIVED, Saturation, Shedder, TurnBudget
 from tests.procs import RedisServer, ServiceProcess, wait_until
 
 pytestmark = pytest.mark.integration
@@ -257,12 +257,51 @@ def test_a_zero_turn_budget_never_limits() -> None:
     assert turns.limit == 8
 
 
+def held_saturation(saturated: bool) -> Saturation:
+    """A ``Saturation`` whose clocks never move: it stays as it is set."""
+    still = CpuClock()
+    sat = Saturation(lambda: 1.0, cpu_ns=still, wall_ns=still)
+    sat.saturated = saturated
+    return sat
+
+
+def test_saturation_is_the_share_used_of_the_cpu_the_loop_may_use() -> None:
+    cpu, wall = CpuClock(), CpuClock()
+    sat = Saturation(lambda: 1.0, threshold=0.85, window_ms=100, cpu_ns=cpu, wall_ns=wall)
+    ms = 1_000_000
+    wall.ns, cpu.ns = 99 * ms, 99 * ms
+    sat.update()
+    assert not sat.saturated  # the window is not over yet: nothing judged
+    wall.ns, cpu.ns = 100 * ms, 99 * ms
+    sat.update()
+    assert sat.saturated  # 99 ms of CPU in 100 ms
+    wall.ns, cpu.ns = 300 * ms, 199 * ms
+    sat.update()
+    assert not sat.saturated  # half of the next 200 ms
+    wall.ns, cpu.ns = 400 * ms, 284 * ms
+    sat.update()
+    assert sat.saturated  # 85 ms of 100: the threshold itself counts
+
+
+def test_under_a_quota_saturation_is_judged_against_the_quota() -> None:
+    """A process capped at 0.3 cores that uses 0.28 of wall time is saturated; without
+    the cap, the same use is not."""
+    ms = 1_000_000
+    for cores, expected in ((0.3, True), (1.0, False)):
+        cpu, wall = CpuClock(), CpuClock()
+        sat = Saturation(lambda c=cores: c, window_ms=100, cpu_ns=cpu, wall_ns=wall)
+        wall.ns, cpu.ns = 100 * ms, 28 * ms
+        sat.update()
+        assert sat.saturated is expected
+
+
 def test_the_turn_limit_applies_only_while_shedding() -> None:
     """Bursts pass while the service keeps up; from the first refusal until the hold
     runs out, each turn starts only its limit and refuses the rest at once."""
     async def scenario() -> None:
         shed = Shedder(Gate(), max_in_flight=3, max_queue_wait_ms=200,
-                       turn_budget_ms=1.0, shedding_hold_s=60)
+                       turn_budget_ms=1.0, shedding_hold_s=60,
+                       saturation=held_saturation(False))
         cpu = CpuClock()
         shed.turns = TurnBudget(1.0, 3, cpu_ns=cpu)
         cpu.ns = 10**9  # the turn before was long: the limit halves to 1
@@ -282,12 +321,16 @@ def test_the_turn_limit_applies_only_while_shedding() -> None:
     asyncio.run(scenario())
 
 
-def test_the_turn_limits_own_refusals_do_not_prolong_shedding() -> None:
-    """Shedding ends a hold after the last in-flight refusal even while the turn limit
-    keeps refusing: a service that keeps up again stops shedding."""
+@pytest.mark.parametrize("saturated", [False, True])
+def test_the_turn_limits_refusals_prolong_shedding_only_while_saturated(
+        saturated: bool) -> None:
+    """Shedding ends a hold after the last in-flight refusal while the turn limit keeps
+    refusing, if the loop has CPU to spare: a service that keeps up again stops
+    shedding. A saturated loop keeps shedding: the limit's refusals renew the hold."""
     async def scenario() -> None:
         shed = Shedder(Gate(), max_in_flight=3, max_queue_wait_ms=200,
-                       turn_budget_ms=1.0, shedding_hold_s=60)
+                       turn_budget_ms=1.0, shedding_hold_s=60,
+                       saturation=held_saturation(saturated))
         cpu = CpuClock()
         shed.turns = TurnBudget(1.0, 3, cpu_ns=cpu)
         cpu.ns = 10**9
@@ -296,7 +339,10 @@ def test_the_turn_limits_own_refusals_do_not_prolong_shedding() -> None:
         await asyncio.sleep(0)
         cpu.ns += 10**9
         assert [shed.refusal() for _ in range(3)] == [None, "turn_budget", "turn_budget"]
-        assert shed.shedding_until == until
+        if saturated:
+            assert shed.shedding_until > until
+        else:
+            assert shed.shedding_until == until
 
     asyncio.run(scenario())
 
