@@ -43,7 +43,9 @@ def quota_cores(proc_cgroup: str, root: Path = CGROUP_ROOT) -> float | None:
         controllers, _, group = rest.partition(":")
         group = group.lstrip("/")
         if controllers == "":  # cgroup v2: "0::/path"
-            text = _read(root / group / "cpu.max")
+            # Without a cgroup namespace the path is the host's, and the container sees
+            # its own group at the mount's root.
+            text = _read(root / group / "cpu.max") or _read(root / "cpu.max")
             if text is None:
                 continue
             quota, _, period = text.partition(" ")
@@ -52,13 +54,13 @@ def quota_cores(proc_cgroup: str, root: Path = CGROUP_ROOT) -> float | None:
             return int(quota) / int(period)
         if "cpu" in controllers.split(","):  # cgroup v1: "4:cpu,cpuacct:/path"
             for mount in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
-                base = root / mount / group
-                quota_text = _read(base / "cpu.cfs_quota_us")
-                period_text = _read(base / "cpu.cfs_period_us")
-                if quota_text is None or period_text is None:
-                    continue
-                quota_us = int(quota_text)
-                return None if quota_us < 0 else quota_us / int(period_text)
+                for base in (root / mount / group, root / mount):
+                    quota_text = _read(base / "cpu.cfs_quota_us")
+                    period_text = _read(base / "cpu.cfs_period_us")
+                    if quota_text is None or period_text is None:
+                        continue
+                    quota_us = int(quota_text)
+                    return None if quota_us < 0 else quota_us / int(period_text)
     return None
 
 

@@ -47,6 +47,15 @@ def test_cgroup_v2_quota_and_max(tmp_path: Path) -> None:
     assert quota_cores(v2(tmp_path, "/pod/d", "max 100000"), tmp_path) is None
 
 
+def test_a_host_path_falls_back_to_the_containers_own_group(tmp_path: Path) -> None:
+    """Without a cgroup namespace /proc/self/cgroup names the host's path, and the
+    container's group is mounted at the root."""
+    v2(tmp_path, "/", "50000 100000")
+    assert quota_cores("0::/kubepods.slice/pod1/c1\n", tmp_path) == 0.5
+    v1(tmp_path / "v1", "/", 25_000, 100_000)
+    assert quota_cores("4:cpu:/kubepods/pod1/c1\n", tmp_path / "v1") == 0.25
+
+
 def test_missing_or_unreadable_files_mean_no_quota(tmp_path: Path) -> None:
     assert quota_cores("0::/nowhere\n", tmp_path) is None
     assert quota_cores("4:cpu:/nowhere\n", tmp_path) is None
