@@ -80,6 +80,10 @@ _SIMPLE_HEAD = re.compile(
 #: a head carrying any of them (even inside a value) is left to the parser.
 _NOT_SIMPLE = (b"transfer-encoding", b"connection", b"expect", b"upgrade")
 _CONTENT_LENGTH = re.compile(rb"(?:^|\n)content-length:[ \t]*([0-9]{1,12})[ \t]*\r\n")
+#: The longest head a connection remembers for the fast path (``_known_head``): a
+#: producer's head is a few hundred bytes, and a connection's memory stays within the
+#: head bound's as before.
+_KNOWN_HEAD_MAX = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -541,8 +545,9 @@ class EdgeProtocol(HttpToolsProtocol):
             if lengths > 1 or length is None:
                 return -1
             body = int(length.group(1))
-        self._known_head = data[pos : head.end()]
-        self._known_body = body
+        if head.end() - pos <= _KNOWN_HEAD_MAX:
+            self._known_head = data[pos : head.end()]
+            self._known_body = body
         return head.end() + body
 
     # Bounds --------------------------------------------------------------------------

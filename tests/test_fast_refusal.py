@@ -28,6 +28,8 @@ pytestmark = pytest.mark.integration
 
 #: What the fast path consumed, per read that it answered: (bytes read, bytes left).
 TAKEN: list[tuple[int, int]] = []
+#: The length of the head the connection remembered after each such read.
+KNOWN: list[int] = []
 
 
 class RecordingProtocol(EdgeProtocol):
@@ -35,6 +37,7 @@ class RecordingProtocol(EdgeProtocol):
         rest = super()._refuse_fast(data, edge, shedder)
         if len(rest) < len(data):
             TAKEN.append((len(data), len(rest)))
+            KNOWN.append(len(self._known_head))
         return rest
 
 
@@ -301,6 +304,22 @@ def test_the_keep_alive_timeout_counts_from_the_last_refusal() -> None:
         assert s.recv(100) == b""  # closed, once idle for the whole timeout
         assert time.monotonic() - last > 1.8
     assert len(TAKEN) == 4
+
+
+def test_a_long_head_is_refused_but_not_remembered() -> None:
+    """Only heads up to 1 KiB are remembered: a connection's memory stays within the head
+    bound's, whatever its heads."""
+    long_head = request(extra=b"x-pad: " + b"p" * 2000 + b"\r\n")
+    with refusing_server(timeout_keep_alive=30) as port, connect(port) as s:
+        KNOWN.clear()
+        s.sendall(long_head)
+        assert statuses(s, 1) == [503]
+        s.sendall(long_head)
+        assert statuses(s, 1) == [503]
+        s.sendall(request())
+        assert statuses(s, 1) == [503]
+    assert len(TAKEN) == 3
+    assert KNOWN == [0, 0, len(request()) - 2]  # the short one is, its body of 2 aside
 
 
 def test_a_repeated_head_is_refused_and_a_changed_one_judged_afresh(served: Served) -> None:
