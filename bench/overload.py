@@ -39,6 +39,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.cgroup import CpuCap
 from bench.loadgen import run_wrk, wait_for_quiet, write_script
+from bench.refusal_floor import running
 from tests.procs import RedisServer, ServiceProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,19 +148,10 @@ def floor_over(ep: Endpoint, rate: float, args: argparse.Namespace, seed: int) -
     server machinery: a rate it cannot refuse within the bar, no shedding policy on this
     stack can."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "bench.refusal_floor", "--port", str(port)],
-                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        if not proc.stdout.readline().startswith("refusal floor on"):
-            raise RuntimeError("the refusal floor did not start")
-        with contextlib.ExitStack() as stack:
-            if args.cpu_quota_us:
-                stack.enter_context(CpuCap(args.cpu_quota_us, args.cpu_period_us)).add(proc.pid)
-            return offer(port, ep, rate, args.conns, args.duration, seed)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with running(port) as proc, contextlib.ExitStack() as stack:
+        if args.cpu_quota_us:
+            stack.enter_context(CpuCap(args.cpu_quota_us, args.cpu_period_us)).add(proc.pid)
+        return offer(port, ep, rate, args.conns, args.duration, seed)
 
 
 def shed_counts(url: str) -> dict[str, float]:
@@ -233,6 +225,7 @@ def markdown(results: Sequence[dict[str, Any]], args: argparse.Namespace, comman
                 f"| {_fmt(_median(runs, load, 'wire', 'ok', 'p99_ms'))} "
                 f"| {_fmt(_median(runs, load, 'wire', 'busy', 'p99_ms'))} |"
             )
+        floor_verdict = None
         if all("floor" in r for r in runs):
             fl = [r["floor"] for r in runs]
 
@@ -246,6 +239,12 @@ def markdown(results: Sequence[dict[str, Any]], args: argparse.Namespace, comman
                 f"{_fmt(_median(fl, 'busy', 'p99_ms'))} "
                 f"| — | {_fmt(_median(fl, 'wire', 'busy', 'p99_ms'))} |"
             )
+            floor99 = _median(fl, "busy", "p99_ms")
+            floor_verdict = (
+                f"- the refusal floor at the same load: refusals p99 {_fmt(floor99)} ms "
+                f"({'meets' if floor99 is not None and floor99 < BAR_BUSY_P99_MS else 'misses'}"
+                f" < {BAR_BUSY_P99_MS:.0f} ms)."
+            )
         ok99 = _median(runs, "over", "ok", "p99_ms")
         busy99 = _median(runs, "over", "busy", "p99_ms")
         verdicts.append(
@@ -255,13 +254,8 @@ def markdown(results: Sequence[dict[str, Any]], args: argparse.Namespace, comman
             f"({'meets' if busy99 is not None and busy99 < BAR_BUSY_P99_MS else 'misses'} "
             f"< {BAR_BUSY_P99_MS:.0f} ms)."
         )
-        if all("floor" in r for r in runs):
-            floor99 = _median([r["floor"] for r in runs], "busy", "p99_ms")
-            verdicts.append(
-                f"- the refusal floor at the same load: refusals p99 {_fmt(floor99)} ms "
-                f"({'meets' if floor99 is not None and floor99 < BAR_BUSY_P99_MS else 'misses'}"
-                f" < {BAR_BUSY_P99_MS:.0f} ms)."
-            )
+        if floor_verdict:
+            verdicts.append(floor_verdict)
     return "\n".join([*lines, "", *verdicts, ""])
 
 

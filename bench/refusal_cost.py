@@ -48,15 +48,13 @@ with ServiceProcess(env=env) as svc:
 #: refuses everything and does nothing else, on the same machinery. What is left of
 #: Detour's figure above it is Detour's own per-refusal work.
 _FLOOR = r"""
-import json, subprocess, sys
+import json
 from pathlib import Path
 from bench.loadgen import proc_cpu_s, run_wrk, write_script
+from bench.refusal_floor import running
 from tests.procs import free_port
 port = free_port()
-proc = subprocess.Popen([sys.executable, "-m", "bench.refusal_floor", "--port", str(port)],
-                        stdout=subprocess.PIPE, text=True)
-try:
-    assert proc.stdout is not None and proc.stdout.readline().startswith("refusal floor")
+with running(port) as proc:
     url = f"http://127.0.0.1:{port}"
     script = write_script(Path(WORK) / "select.lua", "/select", [{"topic": "orders"}])
     run_wrk(url, script, connections=64, duration_s=1)
@@ -65,9 +63,6 @@ try:
     cpu = proc_cpu_s(proc.pid) - before
     print("RESULT", json.dumps({"requests": r.requests, "refused": r.errors.get("status", 0),
                                 "cpu_s": cpu}))
-finally:
-    proc.terminate()
-    proc.wait(30)
 """
 FLOOR = "refusal floor"
 

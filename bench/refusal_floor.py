@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import signal
+import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import cast
 
 import httptools
@@ -68,6 +71,22 @@ async def serve(port: int) -> None:
     print(f"refusal floor on 127.0.0.1:{port}", flush=True)
     await stop
     server.close()
+
+
+@contextlib.contextmanager
+def running(port: int) -> Iterator[subprocess.Popen[str]]:
+    """The floor in a process of its own on ``port``, until the block ends."""
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-m", "bench.refusal_floor", "--port", str(port)],
+                            cwd=root, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        if not proc.stdout.readline().startswith("refusal floor on"):
+            raise RuntimeError("the refusal floor did not start")
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -295,15 +295,22 @@ def test_under_a_quota_saturation_is_judged_against_the_quota() -> None:
         assert sat.saturated is expected
 
 
+def turn_limited(saturated: bool) -> tuple[Shedder, CpuClock]:
+    """A shedder with a bound of 3 in flight, a 1 ms turn budget and a long hold, its
+    turns judged on a CPU clock the test moves."""
+    shed = Shedder(Gate(), max_in_flight=3, max_queue_wait_ms=200,
+                   turn_budget_ms=1.0, shedding_hold_s=60,
+                   saturation=held_saturation(saturated))
+    cpu = CpuClock()
+    shed.turns = TurnBudget(1.0, 3, cpu_ns=cpu)
+    return shed, cpu
+
+
 def test_the_turn_limit_applies_only_while_shedding() -> None:
     """Bursts pass while the service keeps up; from the first refusal until the hold
     runs out, each turn starts only its limit and refuses the rest at once."""
     async def scenario() -> None:
-        shed = Shedder(Gate(), max_in_flight=3, max_queue_wait_ms=200,
-                       turn_budget_ms=1.0, shedding_hold_s=60,
-                       saturation=held_saturation(False))
-        cpu = CpuClock()
-        shed.turns = TurnBudget(1.0, 3, cpu_ns=cpu)
+        shed, cpu = turn_limited(False)
         cpu.ns = 10**9  # the turn before was long: the limit halves to 1
         first = [shed.refusal() for _ in range(4)]
         assert shed.turns.limit == 1
@@ -328,11 +335,7 @@ def test_the_turn_limits_refusals_prolong_shedding_only_while_saturated(
     refusing, if the loop has CPU to spare: a service that keeps up again stops
     shedding. A saturated loop keeps shedding: the limit's refusals renew the hold."""
     async def scenario() -> None:
-        shed = Shedder(Gate(), max_in_flight=3, max_queue_wait_ms=200,
-                       turn_budget_ms=1.0, shedding_hold_s=60,
-                       saturation=held_saturation(saturated))
-        cpu = CpuClock()
-        shed.turns = TurnBudget(1.0, 3, cpu_ns=cpu)
+        shed, cpu = turn_limited(saturated)
         cpu.ns = 10**9
         assert [shed.refusal() for _ in range(4)][-1] == "in_flight"
         until = shed.shedding_until
