@@ -106,12 +106,14 @@ def test_pending_reports_drop_the_oldest_and_count_them() -> None:
 
 def test_a_failed_batch_goes_back_in_front_in_order() -> None:
     q = PendingReports(capacity=10)
-    q.add(q.make(f"b{i}", i, i == 1, 0.0) for i in range(4))
+    # Made now: a fixed time would be past the age limit on a machine up for a day.
+    now = mono_ms()
+    q.add(q.make(f"b{i}", i, i == 1, now) for i in range(4))
     assert q.urgent
     batch = q.take(2)
     assert [p.broker_name for p in batch] == ["b0", "b1"]
     assert not q.urgent and len(q) == 4 and q.queued() == 2
-    q.add([q.make("b4", 0, False, 0.0)])
+    q.add([q.make("b4", 0, False, now)])
     q.retry(batch)
     assert q.urgent
     assert [p.broker_name for p in q.unacked()] == ["b0", "b1", "b2", "b3", "b4"]
