@@ -56,7 +56,8 @@ setup: $(DEV_STAMP)
 # redis-server (the store and the stand-in brokers), prometheus (promtool and a real server),
 # prometheus-alertmanager (amtool and a real Alertmanager for the inhibit rules),
 # chromium + chromium-driver (the status page test), a JRE for Spark, wrk (benchmarks),
-# kubectl (its built-in kustomize renders deploy/ for the manifest tests).
+# kubectl (its built-in kustomize renders deploy/ for the manifest tests). Waits for the
+# package lock when another install (an unattended upgrade, a second make) holds it.
 SYSTEM_DEPS := redis-server:redis-server prometheus:prometheus promtool:prometheus \
 	amtool:prometheus-alertmanager chromium:chromium chromedriver:chromium-driver \
 	java:openjdk-17-jre-headless wrk:wrk kubectl:kubectl
@@ -68,8 +69,8 @@ system-deps:
 	done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
-	  apt-get update -q && DEBIAN_FRONTEND=noninteractive \
-	    apt-get install -y -q --no-install-recommends $$(echo $$missing | tr ' ' '\n' | sort -u); \
+	  apt-get -o DPkg::Lock::Timeout=600 update -q && DEBIAN_FRONTEND=noninteractive \
+	    apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends $$(echo $$missing | tr ' ' '\n' | sort -u); \
 	fi
 
 run: setup-run
