@@ -10,6 +10,8 @@
 //
 // Prints one JSON line: counts and latency percentiles (ms) per outcome (ok = 2xx,
 // busy = 503, other), the offered and achieved rates, and how many starts were late.
+// With --timeline MS, also the counts and p99s of each MS-long bin of due times: whether
+// a p99 comes from the start of an overload or from all of it.
 "use strict";
 
 const net = require("node:net");
@@ -28,6 +30,8 @@ const conns = Number(arg("conns", "256"));
 const durationS = Number(arg("duration", "5"));
 const warmupS = Number(arg("warmup", "1"));
 const seed0 = Number(arg("seed", "1"));
+const binMs = Number(arg("timeline", "0"));
+const bins = new Map();
 if (host !== "127.0.0.1") throw new Error("benchmarks only target 127.0.0.1");
 
 const request = Buffer.from(
@@ -95,6 +99,11 @@ class Conn {
         const now = nowMs();
         const kind = status >= 200 && status < 300 ? "ok" : status === 503 ? "busy" : "other";
         lat[kind].push(now - t);
+        if (binMs > 0) {
+          const b = Math.floor((t - measureFrom) / binMs);
+          if (!bins.has(b)) bins.set(b, { ok: [], busy: [], other: [] });
+          bins.get(b)[kind].push(now - t);
+        }
         wire[kind].push(now - this.sentAt);
       }
       if (this.queue.length) this.send(this.queue.shift());
@@ -156,6 +165,13 @@ function finish() {
     ok: summary(lat.ok), busy: summary(lat.busy), other: summary(lat.other),
     wire: { ok: summary(wire.ok), busy: summary(wire.busy), other: summary(wire.other) },
   };
+  if (binMs > 0) {
+    out.timeline = [...bins.keys()].sort((a, b) => a - b).map((b) => {
+      const v = bins.get(b);
+      return { from_ms: b * binMs, ok: v.ok.length, ok_p99: pct(v.ok.sort((x, y) => x - y), 99),
+        busy: v.busy.length, busy_p99: pct(v.busy.sort((x, y) => x - y), 99) };
+    });
+  }
   process.stdout.write(`OVERLOAD_JSON ${JSON.stringify(out)}\n`);
   for (const c of pool) c.sock.destroy();
   process.exit(0);

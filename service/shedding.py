@@ -11,16 +11,18 @@ with 503 ``{"error": "SYSTEM_BUSY"}`` and ``Retry-After`` and counted in
   without a task or Detour's app: a few µs, in the loop turn that read the request.
   A request whose body is still arriving is not in flight (the protocol says which):
   slow bodies are bounded by the body deadline and the connection bound instead.
-* ``turn_budget``: while the service is shedding (from an ``in_flight`` or
-  ``queue_wait`` refusal until a second after the last), one turn of the event loop
-  starts only as many requests as keep its CPU time near ``turn_budget_ms``
-  (``TurnBudget``). A refusal waits for at most the turn before it, so short turns are
-  what make refusals come back at once under a large overload; outside shedding,
-  bursts pass untouched. Its own refusals prolong shedding only while the loop is
-  saturated (``Saturation``): at half load, one long turn (a pause, a burst) made the
+* ``turn_budget``: while the service is shedding, one turn of the event loop starts only
+  as many requests as keep its CPU time near ``turn_budget_ms`` (``TurnBudget``).
+  Shedding starts with an ``in_flight`` or ``queue_wait`` refusal and lasts a second
+  after the last refusal that renews it. A refusal waits for at most the turn before it,
+  so short turns are what make refusals come back at once under a large overload;
+  outside shedding, bursts pass untouched. While the loop stays saturated as it sheds,
+  the limit falls below one a turn (``TurnBudget.squeeze``), so that refusals do not
+  wait out a throttled CPU quota. Its own refusals prolong shedding only while the loop
+  is saturated or squeezed: at half load, one long turn (a pause, a burst) made the
   limit refuse for a moment, and when those refusals prolonged shedding, they kept it
-  going for as long as the load lasted (a third to a half of half load refused); under
-  a lasting overload, a lapse starts every waiting request in one turn, and that turn
+  going for as long as the load lasted (a third to a half of half load refused); under a
+  lasting overload, a lapse starts every waiting request in one turn, and that turn
   stalls everything behind it.
 * ``queue_wait``: the request waited longer than ``max_queue_wait_ms`` between
   being read off the socket and being served — the event loop is behind, like a
@@ -73,18 +75,38 @@ class TurnBudget:
     at 5x, reports are answered at about a third of capacity, against about half with
     an in-flight bound of 32 and no budget (docs/BENCHMARKS.md, overload).
 
+    Short turns alone do not bound the rate, though: a limit of one a turn still starts
+    thousands a second when turns are short. Under a CPU cap at 2x, that kept the loop
+    saturated: refusals waited out throttled periods (p99 4-6 ms in each quarter
+    second), and a backlog built at the start of an overload took up to two seconds to
+    drain (p99 of hundreds of ms). So a saturation window that closes while shedding
+    (``squeeze``) halves the limit further, below one: a limit of 1/8 starts one request
+    every eighth turn. While squeezed the limit does not grow; after, it grows 5% a turn
+    up to one, then one a turn as before.
+
     CPU time, not wall time, so that an idle loop waiting for the next request does not
     look like a long turn. Pure bookkeeping, clocks injected: the caller marks where a
-    turn begins (``begin``) and asks per request (``may_start``).
+    turn begins (``begin``), asks per request (``may_start``), and reports each closed
+    saturation window (``squeeze``).
     """
+
+    #: The smallest limit: one start every 256 turns.
+    FLOOR = 1 / 256
+    #: Growth a turn below one: from the floor back to one in about 114 turns.
+    REGROWTH = 1.05
 
     def __init__(
         self, budget_ms: float, ceiling: int, cpu_ns: Callable[[], int] = time.thread_time_ns
     ) -> None:
         self.budget_ns = int(budget_ms * 1_000_000)
         self.ceiling = max(1, ceiling)
-        self.limit = self.ceiling
+        #: Starts a turn may make; below one, a fraction of turns may start one.
+        self.limit: float = self.ceiling
+        #: What this turn may start (the limit, or 0/1 by the credit below one).
+        self.allowed = self.ceiling
         self.started = 0
+        self.squeezed = False
+        self._credit = 0.0
         self._cpu_ns = cpu_ns
         self._turn_began = cpu_ns()
 
@@ -95,13 +117,30 @@ class TurnBudget:
         self.started = 0
         if self.budget_ns <= 0:
             return  # no budget: the limit stays at the ceiling
+        limit = self.limit
         if used > self.budget_ns:
-            self.limit = max(1, self.limit // 2)
-        elif self.limit < self.ceiling:
-            self.limit += 1
+            if limit >= 1:
+                limit = max(1, int(limit) // 2)
+        elif not self.squeezed and limit < self.ceiling:
+            limit = limit + 1 if limit >= 1 else min(1.0, limit * self.REGROWTH)
+        self.limit = limit
+        if limit >= 1:
+            self.allowed = int(limit)
+        else:
+            self._credit += limit
+            self.allowed = 1 if self._credit >= 1 else 0
+            if self.allowed:
+                self._credit -= 1
+
+    def squeeze(self, saturated: bool) -> None:
+        """A saturation window closed: ``saturated`` while shedding halves the limit
+        (down to ``FLOOR``) and holds it there until a window closes unsaturated."""
+        self.squeezed = saturated and self.budget_ns > 0
+        if self.squeezed:
+            self.limit = max(self.FLOOR, self.limit / 2)
 
     def may_start(self) -> bool:
-        return self.started < self.limit
+        return self.started < self.allowed
 
 
 class Saturation:
@@ -139,15 +178,17 @@ class Saturation:
         self._cpu0 = cpu_ns()
         self._wall0 = wall_ns()
 
-    def update(self) -> None:
+    def update(self) -> bool:
+        """Close the window if it is over; whether it closed."""
         wall = self._wall_ns()
         elapsed = wall - self._wall0
         if elapsed < self.window_ns:
-            return
+            return False
         cpu = self._cpu_ns()
         used = (cpu - self._cpu0) / (elapsed * self._cores())
         self.saturated = used >= self.threshold
         self._cpu0, self._wall0 = cpu, wall
+        return True
 
 
 async def _no_app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -249,8 +290,9 @@ class Shedder:
     def refusal(self) -> str | None:
         """Called by the protocol when a request's headers are read: why to refuse it
         at once, or None to start it. An ``in_flight`` refusal starts (or prolongs)
-        shedding; a ``turn_budget`` one happens only while shedding, and prolongs it only
-        while the loop is saturated (``Saturation``).
+        shedding; a ``turn_budget`` one
+        happens only while shedding, and prolongs it only while the loop is saturated
+        (``Saturation``) or the limit is squeezed below one a turn.
 
         In flight = requests inside the app plus those this turn started: their tasks
         run only after the turn has read everything, and a task that has answered but
@@ -262,14 +304,18 @@ class Shedder:
             self._turn_open = True
             asyncio.get_running_loop().call_soon(self._close_turn)
             turns.begin()
-            self.saturation.update()
+            sat = self.saturation
+            if sat.update():
+                turns.squeeze(sat.saturated and time.monotonic_ns() < self.shedding_until)
         if self.in_flight - self.awaiting_body + turns.started >= self.max_in_flight:
             self.shedding_until = time.monotonic_ns() + self.hold_ns
             return "in_flight"
         if not turns.may_start():
             now = time.monotonic_ns()
             if now < self.shedding_until:
-                if self.saturation.saturated:
+                if self.saturation.saturated or turns.limit < 1:
+                    # Saturated, or kept from it by the squeeze: a lapse now would
+                    # start every waiting request in one turn.
                     self.shedding_until = now + self.hold_ns
                 return "turn_budget"
         turns.started += 1

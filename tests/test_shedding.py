@@ -248,6 +248,52 @@ def test_turn_budget_halves_the_limit_after_a_long_turn_and_adds_one_after_a_sho
     assert turns.limit == 64
 
 
+def test_a_saturated_window_squeezes_the_limit_below_one_start_a_turn() -> None:
+    """Short turns alone do not bound the rate: one start a turn is thousands a second.
+    A saturated window while shedding halves the limit, below one too; below one, a
+    turn may start one request only once the fractions add up to one. While squeezed,
+    short turns do not grow it; after, it grows 5% a turn up to one, then one a turn."""
+    cpu = CpuClock()
+    turns = TurnBudget(budget_ms=1.0, ceiling=8, cpu_ns=cpu)
+
+    def turn(used_ms: float = 0.1) -> int:
+        cpu.ns += int(used_ms * 1_000_000)
+        turns.begin()
+        return turns.allowed
+
+    for _ in range(4):
+        turn(5)  # long turns: 8 -> 4 -> 2 -> 1, and a long turn alone stops at one
+    assert turns.limit == 1
+    turns.squeeze(True)
+    assert turns.limit == 0.5
+    assert [turn() for _ in range(6)] == [0, 1, 0, 1, 0, 1]  # every other turn
+    assert turns.limit == 0.5  # short turns, but squeezed: no growth
+    turns.squeeze(True)
+    assert [turn() for _ in range(8)] == [0, 0, 0, 1, 0, 0, 0, 1]
+    for _ in range(20):
+        turns.squeeze(True)
+    assert turns.limit == TurnBudget.FLOOR
+    assert sum(turn() for _ in range(512)) == 2  # one start every 256 turns
+    assert turns.limit == TurnBudget.FLOOR
+    turns.squeeze(False)  # an unsaturated window: it grows back
+    grown = [turns.limit]
+    for _ in range(120):
+        turn()
+        grown.append(turns.limit)
+    assert all(b == min(1.0, a * TurnBudget.REGROWTH) or b == a + 1
+               for a, b in zip(grown, grown[1:], strict=False))
+    assert 1 < turns.limit < 8  # back to one within about 114 turns, then one a turn
+    turn(5)
+    assert turns.limit >= 1  # a long turn halves, but not below one
+
+
+def test_a_squeeze_without_a_budget_changes_nothing() -> None:
+    turns = TurnBudget(budget_ms=0, ceiling=8, cpu_ns=CpuClock())
+    turns.squeeze(True)
+    turns.begin()
+    assert turns.limit == 8 and turns.allowed == 8 and not turns.squeezed
+
+
 def test_a_zero_turn_budget_never_limits() -> None:
     cpu = CpuClock()
     turns = TurnBudget(budget_ms=0, ceiling=8, cpu_ns=cpu)
@@ -270,10 +316,10 @@ def test_saturation_is_the_share_used_of_the_cpu_the_loop_may_use() -> None:
     sat = Saturation(lambda: 1.0, threshold=0.85, window_ms=100, cpu_ns=cpu, wall_ns=wall)
     ms = 1_000_000
     wall.ns, cpu.ns = 99 * ms, 99 * ms
-    sat.update()
-    assert not sat.saturated  # the window is not over yet: nothing judged
+    assert not sat.update()  # the window is not over yet: nothing judged
+    assert not sat.saturated
     wall.ns, cpu.ns = 100 * ms, 99 * ms
-    sat.update()
+    assert sat.update()  # the window closed
     assert sat.saturated  # 99 ms of CPU in 100 ms
     wall.ns, cpu.ns = 300 * ms, 199 * ms
     sat.update()
@@ -346,6 +392,59 @@ def test_the_turn_limits_refusals_prolong_shedding_only_while_saturated(
             assert shed.shedding_until > until
         else:
             assert shed.shedding_until == until
+
+    asyncio.run(scenario())
+
+
+def test_a_saturated_window_while_shedding_squeezes_and_the_squeeze_holds_shedding() -> None:
+    """Windows close at turn starts. One that closes saturated while the service sheds
+    halves the turn limit below one; the limit's refusals then renew the hold even once
+    the loop is no longer saturated, because a lapse would start every waiting request
+    at once. The same window outside shedding squeezes nothing."""
+    async def scenario() -> None:
+        ms = 1_000_000
+        cpu, wall = CpuClock(), CpuClock()
+        shed = Shedder(Gate(), max_in_flight=3, max_queue_wait_ms=200, turn_budget_ms=1.0,
+                       shedding_hold_s=60,
+                       saturation=Saturation(lambda: 1.0, window_ms=100, cpu_ns=cpu,
+                                             wall_ns=wall))
+        turn_cpu = CpuClock()
+        shed.turns = TurnBudget(1.0, 3, cpu_ns=turn_cpu)
+
+        async def turn(wall_ms: float, cpu_ms: float, requests: int) -> list[str | None]:
+            wall.ns += int(wall_ms * ms)
+            cpu.ns += int(cpu_ms * ms)
+            turn_cpu.ns += int(cpu_ms * ms)
+            out: list[str | None] = [shed.refusal() for _ in range(requests)]
+            await asyncio.sleep(0)  # the turn ends
+            return out
+
+        # A saturated window outside shedding: nothing squeezed, a burst of 3 passes.
+        assert await turn(100, 100, 3) == [None, None, None]
+        assert shed.turns.limit == 1 and not shed.turns.squeezed
+        # In flight fills: shedding starts (hold 60 s).
+        shed.in_flight = 3
+        assert (await turn(0.1, 0, 1)) == ["in_flight"]
+        shed.in_flight = 0
+        # The next window closes saturated while shedding: from the next turn on, the
+        # limit is 1/2, one start every other turn.
+        assert await turn(100, 100, 2) == [None, "turn_budget"]
+        assert shed.turns.limit == 0.5 and shed.turns.squeezed
+        assert await turn(0.1, 0.01, 2) == ["turn_budget", "turn_budget"]
+        assert await turn(0.1, 0.01, 2) == [None, "turn_budget"]
+        # The loop is no longer saturated, but the limit is still below one: the hold
+        # is renewed (without a squeeze it would not be: the test above).
+        shed.saturation.saturated = False
+        shed.shedding_until = time.monotonic_ns() + 10**9
+        before = shed.shedding_until
+        assert await turn(0.1, 0.01, 2) == ["turn_budget", "turn_budget"]
+        assert shed.shedding_until > before
+        # An unsaturated window ends the squeeze: the limit grows back past one.
+        await turn(100, 10, 1)
+        assert not shed.turns.squeezed
+        for _ in range(30):
+            await turn(0.1, 0.01, 1)
+        assert shed.turns.limit >= 1
 
     asyncio.run(scenario())
 
