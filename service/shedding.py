@@ -134,7 +134,7 @@ class TurnBudget:
 
     def squeeze(self, saturated: bool) -> None:
         """A saturation window closed: ``saturated`` while shedding halves the limit
-        (down to ``FLOOR``) and holds it there until a window closes unsaturated."""
+        (down to ``FLOOR``), which then does not grow until a window closes otherwise."""
         self.squeezed = saturated and self.budget_ns > 0
         if self.squeezed:
             self.limit = max(self.FLOOR, self.limit / 2)
@@ -290,9 +290,9 @@ class Shedder:
     def refusal(self) -> str | None:
         """Called by the protocol when a request's headers are read: why to refuse it
         at once, or None to start it. An ``in_flight`` refusal starts (or prolongs)
-        shedding; a ``turn_budget`` one
-        happens only while shedding, and prolongs it only while the loop is saturated
-        (``Saturation``) or the limit is squeezed below one a turn.
+        shedding; a ``turn_budget`` one happens only while shedding, and prolongs it
+        only while the loop is saturated (``Saturation``) or the limit is squeezed
+        below one a turn.
 
         In flight = requests inside the app plus those this turn started: their tasks
         run only after the turn has read everything, and a task that has answered but
