@@ -72,7 +72,8 @@ def _fstring(topic: str, broker: str, qid: int, address: str | None) -> str:
     """service/api/select.py's answer, written by hand as it is there."""
     address_json = f'"{address}"' if address else "null"
     avoided = ",".join(f'"{b}"' for b in ("broker-b",))
-    unenforced = ",".join(f'"{b}"' for b in ())
+    none: tuple[str, ...] = ()
+    unenforced = ",".join(f'"{b}"' for b in none)
     ordered = "null"
     return (
         f'{{"topic":"{topic}","brokerName":"{broker}",'
@@ -148,7 +149,8 @@ def answers(repeats: int, n: int, report: bool = False) -> dict[str, float]:
         else (_fstring, _encoder, _SELECT_ARGS)
     )
     assert fstring(*args) == encoder(*args), "the two forms must write the same bytes"
-    f_runs, e_runs = [], []
+    f_runs: list[float] = []
+    e_runs: list[float] = []
     for i in range(repeats):
         for name in ("f", "e") if i % 2 == 0 else ("e", "f"):
             runs = f_runs if name == "f" else e_runs

@@ -641,8 +641,11 @@ def run_arm(arm: str, repeat: int, producers: Producers, detour: str | None,
             out = producers.run(job, on_go, timeout_s=30)
             events: list[dict[str, Any]] | None = None
             if arm.startswith("detour"):
+                assert detour is not None  # the detour arms run with a service
                 with httpx.Client(base_url=detour, timeout=5) as c:
-                    params = {"limit": 1000, **({"since": since} if since else {})}
+                    params: dict[str, str | int] = {"limit": 1000}
+                    if since:
+                        params["since"] = since
                     events = c.get("/events", params=params).json()["events"]
                 (args.out / f"events-{arm}-{repeat}.json").write_text(json.dumps(events))
         finally:

@@ -74,6 +74,15 @@ def _mib(kib: int) -> float:
     return round(kib / 1024, 1)
 
 
+def _fast_send(queue: object, payload: int) -> None:
+    """A broker send that succeeds at once (the broker side is not what is measured)."""
+
+
+def _slow_send(queue: object, payload: int) -> None:
+    """One send in 500: slow enough to open an avoidance window."""
+    time.sleep(0.6)
+
+
 def producing(url: str, clients: int, seconds: float) -> dict[str, Any]:
     """``clients`` cached-mode SDK clients sending for ``seconds``; sends done."""
     from service.client import DetourClient
@@ -86,10 +95,7 @@ def producing(url: str, clients: int, seconds: float) -> dict[str, Any]:
             client.wait_ready(10)
             n = 0
             while time.monotonic() < stop:
-                # The broker side is not what is measured: a send that always succeeds,
-                # and one in 500 slow enough to open a window.
-                slow = n % 500 == 0
-                client.send(TOPIC, n, lambda q, p, slow=slow: time.sleep(0.6 if slow else 0))
+                client.send(TOPIC, n, _slow_send if n % 500 == 0 else _fast_send)
                 n += 1
             sent[i] = n
 

@@ -86,6 +86,7 @@ processes.
 from __future__ import annotations
 
 import argparse
+import functools
 import heapq
 import json
 import math
@@ -743,6 +744,11 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def _advance(bar: Any, producers: int, seconds: int) -> None:
+    """The progress bar's tick: virtual seconds done, times the producers simulated."""
+    bar.update(seconds * producers)
+
+
 def _run_one(world: World, arm: Arm, producers: int) -> ArmResult:
     return simulate(world, arm, producers)
 
@@ -797,7 +803,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         for arm, m in jobs:
             bar.set_postfix_str(f"{arm.name} x{m}")
-            results.append(simulate(world, arm, m, tick=lambda s, m=m: bar.update(s * m)))
+            results.append(simulate(world, arm, m, tick=functools.partial(_advance, bar, m)))
     bar.close()
     wall = time.perf_counter() - started
     args.out.mkdir(parents=True, exist_ok=True)

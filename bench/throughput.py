@@ -45,7 +45,7 @@ from bench.loadgen import (
     wait_for_quiet,
     write_script,
 )
-from tests.procs import RedisServer, ServiceProcess, wait_until
+from tests.procs import HttpProcess, RedisServer, ServiceProcess, wait_until
 
 TOPIC = "orders"
 BROKERS = ("broker-a", "broker-b")
@@ -157,7 +157,7 @@ class Servers:
     #: Detour with the direct lane off (every request through ASGI), on its own namespace.
     asgi: ServiceProcess
 
-    def _server(self, side: str) -> ServiceProcess | FloorServer:
+    def _server(self, side: str) -> HttpProcess:
         return {"detour": self.detour, "floor": self.floor, "raw": self.raw,
                 "asgi": self.asgi}[side]  # fmt: skip
 
@@ -386,7 +386,7 @@ def run_throughput(
 
 
 def _median(runs: list[dict[str, Any]], key: str) -> float:
-    return statistics.median(r[key] for r in runs)
+    return float(statistics.median(r[key] for r in runs))
 
 
 def _side(runs: list[dict[str, Any]]) -> dict[str, Any]:

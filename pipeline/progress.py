@@ -269,10 +269,10 @@ class Progress:
             infos = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
         except Exception:  # noqa: BLE001 - a stopping context: no task count this time
             return None, None
-        infos = [i for i in infos if i is not None]
-        if not infos:
+        known = [i for i in infos if i is not None]
+        if not known:
             return None, None
-        return sum(i.numCompletedTasks for i in infos), sum(i.numTasks for i in infos)
+        return sum(i.numCompletedTasks for i in known), sum(i.numTasks for i in known)
 
     def line(self, s: Snapshot, final: bool = False) -> str:
         parts = [f"{self.label}: {s.done:,}"
@@ -357,7 +357,7 @@ def _addresses(sc: SparkContext | None, host: str | None) -> tuple[str, str]:
     """(address to bind, address executors send to): loopback for local masters."""
     if host is not None:
         return host, host
-    if sc is None or sc.master.startswith("local"):
+    if sc is None or (sc.master or "local").startswith("local"):
         return "127.0.0.1", "127.0.0.1"
     conf = sc.getConf()
     advertised = conf.get("spark.driver.host") or socket.gethostname()
