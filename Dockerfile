@@ -5,7 +5,7 @@
 #   docker run --rm -p 8080:8080 -e DETOUR_REDIS_URL=redis://redis:6379/0 detour:0.1.0
 #
 # Only the runtime dependencies go in: requirements.lock, the exact pins of pyproject.toml's
-# [project].dependencies and theirs (the dev, test and Spark packages are in
+# `server` dependency group and theirs (the dev, test and Spark packages are in
 # requirements-dev.lock, which never reaches the build). Binary wheels only, so no compiler
 # is needed in either stage. See docs/deploy.md.
 
@@ -26,9 +26,10 @@ RUN python -m venv /opt/venv \
  && /opt/venv/bin/pip check \
  && /opt/venv/bin/pip uninstall -y pip setuptools
 
+COPY detour /app/detour
 COPY service /app/service
 # Compile now: the root filesystem is read-only at run time.
-RUN /opt/venv/bin/python -m compileall -q /app/service /opt/venv
+RUN /opt/venv/bin/python -m compileall -q /app/detour /app/service /opt/venv
 
 # ---------------------------------------------------------------------------- final stage
 FROM python:${PYTHON_VERSION}-slim-bookworm

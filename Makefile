@@ -9,10 +9,16 @@ BIN := $(VENV)/bin
 # The stamps change whenever their pins or the project metadata do, so `make` reinstalls then.
 RUN_STAMP := $(VENV)/.run-$(shell cat requirements.lock 2>/dev/null | sha1sum | cut -c1-12)
 DEV_STAMP := $(VENV)/.dev-$(shell cat requirements.lock requirements-dev.lock pyproject.toml \
-	sdk/pyproject.toml 2>/dev/null | sha1sum | cut -c1-12)
-# Wheels of the producer SDK's dependencies: its offline install test installs from them.
+	2>/dev/null | sha1sum | cut -c1-12)
+# Wheels of the producer SDK's dependencies, and of its build backend: its offline build and
+# install test (a fresh virtualenv, --no-index) takes them from here.
 SDK_WHEELS := $(VENV)/wheels/detour-client
+BUILD_WHEELS := $(VENV)/wheels/build
+SITE := $(VENV)/lib/python3.11/site-packages
 PYTEST_ARGS ?=
+# Test workers (pytest-xdist, one file at a time each, each with its own redis-server); 0 runs
+# the suite in this process.
+PYTEST_WORKERS ?= 2
 ARGS ?=
 
 .PHONY: help setup setup-run run test pytest lint fmt typecheck system-deps bench bench-overload \
@@ -21,7 +27,7 @@ ARGS ?=
 help:
 	@echo "make run     start Detour on 127.0.0.1:8080 with the memory store (ARGS='--redis-url ...')"
 	@echo "make test    lint, type-check, check the layers and run every test (installs redis-server when missing)"
-	@echo "make sdk     build the detour-client wheel (the producer SDK alone) into dist/"
+	@echo "make sdk     build the detour-client wheel (package detour: the SDK and its core) into dist/"
 	@echo "make bench   throughput/latency and propagation benchmarks -> docs/BENCHMARKS.md"
 	@echo "make bench-overload  5x capacity: do answers stay fast and refusals come at once?"
 	@echo "make openapi regenerate openapi.yaml from the app"
@@ -37,14 +43,19 @@ $(RUN_STAMP): requirements.lock | $(BIN)/python
 	@rm -f $(VENV)/.run-*
 	@touch $@
 
-# Everything `make test` needs on top: the dev, test, lint and Spark packages, the project
-# itself (editable, as before: importable from any directory), the SDK's dependency wheels.
-$(DEV_STAMP): $(RUN_STAMP) requirements-dev.lock pyproject.toml sdk/pyproject.toml
+# Everything `make test` needs on top: the dev, test, lint and Spark packages; this tree on
+# the virtualenv's path (detour, service and pipeline importable from any directory, as
+# spark-submit's workers need); the wheels of the SDK's dependencies and build backend.
+$(DEV_STAMP): $(RUN_STAMP) requirements-dev.lock pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements-dev.lock
-	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
-	rm -rf $(SDK_WHEELS) && mkdir -p $(SDK_WHEELS)
-	$(BIN)/python -m sdk.build --fetch-dependencies $(SDK_WHEELS)
+	echo "$(CURDIR)" > $(SITE)/detour-tree.pth
+	rm -rf $(SDK_WHEELS) $(BUILD_WHEELS) && mkdir -p $(SDK_WHEELS) $(BUILD_WHEELS)
+	$(BIN)/python -m pip download -q --only-binary=:all: --dest $(SDK_WHEELS) \
+		--constraint requirements.lock $$($(BIN)/python -c 'import tomllib; \
+		print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))')
+	$(BIN)/python -m pip download -q --only-binary=:all: --no-deps --dest $(BUILD_WHEELS) \
+		$$(grep '^setuptools==' requirements-dev.lock)
 	@rm -f $(VENV)/.dev-*
 	@touch $@
 
@@ -77,19 +88,20 @@ run: setup-run
 	$(BIN)/python -m service $(ARGS)
 
 lint: setup
-	$(BIN)/ruff check service tests bench pipeline sdk
-	$(BIN)/ruff format --check service
+	$(BIN)/ruff check detour service tests bench pipeline
+	$(BIN)/ruff format --check detour service
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
 pytest: setup system-deps
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) \
+		--dist loadfile) $(PYTEST_ARGS)
 
 test: lint pytest
 
 fmt: setup
-	$(BIN)/ruff check --fix service tests bench pipeline sdk
-	$(BIN)/ruff format service
+	$(BIN)/ruff check --fix detour service tests bench pipeline
+	$(BIN)/ruff format detour service
 
 bench: setup system-deps
 	$(BIN)/python -m bench.run $(ARGS)
@@ -103,12 +115,14 @@ openapi: setup
 
 # The decision vectors from the pure core (tests/test_vectors.py checks they are current).
 vectors: setup-run
-	$(BIN)/python -m service.vectors
+	PYTHONPATH=$(CURDIR) $(BIN)/python docs/vectors/generate.py
 
-# Offline: the setuptools of the full setup builds it (see sdk/build.py).
+# The detour-client wheel from pyproject.toml, with standard tooling (the build backend from
+# the wheels `make setup` keeps, so nothing is fetched here).
 sdk: setup
-	$(BIN)/python -m sdk.build --out dist
+	$(BIN)/python -m pip wheel -q --no-deps --no-index --find-links $(BUILD_WHEELS) \
+		--wheel-dir dist .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .import_linter_cache bench/out \
-		dist
+		dist build *.egg-info

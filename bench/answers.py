@@ -29,9 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: select per loop like bench/throughput's; prints µs per select (CPU time).
 _DECIDE = """
 import time
-from service.model import BrokerRoute, Config, FaultItem, Route
+from detour.model import BrokerRoute, Config, FaultItem, Route
 from service.selector import choose
-from service.view import TableView
+from detour.view import TableView
 now = 1_764_000_000_000
 view = TableView(lambda: now)
 view.apply_config(Config(), 1)
@@ -52,8 +52,8 @@ print((time.process_time() - t) / n * 1e6)
 #: SelectedQueue), on bench/client.py's route: 4 brokers x 8 queues, one avoided.
 _SDK = """
 import time
-from service.client.local import LocalTable
-from service.model import BrokerRoute, Config, FaultItem, Route
+from detour.client.local import LocalTable
+from detour.model import BrokerRoute, Config, FaultItem, Route
 now = 1_764_000_000_000
 table = LocalTable(lambda: now)
 route = Route.from_brokers("orders", [BrokerRoute(f"broker-{i}", 8) for i in range(4)])

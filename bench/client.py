@@ -6,7 +6,7 @@ Two numbers, each against its target:
   under 10 µs. Each run times N back-to-back calls with ``time.perf_counter_ns``
   around the whole loop (so the timer's own cost is not in it) and divides; the
   median of the runs is the figure. Next to it, the same loop over a bare
-  ``service.strategy.select`` call on the same route and table: the floor the
+  ``detour.strategy.select`` call on the same route and table: the floor the
   SDK's locking, clock and result object add to. The route has 4 brokers x 8
   queues with one broker avoided, so walks skip over it. The async client's
   ``await select`` and a remote-mode select (one HTTP round trip) are shown for
@@ -49,8 +49,8 @@ from typing import Any
 
 import httpx
 
-from service import strategy
-from service.client import AsyncDetourClient, DetourClient
+from detour import strategy
+from detour.client import AsyncDetourClient, DetourClient
 from tests.procs import RedisServer, ServiceProcess, wait_until
 
 SELECT_TOPIC = "bench-select"

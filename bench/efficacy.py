@@ -8,7 +8,7 @@ brokers (8 ``redis-server`` processes x 2 queues, ``pipeline.brokers``), one
     round robin, a retry on another broker (``sendLatencyFaultEnable=false``).
 ``per-producer``
     RocketMQ 4.x: each producer process its own fault table, the SDK's local
-    table (``service.client.local.LocalTable``: ``service.strategy`` over a
+    table (``detour.client.local.LocalTable``: ``detour.strategy`` over a
     ``TableView``), fed by its own reports only, and the SDK's send loop.
 ``detour-cached``
     Detour's shared table (the service on Redis), SDK cached mode: in-process
@@ -235,19 +235,19 @@ class Job:
     timeout_s: float
     retries: int
     deadline_s: float
-    #: the SDK's in-flight signal rule (service.client.inflight)
+    #: the SDK's in-flight signal rule (detour.client.inflight)
     pending_factor: float = 4.0
     pending_floor_ms: float = 50.0
 
 
 def _config(body: dict[str, Any], enabled: bool) -> Any:
-    from service.model import Config
+    from detour.model import Config
 
     return replace(Config.from_wire(body), send_latency_fault_enable=enabled)
 
 
 def _route(topic: str, body: dict[str, Any]) -> Any:
-    from service.model import BrokerRoute, Route
+    from detour.model import BrokerRoute, Route
 
     return Route.from_brokers(topic, [
         BrokerRoute(b["brokerName"], b["writeQueueNums"], b["address"]) for b in body["brokers"]
@@ -260,13 +260,13 @@ def run_producer(index: int, producers: int, job: Job, conn: Connection) -> dict
     Returns its attempts ``(start s, duration s, broker, ok)`` and messages
     ``(start s, duration s, attempts, ok)``, times from the arm's start.
     """
+    from detour.client import DetourClient, DetourClientError, SendError
+    from detour.client.core import wall_ms
+    from detour.client.errors import DetourUnavailable
+    from detour.client.local import LocalTable
+    from detour.client.send import send_sync
+    from detour.client.values import SelectedQueue
     from pipeline.produce import Deliverer
-    from service.client import DetourClient, DetourClientError, SendError
-    from service.client.core import wall_ms
-    from service.client.errors import DetourUnavailable
-    from service.client.local import LocalTable
-    from service.client.send import send_sync
-    from service.client.values import SelectedQueue
 
     brokers = [b["brokerName"] for b in job.route["brokers"]]
     bidx = {b: i for i, b in enumerate(brokers)}
@@ -895,7 +895,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             and 2 <= args.brokers <= 26 and args.duration > 0):
         p.error("--producers 1..64, --rate 0..200, --brokers 2..26, --repeats >= 1")
     try:
-        from service.model import Config
+        from detour.model import Config
 
         Config.from_wire(scaled_config(args.scale, args.config))
     except (TypeError, ValueError) as exc:

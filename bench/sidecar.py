@@ -87,7 +87,7 @@ def _slow_send(queue: object, payload: int) -> None:
 
 def producing(url: str, clients: int, seconds: float) -> dict[str, Any]:
     """``clients`` cached-mode SDK clients sending for ``seconds``; sends done."""
-    from service.client import DetourClient
+    from detour.client import DetourClient
 
     stop = time.monotonic() + seconds
     sent = [0] * clients

@@ -3,8 +3,8 @@
 Why a simulation: a thousand producer processes do not fit on this machine,
 and the claim to test is about how failed attempts *scale* with the number of
 producers. The decisions are not modelled: every select and every report goes
-through ``service.strategy`` itself (imported, never copied), over
-``service.model`` routes and fault items, exactly as the SDK's local table and
+through ``detour.strategy`` itself (imported, never copied), over
+``detour.model`` routes and fault items, exactly as the SDK's local table and
 the service do. What is modelled is the world around them: brokers, latencies,
 faults and time.
 
@@ -45,14 +45,14 @@ Strategies, each over the same faults:
     the staggered return (``rampMs`` 3000), early recovery with the active
     detector every 500 ms (a crashed or flapping broker reads unreachable, any
     other reachable; its reading reaches the producers ``<delay>`` later) and
-    ``repeatMultiplier``. These selects and reports go through ``service.policy``
+    ``repeatMultiplier``. These selects and reports go through ``detour.policy``
     (``choose`` while a broker ramps up or waits for its probe, ``apply``, ``reach``):
     each producer hands out its own probes, as the SDK's cached mode does.
 ``detour-pending``
     ``detour-100ms`` (the middle delay) with the recommended in-flight signals
     (``pendingQuorum`` 2): a send outstanding past the SDK's threshold (``max(50
     ms, 4 x the latency model's p99)``) signals; the signal reaches the shared table
-    ``<delay>`` later, and every report goes through ``service.policy.apply``
+    ``<delay>`` later, and every report goes through ``detour.policy.apply``
     (which withdraws the signal). docs/policy.md, "Hangs".
 ``detour-all``
     ``detour-100ms`` with every recommended setting at once: the recovery
@@ -104,8 +104,8 @@ from typing import Any
 
 import numpy as np
 
-from service import policy, strategy
-from service.model import BrokerRoute, Config, FaultItem, Route
+from detour import policy, strategy
+from detour.model import BrokerRoute, Config, FaultItem, Route
 
 TOPIC = "sim"
 #: A send at least this long is a bad attempt: RocketMQ's first tier that opens a window.
@@ -119,7 +119,7 @@ EV_STATE, EV_DONE, EV_DETECT, EV_REACH, EV_SIGNAL = 0, 1, 2, 3, 4
 #: The recovery arms' config (docs/policy.md's recommended recovery settings).
 RECOVER = Config(ramp_ms=3000, early_recovery=True, detector_enable=True,
                  detect_interval_ms=500, repeat_multiplier=True)
-#: The detour-pending arm's pendingQuorum and the SDK's signal rule (service.client.inflight)
+#: The detour-pending arm's pendingQuorum and the SDK's signal rule (detour.client.inflight)
 PENDING_QUORUM = 2
 PENDING_FACTOR, PENDING_FLOOR_MS = 4.0, 50.0
 

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 #: The repository root: ``pipeline`` and ``service`` live under it.
 ROOT = Path(__file__).resolve().parents[1]
 
-#: Packages the executors import (the producer SDK lives in ``service.client``).
+#: Packages the executors import (the producer SDK lives in ``detour.client``).
 SHIPPED_PACKAGES = ("pipeline", "service")
 
 #: Spark's log configuration for the jobs (the level is ``DETOUR_SPARK_LOG_LEVEL``).

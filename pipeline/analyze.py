@@ -10,7 +10,7 @@ computes, per broker and time window:
   isolations (failed sends); a failure's latency is the time to fail, not a
   send latency, so it is left out of the percentiles;
 * the time the broker was avoided, by replaying the tier rules over its reports
-  with ``service.strategy`` (the service's own code: duration by top-down tier
+  with ``detour.strategy`` (the service's own code: duration by top-down tier
   scan, window end extended with ``max`` unless ``lastReportWins``);
 * the selects that would have been avoided under other tier tables: each
   report is one send, whose select happened at ``at - latencyMs``; a select is
@@ -65,19 +65,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from detour import strategy
+from detour.model import (
+    DEFAULT_LATENCY_MAX,
+    DEFAULT_NOT_AVAILABLE_DURATION,
+    LATENCY_BUCKETS,
+    Config,
+)
 from pipeline import (
     add_token_argument,
     auth_headers,
     detour_token,
     ship_code,
     spark_session,
-)
-from service import strategy
-from service.model import (
-    DEFAULT_LATENCY_MAX,
-    DEFAULT_NOT_AVAILABLE_DURATION,
-    LATENCY_BUCKETS,
-    Config,
 )
 
 if TYPE_CHECKING:

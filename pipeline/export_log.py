@@ -43,8 +43,8 @@ import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from detour.model import LATENCY_BUCKETS
 from pipeline import add_token_argument, auth_headers, detour_token
-from service.model import LATENCY_BUCKETS
 
 #: The exported columns: the log entry, plus ``at`` as a timestamp for readers that want one.
 SCHEMA = pa.schema(

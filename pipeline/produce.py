@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from pyspark.accumulators import Accumulator
     from pyspark.sql import DataFrame, Row, SparkSession
 
-    from service.client import SelectedQueue
+    from detour.client import SelectedQueue
 
 #: Columns of the per-record result (Spark DDL).
 RESULT_SCHEMA = (
@@ -197,7 +197,7 @@ def send_partition(
     ``progress``: where the driver's progress line listens (records sent, failed
     attempts and the brokers the last select passed over, a few times a second).
     """
-    from service.client import DetourClient, DetourClientError, SendError
+    from detour.client import DetourClient, DetourClientError, SendError
 
     producer = producer_id(index, opts.run_id)
     deliver = Deliverer(opts.topic, opts.broker_timeout)

@@ -12,10 +12,11 @@ import contextlib
 import logging
 from collections.abc import Mapping
 
-from service import metrics, policy
+from detour import policy
+from detour.model import Config, FaultItem, Route
+from service import metrics
 from service.cancelling import honour_cancel
 from service.errors import StoreUnavailable
-from service.model import Config, FaultItem, Route
 from service.store import FaultStore
 
 log = logging.getLogger("detour.detector")

@@ -15,7 +15,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from service.model import CONFIG_FIELDS, MAX_LATENCY_MS, MAX_REPORT_AGE_MS, ConfigField
+from detour.model import CONFIG_FIELDS, MAX_LATENCY_MS, MAX_REPORT_AGE_MS, ConfigField
 
 #: RocketMQ's topic rule (letters, digits, ``_ - % |``) plus ``.``, at most 127 characters.
 NAME_PATTERN = r"^[A-Za-z0-9_.%|-]{1,127}$"
@@ -104,7 +104,7 @@ class _ConfigRules(Body):
 
 
 def _config_field(f: ConfigField) -> tuple[Any, Any]:
-    """A pydantic (type, Field) for one Config field, from its declaration in service.model."""
+    """A pydantic (type, Field) for one Config field, from its declaration in detour.model."""
     if f.kind is tuple:
         default = list(f.default)
         entries = list[Annotated[int, Field(ge=f.ge, le=f.le), BeforeValidator(_whole)]]
@@ -157,13 +157,6 @@ class BrokerSpec(Body):
         description="The broker's `host:port`, returned with a select; optional.",
         examples=["10.0.0.5:10911"],
     )
-
-    @field_validator("address")
-    @classmethod
-    def _port_in_range(cls, v: str | None) -> str | None:
-        if v is not None and not 1 <= int(v.rsplit(":", 1)[1]) <= 65535:
-            raise ValueError("port must be 1..65535")
-        return v
 
 
 class RouteBody(Body):

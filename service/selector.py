@@ -1,50 +1,16 @@
-"""A select against a copy of the table: route lookup, the one decision, the topic counter.
-
-``choose`` is what ``POST /select`` runs on a replica's view; ``choose_on`` is the part
-after the route lookup, shared with the SDK's in-process selects (cached mode and
-fail-open), which keep the same kind of view. Both read the view here and decide in
-``service.decide``, so there is one decision, whoever makes it.
-"""
+"""``POST /select`` on a replica's view: the route lookup, then the one select
+(``detour.selector.choose_on``, which the SDK's in-process selects run too)."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 
-from service.decide import NO_SCORES, Ask, Table, decide, draw
+from detour.decide import Ask
+from detour.model import Queue, Route
+from detour.policy import Choice
+from detour.selector import choose_on
+from detour.view import TableView
 from service.errors import NotFound
-from service.model import Queue, Route
-from service.policy import Choice, probation_on
-from service.view import TableView
-
-#: The random source of the service's selects (the enforcement share, the p2c draws).
-_rng = random.Random()
-
-
-def choose_on(view: TableView, route: Route, ask: Ask, rng: random.Random | None = None) -> Choice:
-    """Decide one select of ``route`` on ``view``, then advance the topic's counter and
-    note a probe handed out, as every decider does.
-
-    ``rng`` draws what the config needs (``decide.draw``); the module's own by default.
-    Raises ValueError when the route has no queue.
-    """
-    config = view.config
-    now = view.now_ms()
-    topic = route.topic
-    table = Table(
-        route,
-        config,
-        view.faults,
-        view.counter(topic),
-        now,
-        view.latency_scores if config.selection == "p2c-ewma" else NO_SCORES,
-        view.free_probes(now) if probation_on(config) else (),
-    )
-    choice = decide(table, ask, draw(config, rng or _rng))
-    if choice.probe is not None:
-        view.probe_sent(choice.probe, now)
-    view.set_counter(topic, choice.selection.next_counter)
-    return choice
 
 
 def choose(

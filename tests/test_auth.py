@@ -14,6 +14,7 @@ import redis
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
+from detour.client import DetourClient
 from service.app import create_app
 from service.auth import (
     Role,
@@ -23,7 +24,6 @@ from service.auth import (
     hash_token,
     parse_tokens,
 )
-from service.client import DetourClient
 from service.settings import Settings
 from tests.procs import ROOT, ServiceProcess, wait_until
 

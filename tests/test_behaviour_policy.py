@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from service import policy
+from detour import policy
 from service.app import create_app
 from service.auth import Role, TokenEntry, TokenTable, hash_token
 from service.settings import Settings

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
+from detour.model import Config
 from service import detector
 from service.cancelling import honour_cancel
-from service.model import Config
 from service.store.memory import MemoryStore
 
 pytestmark = pytest.mark.unit

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from service.client import (
+from detour.client import (
     DetourClient,
     DetourRequestError,
     SelectedQueue,

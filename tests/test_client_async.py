@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from service.client import AsyncDetourClient, SelectedQueue, SendError, SendResult
+from detour.client import AsyncDetourClient, SelectedQueue, SendError, SendResult
 from tests.procs import ServiceProcess, wait_until_async
 
 pytestmark = pytest.mark.e2e

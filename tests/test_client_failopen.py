@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from service.client import DetourClient, SelectedQueue
+from detour.client import DetourClient, SelectedQueue
 from tests.procs import PATIENT_ENV, ServiceProcess, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

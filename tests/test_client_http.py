@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from service.client import (
+from detour.client import (
     AsyncDetourClient,
     Decision,
     DetourClient,

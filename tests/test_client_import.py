@@ -1,7 +1,7 @@
 """The producer SDK works in a process that has none of the service's web stack.
 
 A subprocess refuses ``fastapi``, ``uvicorn``, ``starlette``, ``redis`` and
-``pydantic`` at import time, then imports ``service.client`` and uses it, sync
+``pydantic`` at import time, then imports ``detour.client`` and uses it, sync
 and async, remote and cached, against a live service.
 """
 
@@ -33,7 +33,7 @@ SCRIPT = textwrap.dedent(
     sys.meta_path.insert(0, Refuse())
 
     import asyncio
-    from service.client import AsyncDetourClient, DetourClient
+    from detour.client import AsyncDetourClient, DetourClient
 
     url = sys.argv[1]
     with DetourClient(url, timeout=2.0) as c:  # not the 0.2 s a busy machine can miss
@@ -64,5 +64,28 @@ def test_the_sdk_needs_no_web_stack(service: ServiceProcess) -> None:
         {"brokerName": "imp-a", "writeQueueNums": 1}]}, timeout=5).raise_for_status()
     out = subprocess.run([sys.executable, "-c", SCRIPT, service.url], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+@pytest.mark.unit
+def test_the_old_import_still_works_for_one_release_and_says_so() -> None:
+    """``service.client`` (0.1.0's import) hands out detour.client's classes, warning once."""
+    code = textwrap.dedent(
+        """
+        import warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            from service.client import DetourClient
+        import detour
+        from detour.client import DetourClient as New
+        assert DetourClient is New is detour.DetourClient
+        (w,) = [w for w in caught if issubclass(w.category, DeprecationWarning)]
+        assert "detour.client" in str(w.message), w.message
+        print("ok")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.client import (
+from detour.client import (
     AsyncDetourClient,
     ClientStats,
     DetourClient,

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.client import AsyncDetourClient, DetourClient, SelectedQueue
+from detour.client import AsyncDetourClient, DetourClient, SelectedQueue
 from tests.procs import ServiceProcess, wait_until
 
 pytestmark = pytest.mark.e2e

@@ -14,23 +14,23 @@ import time
 
 import pytest
 
-from service.client import (
+from detour.client import (
     Decision,
     DetourUnavailable,
     SelectedQueue,
     SendError,
 )
-from service.client.cached import ServiceClock, StreamApplier
-from service.client.calls import BACKGROUND_TIMEOUT_S, Calls, Loud
-from service.client.circuit import CircuitBreaker, Ticket
-from service.client.errors import DetourBadAnswer, DetourRejected
-from service.client.local import LocalTable
-from service.client.pending import PendingReports, mono_ms
-from service.client.reconnect import Jitter
-from service.client.send import send_async, send_sync
-from service.client.sse import Event, EventTooLarge, SSEParser
-from service.client.wire import MAX_LATENCY_MS, batch_item, check_report
-from service.model import MAX_REPORT_AGE_MS, BrokerRoute, Route
+from detour.client.cached import ServiceClock, StreamApplier
+from detour.client.calls import BACKGROUND_TIMEOUT_S, Calls, Loud
+from detour.client.circuit import CircuitBreaker, Ticket
+from detour.client.errors import DetourBadAnswer, DetourRejected
+from detour.client.local import LocalTable
+from detour.client.pending import PendingReports, mono_ms
+from detour.client.reconnect import Jitter
+from detour.client.send import send_async, send_sync
+from detour.client.sse import Event, EventTooLarge, SSEParser
+from detour.client.wire import MAX_LATENCY_MS, batch_item, check_report
+from detour.model import MAX_REPORT_AGE_MS, BrokerRoute, Route
 
 pytestmark = pytest.mark.unit
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from detour.client import wire
+from detour.model import FaultItem
 from service.api.render import fault_event
-from service.client import wire
-from service.model import FaultItem
 
 pytestmark = pytest.mark.unit
 

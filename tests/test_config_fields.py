@@ -1,4 +1,4 @@
-"""Config is declared once (service.model): every mapping derived from it carries every field.
+"""Config is declared once (detour.model): every mapping derived from it carries every field.
 
 Each test sets every field to a value other than its default (``NON_DEFAULT``, built from
 the declaration), so a mapping that forgets a field, or a new field a mapping does not
@@ -14,9 +14,9 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic.alias_generators import to_camel
 
+from detour.client import wire
+from detour.model import CONFIG_FIELDS, Config, ConfigField
 from service.app import create_app
-from service.client import wire
-from service.model import CONFIG_FIELDS, Config, ConfigField
 from service.schemas import ConfigBody
 from service.settings import Settings
 from service.store import codec

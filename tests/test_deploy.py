@@ -121,7 +121,7 @@ def _closure(requirements: list[str]) -> dict[str, set[str]]:
 
 def _runtime_closure() -> dict[str, set[str]]:
     """What the service needs at run time: the closure of [project].dependencies."""
-    return _closure(_pyproject()["project"]["dependencies"])
+    return _closure(_pyproject()["dependency-groups"]["server"])
 
 
 def _stages(parser: DockerfileParser) -> list[list[dict[str, Any]]]:
@@ -346,7 +346,7 @@ def test_the_runtime_lock_pins_exactly_what_the_service_needs_at_run_time() -> N
     for name in closure:
         installed = metadata.version(name)
         assert installed == pins[name], f"{name}: lock {pins[name]}, environment {installed}"
-    for raw in _pyproject()["project"]["dependencies"]:
+    for raw in _pyproject()["dependency-groups"]["server"]:
         req = Requirement(raw)
         assert SpecifierSet(str(req.specifier)).contains(pins[canonicalize_name(req.name)]), (
             f"the lock's {req.name}=={pins[canonicalize_name(req.name)]} is outside {raw}"
@@ -361,8 +361,8 @@ def test_the_dev_lock_pins_the_rest_of_make_test_on_top_of_the_runtime_lock() ->
     assert lines[0] == "-r requirements.lock", "pip install -r requirements-dev.lock: everything"
     runtime, dev = _lock(), _lock(DEV_LOCK)
     assert not set(runtime) & set(dev), "a package pinned in both locks"
-    extras = _pyproject()["project"]["optional-dependencies"]
-    closure = _closure([r for group in extras.values() for r in group])
+    groups = _pyproject()["dependency-groups"]
+    closure = _closure([r for name in ("dev", "pipeline") for r in groups[name]])
     needed = set(closure) - set(runtime)
     assert set(dev) == needed, (
         f"pinned, not needed: {sorted(set(dev) - needed)}; "
@@ -405,8 +405,8 @@ def test_dockerfile_healthcheck_and_oci_labels() -> None:
     for key in ("title", "description", "version", "revision", "source", "licenses"):
         assert f"org.opencontainers.image.{key}" in labels, key
     assert labels["org.opencontainers.image.version"] == project["version"]
-    assert labels["org.opencontainers.image.licenses"] == project["license"]["text"]
-    assert labels["org.opencontainers.image.description"] == project["description"]
+    assert labels["org.opencontainers.image.licenses"] == project["license"]
+    assert (ROOT / "LICENSE").read_text(encoding="utf-8").lstrip().startswith("Apache License")
 
 
 def test_dockerignore_sends_only_what_the_build_copies() -> None:
@@ -434,7 +434,7 @@ def test_dockerignore_sends_only_what_the_build_copies() -> None:
         ".env",
         "pipeline/produce.py",
         "requirements-dev.lock",
-        "sdk/build.py",
+        "pyproject.toml",
     ):
         assert _ignored(kept_out, patterns), f"{kept_out} would reach the build context"
     assert not _ignored("service/store/lua/report.lua", patterns)

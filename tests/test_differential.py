@@ -3,7 +3,7 @@
 The service side is the function ``POST /select`` runs (``selector.choose_on``) on a
 replica's view; the SDK side is ``LocalTable.select``, fed what the push stream would
 send: the service's own encoders (service/api/render.py) turned into JSON and back
-through the SDK's decoding (service/client/wire.py). Both get the same random draws.
+through the SDK's decoding (detour/client/wire.py). Both get the same random draws.
 A field the stream forgets, or a rule only one side applies, shows as a difference.
 """
 
@@ -17,15 +17,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service import selector
+from detour import selector
+from detour.client import wire
+from detour.client.local import LocalTable
+from detour.decide import Ask, answer
+from detour.model import CONFIG_FIELDS, BrokerRoute, Config, FaultItem, Route
+from detour.view import TableView
 from service.api.render import config_out, fault_event, route_out
-from service.client import wire
-from service.client.local import LocalTable
-from service.decide import Ask, answer
-from service.model import CONFIG_FIELDS, BrokerRoute, Config, FaultItem, Route
 from service.store.base import ReportIn
 from service.store.local import report_locally
-from service.view import TableView
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""The efficacy benchmarks: the simulation decides with service.strategy and is deterministic,
+"""The efficacy benchmarks: the simulation decides with detour.strategy and is deterministic,
 the shared table beats per-producer tables in the simulation and with real processes."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-import service.strategy
+import detour.strategy
 from bench import efficacy, simulate
 from tests.procs import ROOT
 
@@ -30,20 +30,20 @@ def _strip(r: simulate.ArmResult) -> dict[str, Any]:
 
 @pytest.mark.unit
 def test_simulation_uses_the_strategy_module_not_a_copy(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert simulate.strategy is service.strategy
+    assert simulate.strategy is detour.strategy
     calls = 0
-    real = service.strategy.select
+    real = detour.strategy.select
 
-    def counting(*args: Any, **kwargs: Any) -> service.strategy.Selection:
+    def counting(*args: Any, **kwargs: Any) -> detour.strategy.Selection:
         nonlocal calls
         calls += 1
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(service.strategy, "select", counting)
+    monkeypatch.setattr(detour.strategy, "select", counting)
     r = _run("per-producer", 5)
     assert calls == r.attempts > 0
     # and no function of the algorithm is defined again in the benchmarks
-    algorithm = {n.name for n in ast.parse((ROOT / "service/strategy.py").read_text()).body
+    algorithm = {n.name for n in ast.parse((ROOT / "detour/strategy.py").read_text()).body
                  if isinstance(n, ast.FunctionDef)}
     for path in ("bench/simulate.py", "bench/efficacy.py"):
         tree = ast.parse((ROOT / path).read_text())

@@ -12,8 +12,8 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
+from detour.client import DetourClient
 from service.app import create_app
-from service.client import DetourClient
 from service.settings import Settings
 from tests.procs import RedisServer, ServiceProcess, wait_until
 from tests.proxy import DelayProxy

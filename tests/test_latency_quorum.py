@@ -12,10 +12,10 @@ from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service import policy
-from service.client import DetourClient
-from service.decide import Ask, Table, decide
-from service.model import BrokerRoute, Config, FaultItem, Route
+from detour import policy
+from detour.client import DetourClient
+from detour.decide import Ask, Table, decide
+from detour.model import BrokerRoute, Config, FaultItem, Route
 from service.store import codec
 from tests.procs import ServiceProcess, wait_until
 from tests.test_behaviour import items, put_route, select

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import redis
 
-from service.model import Config
+from detour.model import Config
 from service.settings import Settings
 from service.store import ReportIn
 from service.store.aggregate import bucket_of

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from detour import strategy
+from detour.model import LATENCY_BUCKETS, Config
 from pipeline.analyze import log_resolution, percentile, recommend_in_process
 from pipeline.export_log import bucket_value, expand, to_table
-from service import strategy
-from service.model import LATENCY_BUCKETS, Config
 from service.store.aggregate import Aggregate, bucket_of
 
 pytestmark = pytest.mark.unit

@@ -17,8 +17,8 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
+from detour.model import DEFAULT_LATENCY_MAX
 from service.app import create_app
-from service.model import DEFAULT_LATENCY_MAX
 from service.settings import Settings
 from tests.procs import (
     PATIENT_ENV,

@@ -17,8 +17,8 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from service import policy
-from service.model import Config, FaultItem
+from detour import policy
+from detour.model import Config, FaultItem
 from service.store import codec
 from service.store.redis import _policy_arg, integrity_arg
 from tests.procs import wait_until
@@ -373,7 +373,7 @@ def test_pending_quorum_bounds_are_422_naming_the_field(client: TestClient) -> N
 
 
 def test_inflight_threshold_is_k_times_p99_with_a_floor_and_a_cold_start() -> None:
-    from service.client.inflight import COLD_MS, MIN_SAMPLES, InFlight
+    from detour.client.inflight import COLD_MS, MIN_SAMPLES, InFlight
 
     f = InFlight(factor=4, floor_ms=50)
     assert f.threshold_ms("a") == COLD_MS
@@ -395,7 +395,7 @@ def test_inflight_threshold_is_k_times_p99_with_a_floor_and_a_cold_start() -> No
 
 
 def test_inflight_signals_once_then_when_the_outstanding_time_doubles() -> None:
-    from service.client.inflight import InFlight
+    from detour.client.inflight import InFlight
 
     f = InFlight(factor=4, floor_ms=50)
     for _ in range(8):
@@ -414,8 +414,8 @@ def test_inflight_signals_once_then_when_the_outstanding_time_doubles() -> None:
 
 
 def test_pending_reports_are_urgent_and_never_applied_to_the_local_table() -> None:
-    from service.client.core import ClientCore
-    from service.client.pending import mono_ms
+    from detour.client.core import ClientCore
+    from detour.client.pending import mono_ms
 
     core = ClientCore("cached", timeout=1, retries=0, deadline=1, max_pending=10,
                       backoff_initial=0.1, backoff_max=1, producer="p1")
@@ -448,9 +448,9 @@ def test_a_hung_broker_is_avoided_before_the_send_timeout(mode: str) -> None:
 
     import httpx
 
+    from detour.client import DetourClient
     from pipeline.brokers import Fleet
     from pipeline.produce import Deliverer
-    from service.client import DetourClient
     from tests.procs import ServiceProcess, wait_until
 
     timeout_s = 5.0
@@ -522,9 +522,9 @@ def test_the_async_client_signals_a_hung_send() -> None:
 
     import httpx
 
-    from service.client import AsyncDetourClient
-    from service.client.inflight import COLD_MS
-    from service.client.values import SelectedQueue
+    from detour.client import AsyncDetourClient
+    from detour.client.inflight import COLD_MS
+    from detour.client.values import SelectedQueue
     from tests.procs import ServiceProcess
 
     async def hang(q: SelectedQueue, payload: str) -> str:
@@ -571,7 +571,7 @@ def test_the_simulations_pending_arm_avoids_hangs_before_the_timeout() -> None:
 
 
 def test_inflight_track_ends_a_send_with_or_without_a_sample() -> None:
-    from service.client.inflight import InFlight
+    from detour.client.inflight import InFlight
 
     f = InFlight(factor=4, floor_ms=50)
     now = [1000.0]

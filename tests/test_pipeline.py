@@ -30,6 +30,7 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from detour.client.wire import MAX_BATCH
 from pipeline import brokers as brokers_cli
 from pipeline import detour_token, spark_session
 from pipeline.analyze import (
@@ -48,7 +49,6 @@ from pipeline.produce import ProduceOptions, options, produce, read_input
 from pipeline.produce import _parser as produce_parser
 from pipeline.progress import Progress
 from pipeline.verify import BrokerRef, brokers_from_detour, read_ids, verify
-from service.client.wire import MAX_BATCH
 from tests.procs import PATIENT_ENV, ROOT, RedisServer, ServiceProcess, write_tokens
 from tests.proxy import DelayProxy
 

@@ -1,4 +1,4 @@
-"""Unit and property tests for the pure avoidance policy (service.policy).
+"""Unit and property tests for the pure avoidance policy (detour.policy).
 
 Every knob at its default must leave RocketMQ's strategy unchanged
 (``test_default_config_is_the_strategy``); each knob then has properties of its own.
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service import policy, strategy
-from service.model import Config, FaultItem, Route
+from detour import policy, strategy
+from detour.model import Config, FaultItem, Route
 from tests.test_strategy import NOW, Scenario, brokers_of, make_route, scenarios
 
 pytestmark = pytest.mark.unit
@@ -577,8 +577,8 @@ def test_pick_one_at_least_takes_the_reachable_broker() -> None:
 
 
 def test_detector_targets_and_addresses() -> None:
+    from detour.model import BrokerRoute
     from service import detector
-    from service.model import BrokerRoute
 
     route = Route.from_brokers("t", [BrokerRoute("a", 1, "10.0.0.5:10911"),
                                      BrokerRoute("b", 1, None), BrokerRoute("c", 1, "[::1]:9"),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from service import policy
-from service.model import Config, FaultItem
+from detour import policy
+from detour.model import Config, FaultItem
 
 pytestmark = pytest.mark.unit
 

@@ -18,10 +18,10 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
+from detour import policy, strategy
+from detour.model import BrokerRoute, Config, FaultItem, Route
+from detour.policy import Draws
 from pipeline.brokers import Broker, stream_key
-from service import policy, strategy
-from service.model import BrokerRoute, Config, FaultItem, Route
-from service.policy import Draws
 from tests.procs import free_port, wait_until
 from tests.test_behaviour import DEFAULT_CONFIG, items, put_route, select
 from tests.test_behaviour_policy import _Accepting, _Hangup, configure, events, fail

@@ -12,9 +12,9 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from service import policy, strategy
+from detour import policy, strategy
+from detour.model import Config, FaultItem
 from service.app import create_app
-from service.model import Config, FaultItem
 from service.settings import Settings
 from service.store import ReportIn, codec
 from service.store.redis import RedisStore, _policy_arg, integrity_arg

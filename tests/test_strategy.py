@@ -1,4 +1,4 @@
-"""Unit tests for the pure fault strategy (service.model, service.strategy).
+"""Unit tests for the pure fault strategy (detour.model, detour.strategy).
 
 The key test is ``test_select_matches_reference``: ``select`` jumps over a
 broker's run of queues in one step, and a plain probe-one-queue-at-a-time
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.model import (
+from detour.model import (
     DEFAULT_LATENCY_MAX,
     DEFAULT_NOT_AVAILABLE_DURATION,
     BrokerRoute,
@@ -25,7 +25,7 @@ from service.model import (
     Queue,
     Route,
 )
-from service.strategy import (
+from detour.strategy import (
     Decision,
     Selection,
     WindowChange,

@@ -1,8 +1,8 @@
 """The decision vectors (docs/vectors/select.json): current, and decided alike by every side.
 
-The corpus is written by the pure core (``python -m service.vectors``). Each case is
+The corpus is written by the pure core (``make vectors``: docs/vectors/generate.py). Each case is
 replayed through the three deciders producers meet: the function ``POST /select`` runs
-(``service.selector.choose_on`` on a replica's view), the route itself (the app, its
+(``detour.selector.choose_on`` on a replica's view), the route itself (the app, its
 view holding the case's table), and the SDK's in-process select (``LocalTable``, fed
 through the SDK's own decoding of the stream's JSON). Each must give the recorded
 decision and leave the topic's counter where the case says.
@@ -10,24 +10,41 @@ decision and leave the topic's counter where the case says.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
+import sys
 from collections import Counter
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
-from service import selector, vectors
+from detour import selector
+from detour.client import wire
+from detour.client.local import LocalTable
+from detour.decide import Ask, answer
+from detour.model import BrokerRoute, Config, FaultItem, Route
+from detour.policy import on_probation
+from detour.view import TableView
 from service.app import create_app
-from service.client import wire
-from service.client.local import LocalTable
-from service.decide import Ask, answer
-from service.model import BrokerRoute, Config, FaultItem, Route
-from service.policy import on_probation
 from service.settings import Settings
-from service.view import TableView
+from tests.procs import ROOT
 
+
+def _load_generator() -> Any:
+    """docs/vectors/generate.py lives beside the corpus, in no package: loaded by path."""
+    spec = importlib.util.spec_from_file_location(
+        "detour_vectors", ROOT / "docs" / "vectors" / "generate.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclass-free, but keep pickling and typing happy
+    spec.loader.exec_module(module)
+    return module
+
+
+vectors = _load_generator()
 CASES: list[dict[str, Any]] = json.loads(vectors.PATH.read_text(encoding="utf-8"))["cases"]
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from service.model import FaultItem, Route
-from service.view import Snapshot, TableView
+from detour.model import FaultItem, Route
+from detour.view import Snapshot, TableView
 
 pytestmark = pytest.mark.unit
 

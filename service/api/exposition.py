@@ -18,8 +18,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import REGISTRY, Collector
 
+from detour.model import FaultItem, Route
 from service.metrics import MAX_BROKER_SERIES, MAX_TOPIC_SERIES
-from service.model import FaultItem, Route
 from service.store import FaultStore
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.model import Config, FaultItem, Route, route_brokers
+from detour.model import Config, FaultItem, Route, route_brokers
 from service.schemas import BrokerSpec, ConfigBody, ReportResponse, RouteOut
 from service.store import ReportOutcome
 
@@ -39,7 +39,7 @@ def report_out(out: ReportOutcome) -> ReportResponse:
 
 def fault_event(broker: str, item: FaultItem | None) -> dict[str, object]:
     """A fault item as the push stream sends it: everything a select reads of it, so a
-    cached client decides as the service does (service/client/wire.py reads it back)."""
+    cached client decides as the service does (detour/client/wire.py reads it back)."""
     if item is None:
         return {"brokerName": broker, "deleted": True}
     return {

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
+from detour.model import BrokerRoute, Route
 from service.api.deps import ERRORS, UNAVAILABLE, StoreDep, TopicPath, not_found
 from service.api.render import route_out
 from service.errors import NotFound
-from service.model import BrokerRoute, Route
 from service.schemas import RouteBody, RouteOut, RoutesOut
 
 router = APIRouter(tags=["routes"])

@@ -5,11 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from pydantic import TypeAdapter
 
+from detour.model import Queue
 from service.api.deps import ERRORS, UNAVAILABLE, not_found
 from service.api.fast import json_response, parse, request_body, store_of, voter_of
 from service.api.telemetry import observe_policy, observe_select
 from service.errors import NotFound
-from service.model import Queue
 from service.schemas import SelectRequest, SelectResponse
 from service.selector import choose
 from service.store import FaultStore

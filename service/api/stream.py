@@ -17,12 +17,12 @@ from typing import Literal
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
+from detour.model import Config, FaultItem, Route
+from detour.view import ChangeKind, TableView
 from service.api.deps import ERRORS, StoreDep
 from service.api.push import PushResponse, StreamGate
 from service.api.render import config_out, fault_event, route_out
-from service.model import Config, FaultItem, Route
 from service.schemas import ErrorBody
-from service.view import ChangeKind, TableView
 
 SSE_EVENT: dict[str, object] = {
     "type": "object",

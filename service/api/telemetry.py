@@ -8,6 +8,8 @@ from collections.abc import Iterable, Sequence
 from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from detour.policy import Choice, window_event
+from detour.strategy import Decision, Selection, WindowChange
 from service.metrics import (
     AVOIDANCE,
     EVENTS,
@@ -27,9 +29,7 @@ from service.metrics import (
     WINDOWS_EXTENDED,
     WINDOWS_OPENED,
 )
-from service.policy import Choice, window_event
 from service.store.base import ReportOutcome
-from service.strategy import Decision, Selection, WindowChange
 
 _seen_brokers: set[str] = set()
 #: Broker names with series of their own (``metrics_max_brokers``); the first ones seen.

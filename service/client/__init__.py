@@ -1,61 +1,17 @@
-"""Detour's Python producer SDK: select a queue, send, report, and keep going when Detour is down.
+"""Deprecated: the producer SDK is ``detour.client`` (``pip install detour-client``).
 
-Why a client library and not just HTTP: the rules around the two calls are
-where producers go wrong. This package implements them once:
-
-* RocketMQ's send loop (``send``): up to ``1 + retries`` attempts within a
-  deadline, each selecting with the previous attempt's broker, each reported
-  with its monotonic latency, a failure as an isolation.
-* Fail open: when Detour times out (a whole call, however slowly it trickles),
-  refuses the connection, answers 5xx, sheds load, rejects the token (401/403),
-  redirects, or answers something that is not Detour's answer, selects are
-  decided locally with the same algorithm (``service.strategy`` over a
-  ``service.view.TableView``), reports are queued (bounded) and replayed with
-  their age once Detour answers, and a circuit breaker leaves Detour alone
-  (0.5 s doubling to 5 s) so a dead sidecar costs one timeout, not one per send.
-  Detour's own 4xx answers are raised: they are bugs.
-* Cached mode: a replica of the table kept current by the event stream, so a
-  select costs microseconds and no network; reports leave in batches.
-
-Only httpx (with httpcore, its transport), the standard library and the pure
-modules ``sdk/pyproject.toml`` lists (``service.model``, ``service.strategy``,
-``service.policy``, ``service.view``) are imported: a producer does not need the
-service's web stack, and installs the SDK alone as the ``detour-client``
-distribution (tests/test_sdk_dist.py checks the list against an import trace).
+Kept for one release so that producers written against 0.1.0 keep running; importing it
+warns once (``DeprecationWarning``) and hands out the same classes.
 """
 
-from service.client.aio import AsyncDetourClient
-from service.client.errors import (
-    DetourClientError,
-    DetourRequestError,
-    DetourUnavailable,
-    SendError,
-    TopicNotFound,
-)
-from service.client.sync import DetourClient
-from service.client.values import (
-    Attempt,
-    ClientStats,
-    Mode,
-    Report,
-    SelectedQueue,
-    SendResult,
-)
-from service.strategy import Decision
+import warnings
 
-__all__ = [
-    "AsyncDetourClient",
-    "Attempt",
-    "ClientStats",
-    "Decision",
-    "DetourClient",
-    "DetourClientError",
-    "DetourRequestError",
-    "DetourUnavailable",
-    "Mode",
-    "Report",
-    "SelectedQueue",
-    "SendError",
-    "SendResult",
-    "TopicNotFound",
-]
+from detour.client import *  # noqa: F403
+from detour.client import __all__ as __all__
+
+warnings.warn(
+    "service.client is deprecated and will be removed in the next release: "
+    "use `from detour.client import DetourClient` (the detour-client distribution)",
+    DeprecationWarning,
+    stacklevel=2,
+)

@@ -14,7 +14,7 @@ import bisect
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from service.model import LATENCY_BUCKETS
+from detour.model import LATENCY_BUCKETS
 
 
 def bucket_of(latency_ms: int) -> int:

@@ -6,9 +6,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from service.model import Config, FaultItem, Route
-from service.strategy import WindowChange
-from service.view import TableView
+from detour.model import Config, FaultItem, Route
+from detour.strategy import WindowChange
+from detour.view import TableView
 
 #: How long and how many producer report ids a store remembers (an SDK replays within
 #: minutes; a retried batch within seconds): a report id seen within them is a duplicate.
@@ -98,7 +98,7 @@ class Event:
     """One entry of the event log: a window opened, extended, ended early or reached by quorum."""
 
     id: str
-    #: "opened", "extended", "ended" or "quorum" (service.policy.window_event)
+    #: "opened", "extended", "ended" or "quorum" (detour.policy.window_event)
     kind: str
     #: "isolation", "latency", "quorum", "success" or "operator"
     reason: str

@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from service.model import CONFIG_FIELDS, BrokerRoute, Config, FaultItem, Route, route_brokers
+from detour.model import CONFIG_FIELDS, BrokerRoute, Config, FaultItem, Route, route_brokers
 
 #: report.lua's ARGV[6], in the order the script reads it: a Config field by name (a bool
 #: as 0/1), or one of REPORT_POLICY_COMPUTED, which the store works out per call.

@@ -22,13 +22,13 @@ from typing import Any, Protocol
 
 from redis.asyncio.client import PubSub
 
+from detour.view import TableView
 from service import metrics
 from service.cancelling import honour_cancel
 from service.errors import StoreUnavailable
 from service.store import codec
 from service.store.replies import PollReply
 from service.store.topology import Topology
-from service.view import TableView
 
 log = logging.getLogger("detour.store")
 

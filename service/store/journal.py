@@ -7,9 +7,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from detour.model import MAX_REPORT_AGE_MS
 from service import metrics
 from service.errors import TableFull
-from service.model import MAX_REPORT_AGE_MS
 from service.store.base import ReportIn
 
 #: Journaled reports sent per script call on replay (the batch endpoint's cap).

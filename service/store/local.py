@@ -6,10 +6,10 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from service import policy, strategy
-from service.model import FaultItem
+from detour import policy, strategy
+from detour.model import FaultItem
+from detour.view import TableView
 from service.store.base import ReportIn, ReportOutcome
-from service.view import TableView
 
 
 def report_locally(

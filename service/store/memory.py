@@ -6,9 +6,11 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 
-from service import metrics, policy, strategy
+from detour import policy, strategy
+from detour.model import Config, FaultItem, Route
+from detour.view import TableView
+from service import metrics
 from service.errors import TableFull
-from service.model import Config, FaultItem, Route
 from service.store.base import (
     REPORT_ID_CAP,
     REPORT_ID_WINDOW_MS,
@@ -18,7 +20,6 @@ from service.store.base import (
     ReportOutcome,
 )
 from service.store.local import report_locally
-from service.view import TableView
 
 
 def _wall_ms() -> int:

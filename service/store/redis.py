@@ -51,9 +51,11 @@ from typing import Any
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisClusterException, RedisError
 
-from service import metrics, policy, strategy
+from detour import policy, strategy
+from detour.model import MAX_REPORT_AGE_MS, Config, FaultItem, Route
+from detour.view import Snapshot, TableView
+from service import metrics
 from service.errors import StoreUnavailable, TableFull
-from service.model import MAX_REPORT_AGE_MS, Config, FaultItem, Route
 from service.store import codec
 from service.store.aggregate import Aggregate, RecentIds, Summary
 from service.store.base import (
@@ -79,7 +81,6 @@ from service.store.replies import (
     SnapshotReply,
 )
 from service.store.topology import Topology
-from service.view import Snapshot, TableView
 
 log = logging.getLogger("detour.store")
 

@@ -2,7 +2,7 @@
 limits, dry-run enforcement, power-of-two-choices on peak-EWMA latency, the isolation
 quorum and repeat-offender backoff.
 
-Like ``service.strategy`` this module does no I/O and reads no clock and no random
+Like ``detour.strategy`` this module does no I/O and reads no clock and no random
 source: ``now`` and every random draw come in as arguments, so the stores, the API
 and the tests share one implementation and tests are deterministic. With a default
 ``Config`` every function here reduces to RocketMQ's behaviour (``strategy``);
@@ -17,8 +17,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from service import strategy
-from service.model import Config, FaultItem, Queue, Route
+from detour import strategy
+from detour.model import Config, FaultItem, Queue, Route
 
 #: Suspects kept per broker: enough for any quorum, bounded so one item stays small.
 MAX_SUSPECTS = 128

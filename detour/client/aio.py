@@ -19,16 +19,16 @@ from urllib.parse import quote
 
 import httpx
 
-from service.client import wire
-from service.client.cached import FLUSH_AT
-from service.client.core import ClientCore
-from service.client.errors import DetourRequestError, DetourUnavailable, TopicNotFound
-from service.client.http import AsyncHTTP, Parse, headers, json_object
-from service.client.pending import Pending, mono_ms
-from service.client.send import ExcTypes, send_async
-from service.client.sse import MAX_EVENT_BYTES
-from service.client.tasks import FlushTask, StreamTask, flush_once
-from service.client.values import ClientStats, Mode, Report, SelectedQueue, SendResult
+from detour.client import wire
+from detour.client.cached import FLUSH_AT
+from detour.client.core import ClientCore
+from detour.client.errors import DetourRequestError, DetourUnavailable, TopicNotFound
+from detour.client.http import AsyncHTTP, Parse, headers, json_object
+from detour.client.pending import Pending, mono_ms
+from detour.client.send import ExcTypes, send_async
+from detour.client.sse import MAX_EVENT_BYTES
+from detour.client.tasks import FlushTask, StreamTask, flush_once
+from detour.client.values import ClientStats, Mode, Report, SelectedQueue, SendResult
 
 log = logging.getLogger("detour.client")
 

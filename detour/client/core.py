@@ -13,16 +13,16 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from service.client import wire
-from service.client.cached import FLUSH_AT, FLUSH_INTERVAL_S, ServiceClock, StreamApplier
-from service.client.calls import MIN_BUDGET_SHARE, Calls
-from service.client.circuit import CircuitBreaker
-from service.client.errors import DetourUnavailable, TopicNotFound
-from service.client.inflight import InFlight
-from service.client.local import LocalTable
-from service.client.pending import Pending, PendingReports, mono_ms
-from service.client.sse import MAX_EVENT_BYTES
-from service.client.values import ClientStats, Mode, Report, SelectedQueue
+from detour.client import wire
+from detour.client.cached import FLUSH_AT, FLUSH_INTERVAL_S, ServiceClock, StreamApplier
+from detour.client.calls import MIN_BUDGET_SHARE, Calls
+from detour.client.circuit import CircuitBreaker
+from detour.client.errors import DetourUnavailable, TopicNotFound
+from detour.client.inflight import InFlight
+from detour.client.local import LocalTable
+from detour.client.pending import Pending, PendingReports, mono_ms
+from detour.client.sse import MAX_EVENT_BYTES
+from detour.client.values import ClientStats, Mode, Report, SelectedQueue
 
 #: A known route (and the config) is fetched again at most this often in remote mode (s).
 ROUTE_REFRESH_S = 30.0

@@ -14,18 +14,18 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from service.client.values import SelectedQueue
-from service.model import (
+from detour.client.values import SelectedQueue
+from detour.model import (
     MAX_LATENCY_MS,
     BrokerRoute,
     Config,
     FaultItem,
     Route,
 )
-from service.model import (
+from detour.model import (
     MAX_REPORT_AGE_MS as MAX_AGE_MS,
 )
-from service.strategy import Decision
+from detour.strategy import Decision
 
 #: The service's name rule (topics and brokers).
 NAME = re.compile(r"[A-Za-z0-9_.%|-]{1,127}")

@@ -1,6 +1,6 @@
 """What this replica's selects remember on their own: round-robin counters, latency scores, probes.
 
-None of it is shared or versioned (that is ``service.view.TableView``'s table copy):
+None of it is shared or versioned (that is ``detour.view.TableView``'s table copy):
 each replica keeps its own, as each RocketMQ producer does, and losing any of it
 is harmless (a counter restarts at a random position, a score falls back to the
 table's latency, a probe is handed out again). That is what lets every map here be
@@ -18,8 +18,8 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Mapping
 
-from service.model import Config, FaultItem
-from service.policy import idle_score, peak_ewma, probe_free
+from detour.model import Config, FaultItem
+from detour.policy import idle_score, peak_ewma, probe_free
 
 #: Only a counter's value modulo small route sizes matters.
 _COUNTER_MASK = 0x7FFFFFFF

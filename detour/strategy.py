@@ -20,7 +20,7 @@ from collections.abc import Collection, Mapping
 from enum import IntEnum, StrEnum
 from typing import NamedTuple
 
-from service.model import Config, FaultItem, Queue, Route
+from detour.model import Config, FaultItem, Queue, Route
 
 
 class Decision(StrEnum):

@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from service.model import Config, FaultItem, Route
-from service.selector_state import SelectorState
+from detour.model import Config, FaultItem, Route
+from detour.selector_state import SelectorState
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from service.model import MAX_REPORT_AGE_MS
+from detour.model import MAX_REPORT_AGE_MS
 
 #: The oldest report Detour takes (``ageMs`` limit), ms.
 MAX_AGE_MS = MAX_REPORT_AGE_MS
@@ -37,7 +37,7 @@ class Pending:
     latency_ms: float
     isolation: bool
     at_ms: float
-    #: an in-flight signal (service/client/inflight.py): ``latency_ms`` is how long the
+    #: an in-flight signal (detour/client/inflight.py): ``latency_ms`` is how long the
     #: send had been outstanding at ``at_ms``; never applied to the local table
     pending: bool = False
 

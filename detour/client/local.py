@@ -1,9 +1,9 @@
 """The client's own copy of the table, decided with the service's algorithm.
 
-A ``service.view.TableView`` decided by ``service.selector.choose_on``, the code
-``POST /select`` runs (``service.decide``), not a copy: a local decision is the one
+A ``detour.view.TableView`` decided by ``detour.selector.choose_on``, the code
+``POST /select`` runs (``detour.decide``), not a copy: a local decision is the one
 Detour would make with the same table, config and random draws, every policy field
-included. Reports are applied with ``service.policy.apply``, the service's own rule
+included. Reports are applied with ``detour.policy.apply``, the service's own rule
 (the isolation quorum, backoff, probation). The remote client fills the table with
 its own reports and the fetched routes and config and uses it only when Detour is
 unavailable (RocketMQ's producer-local table, on the process wall clock); the cached
@@ -22,12 +22,12 @@ import random
 import threading
 from collections.abc import Callable, Iterable, Mapping
 
-from service import policy
-from service.client.values import SelectedQueue
-from service.decide import Ask
-from service.model import Config, FaultItem, Route
-from service.selector import choose_on
-from service.view import Snapshot, TableView
+from detour import policy
+from detour.client.values import SelectedQueue
+from detour.decide import Ask
+from detour.model import Config, FaultItem, Route
+from detour.selector import choose_on
+from detour.view import Snapshot, TableView
 
 
 class LocalTable:
@@ -58,7 +58,7 @@ class LocalTable:
     ) -> SelectedQueue | None:
         """Choose a queue for ``topic`` in-process, or None when its route is unknown.
 
-        Decided as ``POST /select`` decides (``service.selector.choose_on``) and advances
+        Decided as ``POST /select`` decides (``detour.selector.choose_on``) and advances
         the topic's round-robin counter as it does; ``rng`` makes the draws the config
         needs (the selector's own generator by default).
         """

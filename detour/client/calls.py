@@ -3,7 +3,7 @@
 The sync and async clients make their calls differently but decide them the
 same way, once, here:
 
-* Whether: the circuit breaker (``service.client.circuit``) says.
+* Whether: the circuit breaker (``detour.client.circuit``) says.
 * How long: the call timeout (at least ``BACKGROUND_TIMEOUT_S`` for the report
   batches the flusher sends: they hold no send, and a batch cut while Detour
   applies it is sent again), cut to what is left of the send's deadline when
@@ -24,8 +24,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from service.client.circuit import CircuitBreaker, Ticket
-from service.client.errors import (
+from detour.client.circuit import CircuitBreaker, Ticket
+from detour.client.errors import (
     DetourBadAnswer,
     DetourRejected,
     DetourRequestError,

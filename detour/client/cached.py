@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import time
 
-from service.client import wire
-from service.client.local import LocalTable
-from service.client.pending import PendingReports, mono_ms
-from service.client.sse import Event
+from detour.client import wire
+from detour.client.local import LocalTable
+from detour.client.pending import PendingReports, mono_ms
+from detour.client.sse import Event
 
 #: Flush reports at least this often (s) ...
 FLUSH_INTERVAL_S = 0.05

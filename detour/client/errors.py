@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from service.client.values import Attempt
+    from detour.client.values import Attempt
 
 
 class DetourClientError(Exception):

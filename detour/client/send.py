@@ -27,8 +27,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from service.client.errors import DetourClientError, DetourRequestError, SendError
-from service.client.values import Attempt, SelectedQueue, SendResult
+from detour.client.errors import DetourClientError, DetourRequestError, SendError
+from detour.client.values import Attempt, SelectedQueue, SendResult
 
 log = logging.getLogger("detour.client")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Generic, Literal, TypeVar
 
-from service.strategy import Decision
+from detour.strategy import Decision
 
 #: ``remote``: every select asks Detour; ``cached``: selects are decided in-process from a
 #: replica of the table that ``GET /fault-items/stream`` keeps current.

@@ -1,10 +1,10 @@
 """The one select: every decision Detour makes or lets a producer make goes through ``decide``.
 
-``POST /select`` (through ``service.selector``), the SDK's cached mode and its fail-open
-mode (``service.client.local``) and the decision vectors (``service.vectors``,
-docs/vectors/select.json) all call it, with the whole config, the producer's windows,
-the probes and the p2c scores, so a producer deciding in-process makes the decision the
-service would make on the same table with the same random draws.
+``POST /select`` (through ``service.selector``, the route lookup), the SDK's cached mode
+and its fail-open mode (``detour.client.local``) and the decision vectors
+(docs/vectors/generate.py, docs/vectors/select.json) all call it, with the whole config,
+the producer's windows, the probes and the p2c scores, so a producer deciding in-process
+makes the decision the service would make on the same table with the same random draws.
 
 Pure, like the rest of the core: the table comes in as plain values, the random draws
 are made by the caller (``draw`` says which, from a generator the caller owns), no clock
@@ -18,8 +18,8 @@ from collections.abc import Collection, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from service.model import Config, FaultItem, Route
-from service.policy import Choice, Draws, choose, probation_on
+from detour.model import Config, FaultItem, Route
+from detour.policy import Choice, Draws, choose, probation_on
 
 #: What a select gets when no rule of its config needs a random value.
 NO_DRAWS = Draws()

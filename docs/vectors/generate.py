@@ -1,7 +1,9 @@
-"""Decision vectors: cases of the one select (``service.decide``) written out as JSON.
+"""Decision vectors: cases of the one select (``detour.decide``) written out as JSON.
 
-    .venv/bin/python -m service.vectors            # rewrites docs/vectors/select.json
-    .venv/bin/python -m service.vectors --check    # exit 1 when the file is out of date
+    make vectors                                          # rewrites docs/vectors/select.json
+    PYTHONPATH=. .venv/bin/python docs/vectors/generate.py --check   # exit 1 when stale
+
+It lives beside the file it writes, not in a package: nothing at run time reads it.
 
 Each case is a table (config, route, fault items, the topic's counter, ``now``, p2c
 scores, free probes), a request and the random draws, with the decision the pure core
@@ -21,12 +23,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from service.decide import Ask, Table, answer, decide, draw
-from service.model import CONFIG_FIELDS, BrokerRoute, Config, FaultItem, Route, route_brokers
-from service.policy import Draws, on_probation
+from detour.decide import Ask, Table, answer, decide, draw
+from detour.model import CONFIG_FIELDS, BrokerRoute, Config, FaultItem, Route, route_brokers
+from detour.policy import Draws, on_probation
 
 #: Where the corpus lives, relative to the repository root.
-PATH = Path(__file__).resolve().parents[1] / "docs" / "vectors" / "select.json"
+PATH = Path(__file__).resolve().parent / "select.json"
 #: Bump when the format changes (a reader checks it).
 FORMAT = 1
 #: Random cases in the corpus, and the seed that draws them.
@@ -95,13 +97,6 @@ def case_json(
         },
         "expect": expect,
     }
-
-
-def case_draws(case: dict[str, Any]) -> Draws:
-    d = case["draws"]
-    return Draws(
-        float(d["enforce"]), int(d["p2cFirst"]), int(d["p2cSecond"]), float(d.get("ramp", 0.0))
-    )
 
 
 # ---------------------------------------------------------------- the cases
@@ -345,7 +340,7 @@ def random_table(rng: random.Random) -> tuple[Table, Ask, Draws]:
             ),
         )
     # What a decider sees: the table's latency for every fault item, its own peak EWMA
-    # where it has one (service/view.py ``latency_scores``).
+    # where it has one (detour/view.py ``latency_scores``).
     scores = {b: float(i.current_latency_ms) for b, i in faults.items()}
     scores.update({b: float(rng.randint(0, 400)) for b in brokers if rng.random() < 0.8})
     probes = tuple(
@@ -363,7 +358,7 @@ def random_table(rng: random.Random) -> tuple[Table, Ask, Draws]:
 
 
 def cases(count: int = RANDOM_CASES, seed: int = SEED) -> list[dict[str, Any]]:
-    """Every case, named then random, with the decision ``service.decide`` makes."""
+    """Every case, named then random, with the decision ``detour.decide`` makes."""
     out = [case_json(n, t, a, d, answer(decide(t, a, d))) for n, t, a, d in _named()]
     rng = random.Random(seed)
     for i in range(count):
@@ -376,7 +371,7 @@ def corpus() -> dict[str, Any]:
     return {
         "format": FORMAT,
         "about": "Detour's select decisions: table + request + draws -> decision. "
-        "Written by `python -m service.vectors`; docs/clients.md explains the format.",
+        "Written by `make vectors` (docs/vectors/generate.py); docs/clients.md explains the format.",
         "cases": cases(),
     }
 
@@ -398,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         current = args.out.read_text(encoding="utf-8") if args.out.exists() else ""
         if current != text:
-            print(f"{args.out} is out of date: run python -m service.vectors", file=sys.stderr)
+            print(f"{args.out} is out of date: run make vectors", file=sys.stderr)
             return 1
         return 0
     args.out.parent.mkdir(parents=True, exist_ok=True)

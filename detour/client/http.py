@@ -3,7 +3,7 @@
 Everything the fail-open rule needs to know about a call is decided here, the
 same way for the sync and async clients:
 
-* a timeout (of the whole call, headers and body: ``service.client.deadline``),
+* a timeout (of the whole call, headers and body: ``detour.client.deadline``),
   a refused or reset connection, a 5xx (503 is Detour shedding load or its store
   being down) or a 429: ``DetourUnavailable``;
 * 401, 403 or a 3xx: ``DetourRejected``. A rotated token or a proxy's redirect
@@ -27,9 +27,9 @@ from typing import Any, TypeVar
 
 import httpx
 
-from service.client import wire
-from service.client.deadline import DeadlineTransport, call_deadline
-from service.client.errors import (
+from detour.client import wire
+from detour.client.deadline import DeadlineTransport, call_deadline
+from detour.client.errors import (
     DetourBadAnswer,
     DetourRejected,
     DetourRequestError,

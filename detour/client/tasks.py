@@ -1,6 +1,6 @@
 """The async client's background tasks: the report flusher and the event-stream reader.
 
-The asyncio twins of ``service.client.threads``: same rules (never raise,
+The asyncio twins of ``detour.client.threads``: same rules (never raise,
 reconnect with jitter, flush when ``ClientCore.flush_due_in`` says), stopped by
 cancellation.
 """
@@ -16,14 +16,14 @@ from typing import Any
 
 import httpx
 
-from service.client.cached import STREAM_IDLE_S, STREAM_PATH
-from service.client.core import ClientCore
-from service.client.errors import DetourRequestError, DetourUnavailable
-from service.client.http import LIMITS, check_stream
-from service.client.pending import mono_ms
-from service.client.reconnect import Jitter
-from service.client.sse import EventTooLarge, SSEParser
-from service.client.wire import MAX_BATCH
+from detour.client.cached import STREAM_IDLE_S, STREAM_PATH
+from detour.client.core import ClientCore
+from detour.client.errors import DetourRequestError, DetourUnavailable
+from detour.client.http import LIMITS, check_stream
+from detour.client.pending import mono_ms
+from detour.client.reconnect import Jitter
+from detour.client.sse import EventTooLarge, SSEParser
+from detour.client.wire import MAX_BATCH
 
 log = logging.getLogger("detour.client")
 

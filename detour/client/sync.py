@@ -3,7 +3,7 @@
 One ``httpx.Client`` (pooled keep-alive connections) shared by every thread
 that produces. Detour is asked for every select in remote mode; in cached mode
 selects never leave the process. Either way a producer keeps sending when
-Detour is down (see ``service.client`` for the rules).
+Detour is down (see ``detour.client`` for the rules).
 """
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ from urllib.parse import quote
 
 import httpx
 
-from service.client import wire
-from service.client.cached import FLUSH_AT
-from service.client.core import ClientCore
-from service.client.errors import DetourRequestError, DetourUnavailable, TopicNotFound
-from service.client.http import Parse, SyncHTTP, headers, json_object
-from service.client.pending import Pending, mono_ms
-from service.client.send import ExcTypes, send_sync
-from service.client.sse import MAX_EVENT_BYTES
-from service.client.threads import FlushThread, SignalThread, StreamThread, flush_once
-from service.client.values import ClientStats, Mode, Report, SelectedQueue, SendResult
+from detour.client import wire
+from detour.client.cached import FLUSH_AT
+from detour.client.core import ClientCore
+from detour.client.errors import DetourRequestError, DetourUnavailable, TopicNotFound
+from detour.client.http import Parse, SyncHTTP, headers, json_object
+from detour.client.pending import Pending, mono_ms
+from detour.client.send import ExcTypes, send_sync
+from detour.client.sse import MAX_EVENT_BYTES
+from detour.client.threads import FlushThread, SignalThread, StreamThread, flush_once
+from detour.client.values import ClientStats, Mode, Report, SelectedQueue, SendResult
 
 log = logging.getLogger("detour.client")
 
@@ -53,7 +53,7 @@ class DetourClient:
     one that enforces the total timeout (tests). ``pending_factor``/``pending_floor_ms``:
     a send outstanding ``max(floor, factor x the broker's recent p99)`` tells Detour
     (an in-flight signal, only while Detour's config has ``pendingQuorum`` > 0; factor
-    0 = never), see ``service.client.inflight``.
+    0 = never), see ``detour.client.inflight``.
 
     Raises ValueError for an invalid setting.
     """

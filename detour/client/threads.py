@@ -18,15 +18,15 @@ from typing import Any
 
 import httpx
 
-from service.client.cached import STREAM_IDLE_S, STREAM_PATH
-from service.client.core import ClientCore
-from service.client.deadline import DeadlineTransport, call_deadline
-from service.client.errors import DetourRequestError, DetourUnavailable
-from service.client.http import check_stream
-from service.client.pending import Pending, mono_ms
-from service.client.reconnect import Jitter
-from service.client.sse import EventTooLarge, SSEParser
-from service.client.wire import MAX_BATCH
+from detour.client.cached import STREAM_IDLE_S, STREAM_PATH
+from detour.client.core import ClientCore
+from detour.client.deadline import DeadlineTransport, call_deadline
+from detour.client.errors import DetourRequestError, DetourUnavailable
+from detour.client.http import check_stream
+from detour.client.pending import Pending, mono_ms
+from detour.client.reconnect import Jitter
+from detour.client.sse import EventTooLarge, SSEParser
+from detour.client.wire import MAX_BATCH
 
 log = logging.getLogger("detour.client")
 
