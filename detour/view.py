@@ -211,6 +211,12 @@ class TableView:
         self.faults[item.broker_name] = item
         self._notify("fault", item.broker_name, item, 0)
 
+    def drop_local_fault(self, broker: str) -> None:
+        """An item this replica dropped from its own copy to make room (its window had
+        ended) while the store was unreachable; the next snapshot settles it."""
+        if self.faults.pop(broker, None) is not None:
+            self._notify("fault", broker, None, 0)
+
     def apply_route(self, topic: str, route: Route | None, version: int) -> None:
         if version <= self._route_v.get(topic, 0):
             return

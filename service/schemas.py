@@ -386,6 +386,12 @@ class ReportResponse(Body):
         "replayed, dated from now, when Redis is back.",
         examples=[False],
     )
+    duplicate: bool = Field(
+        False,
+        description="The report's `reportId` was applied already (within 15 minutes, in its "
+        "token's scope): nothing changed, and the answer is the one the first report got.",
+        examples=[False],
+    )
 
 
 class FaultItemOut(Body):

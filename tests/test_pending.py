@@ -17,11 +17,13 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from detour import policy
+from detour import policy, strategy
+from detour.apply import Effect
 from detour.model import Config, FaultItem
 from service.store import codec
 from service.store.redis import _policy_arg, integrity_arg
 from tests.procs import wait_until
+from tests.rule import applied
 from tests.test_behaviour import items, put_route, select
 from tests.test_behaviour_policy import configure, metric
 
@@ -30,14 +32,14 @@ ON = Config(pending_quorum=2)
 
 
 def signal(config: Config, old: FaultItem | None, producer: str, outstanding: int = 60,
-           at: int = NOW) -> policy.Applied:
-    return policy.apply(old, "c", outstanding, False, None, producer, at, at, config,
+           at: int = NOW) -> Effect:
+    return applied(old, "c", outstanding, False, None, producer, at, at, config,
                         pending=True)
 
 
 def done(config: Config, old: FaultItem | None, producer: str, latency: int = 3,
-         at: int = NOW, isolation: bool = False) -> policy.Applied:
-    return policy.apply(old, "c", latency, isolation, None, producer, at, at, config)
+         at: int = NOW, isolation: bool = False) -> Effect:
+    return applied(old, "c", latency, isolation, None, producer, at, at, config)
 
 
 # -- pure -----------------------------------------------------------------------------------
@@ -77,7 +79,7 @@ def test_a_quorum_of_producers_opens_the_window_one_producer_never_does() -> Non
     assert out.item.available_at == NOW + 200 + 30_000
     assert policy.live_signals(out.item.pending, NOW + 200, ON) == {"p1", "p2"}
     assert policy.held_until(out.item.pending) == NOW + 200 + 30_000
-    assert policy.window_event(policy.strategy.window_change(
+    assert policy.window_event(strategy.window_change(
         item.available_at, out.item.available_at, NOW + 200), False, True, None, True) == (
         "opened", "pending")
 
@@ -103,8 +105,8 @@ def test_a_window_the_signals_hold_ends_when_their_sends_complete() -> None:
     out = done(ON, item, "p1", 90, NOW + 30)
     assert out.item.available_at == NOW + 30
     assert policy.held_until(out.item.pending) == 0
-    assert policy.strategy.window_change(item.available_at, out.item.available_at,
-                                         NOW + 30) is policy.strategy.WindowChange.CLEARED
+    assert strategy.window_change(item.available_at, out.item.available_at,
+                                         NOW + 30) is strategy.WindowChange.CLEARED
 
 
 def test_a_timeout_or_a_longer_window_keeps_the_window() -> None:
@@ -235,7 +237,7 @@ def test_report_lua_matches_the_policy_with_signals(raw: redis.Redis) -> None:
                 t = policy.pending_tier(config, latency) if config.pending_quorum else None
                 vote = 3
             else:
-                t = policy.strategy.tier(config, latency, isolation)
+                t = strategy.tier(config, latency, isolation)
                 vote = 0
             duration = 0 if t is None else config.not_available_duration[t]
             if not pending:
@@ -251,7 +253,7 @@ def test_report_lua_matches_the_policy_with_signals(raw: redis.Redis) -> None:
         for (broker, latency, isolation, pending, producer, age), end, q, d, value in zip(
                 batch, ends, quorums, asked, values, strict=True):
             old = model.get(broker)
-            out = policy.apply(old, broker, latency, isolation, None, producer, now - age, now,
+            out = applied(old, broker, latency, isolation, None, producer, now - age, now,
                                config, 0, pending)
             state = 2 if out.quorum_reached else 1 if out.suspected else 0
             assert (d, q) == (out.duration_ms, state), round_

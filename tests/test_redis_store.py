@@ -19,6 +19,7 @@ from service.settings import Settings
 from service.store import ReportIn, codec
 from service.store.redis import RedisStore, _policy_arg, integrity_arg
 from tests.procs import PATIENT_CALL_TIMEOUT_S, RedisServer, wait_until
+from tests.rule import applied
 
 
 def stored_form(item: FaultItem) -> str:
@@ -235,7 +236,7 @@ def test_report_lua_matches_the_policy(raw: redis.Redis) -> None:
         assert status == 1
         for (broker, latency, isolation, origin, producer, age, roll), end, q, d, value, pr in zip(
                 batch, ends, quorums, asked, values, probes, strict=True):
-            out = policy.apply(model.get(broker), broker, latency, isolation, origin, producer,
+            out = applied(model.get(broker), broker, latency, isolation, origin, producer,
                                now - age, now, config, roll)
             assert (end, d, q) == (out.item.available_at, out.duration_ms,
                                    2 if out.quorum_reached else 1 if out.suspected else 0), round_

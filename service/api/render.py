@@ -34,6 +34,7 @@ def report_out(out: ReportOutcome) -> ReportResponse:
         not_available_duration_ms=out.not_available_duration_ms,
         available_at=out.available_at,
         degraded=out.degraded,
+        duplicate=out.duplicate,
     )
 
 

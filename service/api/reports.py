@@ -17,17 +17,16 @@ from service.api.fast import (
     json_response,
     parse,
     reporter,
-    reporter_of,
     request_body,
     store_of,
     voter,
-    voter_of,
 )
 from service.api.render import report_out
 from service.api.telemetry import observe_reports
 from service.auth import Principal
-from service.errors import TableFull
+from service.errors import ReportIdReused, TableFull
 from service.schemas import (
+    BatchReport,
     BatchReportRequest,
     BatchReportResponse,
     ErrorBody,
@@ -46,7 +45,14 @@ _TABLE_FULL: dict[int | str, dict[str, Any]] = {
         "model": ErrorBody,
         "description": "TABLE_FULL: a report names a new broker and "
         "the namespace's table holds `DETOUR_MAX_BROKERS` open windows; nothing changed.",
-    }
+    },
+    422: {
+        "model": ErrorBody,
+        "description": "VALIDATION_ERROR: a field failed validation, or a JSON object repeats a "
+        "key; `field` names it. REPORT_ID_REUSED: a `reportId` its scope (the token, or the "
+        "open deployment) used in the last 15 minutes for a report with other content, or "
+        "twice with different content in one batch; `field` names it. Nothing changed.",
+    },
 }
 
 
@@ -98,16 +104,19 @@ async def report_latency(request: Request) -> Response:
 
 
 def report_in(body: ReportRequest, principal: Principal | None) -> ReportIn:
+    """The one place a request's report becomes the core's ``ReportIn`` (single reports,
+    batch items, the direct lane): who reported, who votes, whose report id it is."""
     return ReportIn(
         body.broker_name,
         math.floor(body.latency_ms),
         body.isolation,
-        0,
+        body.age_ms if isinstance(body, BatchReport) else 0,
         reporter(principal, body.producer),
         body.origin,
         voter(principal, body.producer),
         report_id=body.report_id or "",
         pending=body.pending,
+        scope=principal.name if principal is not None else "",
     )
 
 
@@ -126,7 +135,8 @@ def render(o: ReportOutcome) -> str:
     return (
         f'{{"brokerName":"{o.broker_name}","latencyMs":{o.latency_ms},'
         f'"notAvailableDurationMs":{o.not_available_duration_ms},'
-        f'"availableAt":{o.available_at},"degraded":{"true" if o.degraded else "false"}}}'
+        f'"availableAt":{o.available_at},"degraded":{"true" if o.degraded else "false"},'
+        f'"duplicate":{"true" if o.duplicate else "false"}}}'
     )
 
 
@@ -145,21 +155,13 @@ async def report_latency_batch(
     completed: `now - ageMs`. A replayed failure whose window has already ended changes
     no window. The body limit for this endpoint is 256 KiB.
     """
-    reports = [
-        ReportIn(
-            r.broker_name,
-            math.floor(r.latency_ms),
-            r.isolation,
-            r.age_ms,
-            reporter_of(request, r.producer),
-            r.origin,
-            voter_of(request, r.producer),
-            report_id=r.report_id or "",
-            pending=r.pending,
-        )
-        for r in body.reports
-    ]
-    outcomes = await _apply(store, reports)
+    principal = request.scope["state"].get("principal")
+    reports = [report_in(r, principal) for r in body.reports]
+    try:
+        outcomes = await _apply(store, reports)
+    except ReportIdReused as exc:
+        exc.field = f"reports[{exc.index}].reportId"
+        raise
     return BatchReportResponse(results=[report_out(o) for o in outcomes])
 
 

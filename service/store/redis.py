@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import logging
 import os
 import random
@@ -69,7 +68,7 @@ from service.store.base import (
 from service.store.connect import StoreClients, parse_redis_url
 from service.store.follower import Follower, FollowerTimes, RedisClock, mono_ms
 from service.store.journal import Journal, replay
-from service.store.local import report_locally
+from service.store.local import apply_locally, outcome
 from service.store.options import StoreOptions
 from service.store.replies import (
     STALE_CONFIG,
@@ -475,31 +474,28 @@ class RedisStore:
         raise StoreUnavailable("the table kept changing during the flush; retry")
 
     def _report_locally(self, reports: Sequence[ReportIn]) -> list[ReportOutcome]:
-        """Apply to this replica's view at once and journal for replay."""
-        now = self.view.now_ms()
-        new = {r.broker_name for r in reports} - self.view.faults.keys()
-        cap = self._settings.max_brokers
-        if new and len(self.view.faults) + len(new) > cap:
-            self._make_room_locally(len(self.view.faults) + len(new) - cap, now)
+        """Apply to this replica's view at once (the one rule, ``detour.apply``) and journal
+        for replay. Items dropped to make room had ended windows: selects see no change, and
+        the next snapshot brings the copy in line with Redis."""
+        view = self.view
+        now, config = view.now_ms(), view.config
+        applied = apply_locally(
+            view,
+            reports,
+            now,
+            self._settings.max_brokers,
+            view.drop_local_fault,
+            view.set_local_fault,
+            self.namespace,
+        )
         received = mono_ms()
         out = []
-        for r in reports:
+        for r, e in zip(reports, applied.effects, strict=True):
             self._journal.append(r, received)
-            out.append(report_locally(self.view, r, now, self.view.set_local_fault, True))
+            out.append(outcome(r, e, now, config, degraded=True))
             if not r.pending:
-                self.view.observe_latency(r.broker_name, r.latency_ms, now)
+                view.observe_latency(r.broker_name, r.latency_ms, now)
         return out
-
-    def _make_room_locally(self, needed: int, now: int) -> None:
-        """The copy is full: drop ``needed`` items whose window ended longest ago, as
-        report.lua will in Redis at replay; TABLE_FULL only when live windows fill it."""
-        ended = [(i.available_at, b) for b, i in self.view.faults.items() if i.available_at <= now]
-        if len(ended) < needed:
-            raise TableFull(self.namespace, self._settings.max_brokers)
-        for _, broker in heapq.nsmallest(needed, ended):
-            # An ended window avoids nothing: selects see no change, and the next snapshot
-            # brings the copy in line with Redis.
-            self.view.faults.pop(broker, None)
 
     async def replay_journal(self) -> None:
         """Hand journaled reports to Redis in order (their identities make it once only)."""
