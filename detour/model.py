@@ -407,6 +407,9 @@ class FaultItem:
     #: when it last signalled (ms)); signalled 0: withdrawn, the producer's last completed
     #: send at the second value, so a signal arriving late for an earlier send is ignored
     pending: tuple[tuple[str, int, int], ...] = ()
+    #: the stamp of the write that stored this item (0: never stored in a shared table): it
+    #: orders copies of the item in a merge (detour.merge) and is no part of what it says
+    stamp: int = field(default=0, compare=False)
 
     def is_available(self, now_ms: int) -> bool:
         return now_ms >= self.available_at

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import uuid
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -19,6 +20,8 @@ _NAME = re.compile(NAME_PATTERN)
 #: Generated bodies reuse the contract's example id with other content; each case gets ids
 #: of its own instead.
 _IDS = itertools.count()
+#: schemathesis may run several workers, each importing these hooks: ids of each its own
+_RUN = uuid.uuid4().hex[:12]
 
 
 def as_path_segment(value: str) -> str:
@@ -50,7 +53,7 @@ def prepare(case: Any) -> None:
         items = case.body.get("reports", [case.body])
         for item in items if isinstance(items, list) else ():
             if isinstance(item, dict) and isinstance(item.get("reportId"), str):
-                item["reportId"] = f"st-{next(_IDS)}"
+                item["reportId"] = f"st-{_RUN}-{next(_IDS)}"
     path = case.meta.components.get(ParameterLocation.PATH) if case.meta else None
     if path is not None and path.mode is GenerationMode.NEGATIVE:
         return  # an invalid name on purpose: it must reach the service as generated

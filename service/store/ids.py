@@ -26,8 +26,9 @@ from service.store.base import REPORT_ID_CAP, REPORT_ID_WINDOW_MS, ReportOutcome
 class ReportIds:
     """Scoped, bounded memory of report ids with their fingerprint and first answer."""
 
-    def __init__(self, window_ms: int = REPORT_ID_WINDOW_MS, cap: int = REPORT_ID_CAP) -> None:
-        self._window_ms, self._cap = window_ms, cap
+    def __init__(self, window_ms: int = REPORT_ID_WINDOW_MS, cap: int | None = None) -> None:
+        self._window_ms = window_ms
+        self._cap = REPORT_ID_CAP if cap is None else cap
         #: scope -> report id -> (first seen ms, fingerprint, first answer), oldest first
         self._scopes: dict[str, OrderedDict[str, tuple[int, str, ReportOutcome]]] = {}
 
