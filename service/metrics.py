@@ -176,14 +176,16 @@ STREAMS_DROPPED = Counter(
 RESYNCS = Counter("detour_view_resyncs_total", "Full resyncs of this replica's table copy.")
 RESEEDS = Counter(
     "detour_store_reseeds_total",
-    "Times this replica re-seeded a Redis table that had lost data (emptied, flushed, or a "
-    "failover to a replica that missed writes), by what gave the loss away.",
+    "Times this replica merged what it holds into a Redis table that may have lost or rolled "
+    "back data, by the sign that led to it: empty (no epoch), epoch (another table), behind "
+    "(a mark, version or stamp went back), restart (the server lost this replica's mark), "
+    "failover (the Sentinel master moved), merge (another replica announced one).",
     ["cause"],
 )
 RESEEDED = Counter(
     "detour_store_reseeded_total",
-    "Entries this replica wrote back into a Redis table that had lost them, by kind "
-    "(config, route, window).",
+    "Entries a merge of this replica wrote into the Redis table, by kind (config, route, "
+    "window, delete).",
     ["kind"],
 )
 UNRECOVERABLE = Counter(
@@ -222,9 +224,9 @@ JOURNAL_REPLAYED = Counter(
 )
 
 # Series that exist from the start, so rate() and increase() see their first event.
-for _cause in ("empty", "epoch", "behind", "failover"):
+for _cause in ("empty", "epoch", "behind", "restart", "failover", "merge"):
     RESEEDS.labels(_cause)
-for _kind in ("config", "route", "window"):
+for _kind in ("config", "route", "window", "delete"):
     RESEEDED.labels(_kind)
 for _what in ("latency_log", "events"):
     UNRECOVERABLE.labels(_what)

@@ -37,7 +37,7 @@ def metric(url: str, line_start: str) -> float:
 
 def reseed_count(url: str) -> float:
     return sum(metric(url, f'detour_store_reseeds_total{{cause="{c}"}}')
-               for c in ("empty", "epoch", "behind", "failover"))
+               for c in ("empty", "epoch", "behind", "restart", "failover", "merge"))
 
 
 def table(url: str) -> dict[str, dict[str, Any]]:

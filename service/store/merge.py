@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from detour.merge import adds_to
+from detour.merge import adds_to, beats_grave
 from detour.view import Snapshot, TableView
 from service.store import codec
 
@@ -49,11 +49,11 @@ def candidates(view: TableView, snap: Snapshot, now_ms: int) -> Candidates:
         if topic not in snap.routes or stamp > snap.route_stamps.get(topic, 0):
             out.routes.append((topic, codec.stamped_route(route, stamp)))
     for topic, stamp in view.route_graves.items(now_ms):
-        if topic in snap.routes and snap.route_stamps.get(topic, 0) < stamp:
+        if topic in snap.routes and not beats_grave(snap.route_stamps.get(topic, 0), stamp):
             out.graves.append((f"r#{topic}", stamp))
     for broker, stamp in view.fault_graves.items(now_ms):
         theirs = snap.faults.get(broker)
-        if theirs is not None and theirs.stamp < stamp:
+        if theirs is not None and not beats_grave(theirs.stamp, stamp):
             out.graves.append((f"f#{broker}", stamp))
     mine = [
         (item.available_at <= now_ms, -item.available_at, broker, item)

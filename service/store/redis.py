@@ -983,7 +983,7 @@ class RedisStore:
             *written,
         )
         metrics.RESEEDS.labels(cause).inc()
-        for kind, count in zip(("config", "route", "window"), written, strict=False):
+        for kind, count in zip(("config", "route", "window", "delete"), written, strict=False):
             metrics.RESEEDED.labels(kind).inc(count)
         if cause in ("empty", "epoch"):
             metrics.UNRECOVERABLE.labels("latency_log").inc()

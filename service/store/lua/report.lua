@@ -234,7 +234,9 @@ if rule ~= 'off' then
       for _, broker in ipairs(ended) do
         redis.call('HDEL', KEYS[1], broker)
         redis.call('ZREM', KEYS[5], broker)
-        push(KEYS[2], ARGV[3], 'fault', broker, '', stamps.next())
+        -- (no stamp: an eviction leaves no grave; the item had ended, a merge may bring it
+        -- back within the cap, harmlessly)
+        push(KEYS[2], ARGV[3], 'fault', broker, '', 0)
         evicted = evicted + 1
       end
       size = size - evicted
