@@ -622,6 +622,24 @@ def test_shared_overlay_is_one_autoscaled_service_on_redis() -> None:
     assert int(pre_stop[1]) + int(config["DETOUR_SHUTDOWN_GRACE_S"]) < grace
 
 
+def test_one_cpu_request_for_a_shared_replica() -> None:
+    """The base, the shared overlay, the sidecar overlay's central replica and the chart
+    request one figure, the one the autoscaler's target and docs/deploy.md are based on."""
+    requests = {}
+    for where in ("base", "overlays/shared", "overlays/sidecar"):
+        (container,) = _one(_render(where), "Deployment", "detour")["spec"]["template"][
+            "spec"]["containers"]
+        requests[where] = container["resources"]["requests"]["cpu"]
+    chart = yaml.safe_load((ROOT / "helm/detour/values.yaml").read_text(encoding="utf-8"))
+    requests["chart"] = chart["resources"]["requests"]["cpu"]
+    assert set(requests.values()) == {"500m"}, requests
+    hpa = _one(_render("overlays/shared"), "HorizontalPodAutoscaler", "detour")
+    target = hpa["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"]
+    assert target == chart["autoscaling"]["targetCPUUtilizationPercentage"] == 70
+    sizing = DOC.read_text(encoding="utf-8").split("\n## Sizing", 1)[1].split("\n## ", 1)[0]
+    assert "500m" in sizing and "250m" not in DOC.read_text(encoding="utf-8")
+
+
 def test_redis_keeps_the_table_on_a_volume_with_aof() -> None:
     docs = _render("overlays/shared")
     sts = _one(docs, "StatefulSet", "detour-redis")
