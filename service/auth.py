@@ -26,6 +26,7 @@ import argparse
 import hashlib
 import hmac
 import json
+import os
 import re
 import secrets
 import sys
@@ -209,6 +210,15 @@ def new_token() -> str:
     return "dtr_" + secrets.token_urlsafe(32)
 
 
+def _write_secret(path: Path, token: str) -> None:
+    """The token alone, without a newline (a Secret made from the file holds exactly the
+    token), readable by its owner only from its creation. An existing file is replaced."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(token)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m service.auth", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -216,6 +226,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     new.add_argument("--name", required=True)
     new.add_argument("--role", choices=[r.value for r in Role], required=True)
     new.add_argument("--namespace", default="default")
+    new.add_argument(
+        "--token-file",
+        type=Path,
+        help="write the token alone to this file (mode 0600; e.g. the file a Prometheus "
+        "scrape config reads) instead of printing it",
+    )
     sub.add_parser("hash", help="read a token on stdin, print its sha256 for the tokens file")
     args = p.parse_args(argv)
     if args.command == "hash":
@@ -225,7 +241,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     entry = TokenEntry(
         name=args.name, sha256=hash_token(token), role=args.role, namespace=args.namespace
     )
-    print(f"token (give it to the client, it is not stored): {token}", file=sys.stderr)
+    if args.token_file is not None:
+        _write_secret(args.token_file, token)
+        print(f"token written to {args.token_file} (it is not stored elsewhere)", file=sys.stderr)
+    else:
+        print(f"token (give it to the client, it is not stored): {token}", file=sys.stderr)
     print(json.dumps(entry.model_dump(mode="json")))
     return 0
 
