@@ -133,14 +133,17 @@ def is_loopback(host: str) -> bool:
 class TokenTable:
     """The configured tokens; ``lookup`` turns a presented token into a Principal."""
 
-    def __init__(self, entries: Sequence[TokenEntry]) -> None:
+    def __init__(self, entries: Sequence[TokenEntry], serves_namespaces: bool = True) -> None:
+        """``serves_namespaces``: these tokens also say which namespaces the process serves,
+        so at least one must name one; False for tokens that only scrape (the metrics
+        listener's, service/api/metrics_listener.py), where ``*`` alone is the usual."""
         names = [e.name for e in entries]
         digests = [e.sha256 for e in entries]
         if len(set(names)) != len(names):
             raise ValueError("tokens: every name must be unique (it is the reporter identity)")
         if len(set(digests)) != len(digests):
             raise ValueError("tokens: the same token is listed twice")
-        if entries and all(e.namespace == ALL_NAMESPACES for e in entries):
+        if serves_namespaces and entries and all(e.namespace == ALL_NAMESPACES for e in entries):
             raise ValueError("tokens: at least one token must name a namespace (not '*')")
         self._entries = tuple(
             (bytes.fromhex(e.sha256), Principal(e.name, e.role, e.namespace)) for e in entries
@@ -162,21 +165,24 @@ class TokenTable:
         return found
 
 
-def parse_tokens(text: str, source: str) -> TokenTable:
-    """Read YAML or JSON: ``{"tokens": [...]}`` or the bare list. Raises ValueError."""
+def parse_tokens(text: str, source: str, serves_namespaces: bool = True) -> TokenTable:
+    """Read YAML or JSON: ``{"tokens": [...]}``, the bare list, or one entry as
+    ``service.auth new`` prints it. Raises ValueError."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ValueError(f"{source}: not YAML or JSON: {exc}") from None
     if isinstance(data, list):
         data = {"tokens": data}
+    elif isinstance(data, dict) and "sha256" in data:
+        data = {"tokens": [data]}
     try:
         parsed = TokensFile.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise ValueError(f"{source}: {where}: {first['msg']}") from None
-    return TokenTable(parsed.tokens)
+    return TokenTable(parsed.tokens, serves_namespaces)
 
 
 def load_tokens(settings: Settings) -> TokenTable:

@@ -344,3 +344,19 @@ def test_token_cli_and_sdk_against_the_live_service(tmp_path: Path) -> None:
                 pytest.raises(Exception) as err:
             client.select("t")
         assert "401" in str(err.value) or "UNAUTHORIZED" in str(err.value)
+
+
+@pytest.mark.unit
+def test_a_tokens_file_of_one_printed_entry_and_scrape_only_tokens() -> None:
+    """`service.auth new` prints one entry: a file holding it alone is a tokens file. Tokens
+    that only scrape (the metrics listener's) may all be for `*`; tokens that also say which
+    namespaces a process serves may not."""
+    entry = {"name": "prometheus", "sha256": hash_token("tok"), "role": "metrics",
+             "namespace": "*"}
+    with pytest.raises(ValueError, match="at least one token must name a namespace"):
+        parse_tokens(json.dumps(entry), "x")
+    table = parse_tokens(json.dumps(entry), "x", serves_namespaces=False)
+    principal = table.lookup("tok")
+    assert principal is not None and principal.scrape_namespaces() is None
+    assert table.lookup("other") is None
+    assert table.namespaces == []
