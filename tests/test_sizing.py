@@ -134,3 +134,13 @@ def test_producers_in_different_namespaces_do_not_protect_each_other() -> None:
         client.post("/report-latency", headers=auth["ns2"], json={
             "brokerName": "a", "latencyMs": 0, "isolation": True}).raise_for_status()
         assert picks("ns2") == {"b"}  # only after a failure of their own
+
+
+@pytest.mark.unit
+def test_reliability_and_benchmarks_link_the_sizing_section() -> None:
+    assert "\n## Sizing\n" in DOC.read_text(encoding="utf-8")
+    for name in ("reliability.md", "BENCHMARKS.md"):
+        assert "(deploy.md#sizing)" in (ROOT / "docs" / name).read_text(encoding="utf-8"), name
+    reliability = (ROOT / "docs" / "reliability.md").read_text(encoding="utf-8")
+    assert "not\nbuilt yet" not in reliability and "not built yet" not in reliability
+    assert "[security.md](security.md)" in reliability.split("\n## ", 1)[0]
