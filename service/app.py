@@ -188,9 +188,10 @@ def create_app(settings: Settings | None = None, tokens: TokenTable | None = Non
         # The active detector runs beside each namespace's table (off until the config
         # enables it; one replica at a time checks, by a lease in the store).
         detectors = [asyncio.create_task(detector.run(s)) for s in stores.values()]
-        # GET /metrics on an address of its own (the sidecar's pod IP), when configured.
-        scrapes = await open_metrics_listener(settings, tokens, app.state.exposition, stores)
+        scrapes = None
         try:
+            # GET /metrics on an address of its own (the sidecar's pod IP), when configured.
+            scrapes = await open_metrics_listener(settings, tokens, app.state.exposition, stores)
             yield {"store": stores[namespaces[0]], "stores": stores, "edge": edge}
         finally:
             if scrapes is not None:
