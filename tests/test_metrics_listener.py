@@ -209,3 +209,18 @@ def test_a_sidecar_is_observed_through_its_listener(tmp_path: Path) -> None:
         _eventually(prom, "DetourStoreDegraded pending", lambda: prom.values(
             'ALERTS{alertname="DetourStoreDegraded", alertstate="pending"}', "instance") == {
             target: 1.0})
+
+
+@pytest.mark.integration
+def test_a_metrics_port_in_use_stops_the_start() -> None:
+    """The listener binds in the lifespan: a port someone else holds fails the start
+    (uvicorn's exit 3) with the address, rather than a sidecar nobody can scrape."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "service", "--port", str(free_port()),
+                            "--metrics-host", "127.0.0.1", "--metrics-port", str(busy)],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 3, r.stderr
+    assert f"('127.0.0.1', {busy})" in r.stderr and "address already in use" in r.stderr
