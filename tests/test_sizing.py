@@ -52,19 +52,24 @@ def test_redis_connections_per_process_are_the_documented_ones(tmp_path: Path) -
             _isolate(svc.url, "b0")
             wait_until(lambda: _connections(r) == 3, 10, "3 once a report has written")
             threads = 16
+            answered: list[int] = []
 
             def burst(k: int) -> None:
                 with httpx.Client(base_url=svc.url, timeout=10) as c:
                     for j in range(10):
-                        c.post("/report-latency", json={"brokerName": f"b{k}-{j}",
-                                                        "latencyMs": 0, "isolation": True}
-                               ).raise_for_status()
+                        r = c.post("/report-latency", json={"brokerName": f"b{k}-{j}",
+                                                            "latencyMs": 0, "isolation": True})
+                        # A busy machine may shed some (503 SYSTEM_BUSY, refused at once,
+                        # never reaching Redis); the others each took a connection's turn.
+                        assert r.status_code == 200 or r.json()["error"] == "SYSTEM_BUSY", r.text
+                        answered.append(r.status_code)
 
             workers = [threading.Thread(target=burst, args=(k,)) for k in range(threads)]
             for w in workers:
                 w.start()
             for w in workers:
                 w.join(60)
+            assert len(answered) == threads * 10 and answered.count(200) >= threads, answered
             held = _connections(r)
             # More than the 3 of one report at a time, at most one per concurrent report
             # (plus the subscription and the poll's), and still open after the burst.
