@@ -22,6 +22,7 @@ from service.api.direct import DirectLane
 from service.api.errors import install_error_handlers
 from service.api.fast import HotLane, mount_fast
 from service.api.guard import Guard
+from service.api.metrics_listener import metrics_refusal, open_metrics_listener
 from service.api.telemetry import RequestTimer, prepare_namespaces
 from service.auth import Principal, Role, TokenTable, load_tokens, requires_token
 from service.cpu_share import CpuShare
@@ -136,6 +137,9 @@ def create_app(settings: Settings | None = None, tokens: TokenTable | None = Non
     or when the Redis password file cannot be read)."""
     settings = with_redis_password(settings or Settings())
     tokens = load_tokens(settings) if tokens is None else tokens
+    refusal = metrics_refusal(settings, tokens)
+    if refusal:
+        raise ValueError(refusal)
     namespaces = tokens.namespaces if tokens else [settings.namespace]
     # Outermost: a refused request costs as little as possible and is not timed. The
     # protocol reaches it through the lifespan state.
@@ -149,7 +153,7 @@ def create_app(settings: Settings | None = None, tokens: TokenTable | None = Non
     edge = Edge(_edge_limits(settings, bool(tokens)), shedder)
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[State]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[State]:
         prepare_namespaces(namespaces)
         stores: dict[str, FaultStore] = {}
         try:
@@ -184,9 +188,14 @@ def create_app(settings: Settings | None = None, tokens: TokenTable | None = Non
         # The active detector runs beside each namespace's table (off until the config
         # enables it; one replica at a time checks, by a lease in the store).
         detectors = [asyncio.create_task(detector.run(s)) for s in stores.values()]
+        scrapes = None
         try:
+            # GET /metrics on an address of its own (the sidecar's pod IP), when configured.
+            scrapes = await open_metrics_listener(settings, tokens, app.state.exposition, stores)
             yield {"store": stores[namespaces[0]], "stores": stores, "edge": edge}
         finally:
+            if scrapes is not None:
+                await scrapes.close()
             for task in detectors:
                 task.cancel()
             await asyncio.gather(*detectors, return_exceptions=True)

@@ -130,6 +130,14 @@ EVENTS = Counter(
     "quorum; reason isolation, latency, quorum, success (lastReportWins) or operator.",
     ["namespace", "kind", "reason"],
 )
+ISOLATION_WINDOWS = Counter(
+    "detour_isolation_windows_total",
+    "Avoidance windows a failure opened or extended, by broker and reason: isolation (a "
+    "failed send), quorum (failures reached isolationQuorum), probe (a probation probe "
+    "failed) or pending (in-flight signals reached pendingQuorum: a hang). What the "
+    "DetourBrokerIsolated alert names.",
+    ["namespace", "broker", "reason"],
+)
 PROBES = Counter(
     "detour_probes_total",
     "Probation probes (probeOnExpiry): sent (a select was given a broker whose window "

@@ -256,7 +256,13 @@ class SelectResponse(Body):
     )
     avoided_brokers: list[str] = Field(
         description="Brokers this select passed over because their window is open, in the "
-        "order met; never the returned broker.",
+        "order met; never the returned broker. Only what this one select's round-robin walk "
+        "crossed, not every avoided broker: a walk that starts past an avoided broker's "
+        "queues crosses none, and a crossing moves the topic's counter past them, so while "
+        "one broker is avoided most answers say `[]` and some name it (4 brokers with the "
+        "same queues, one avoided: one select in 12). That flip is expected. Which brokers "
+        "are avoided now: `GET /fault-items` (`available: false`) or the "
+        "`detour_broker_avoided` gauge.",
         examples=[["broker-b"]],
     )
     degraded: bool = Field(

@@ -392,3 +392,22 @@ def test_json_bodies_are_served(client: TestClient, content_type: str) -> None:
     assert r.status_code == 200, r.text
     r = client.post("/select", content=b'{"topic":"t"}', headers=headers)
     assert r.status_code == 200 and r.json()["brokerName"] == "a"
+
+
+def test_avoided_brokers_names_what_this_select_crossed_not_every_avoided_broker(
+    client: TestClient,
+) -> None:
+    """`avoidedBrokers` flips between [] and ["broker-a"] while broker-a stays avoided: a
+    select lists it only when its walk crosses broker-a's queues, and the crossing moves the
+    counter past them. 4 brokers of 4 queues, one avoided: exactly one select in every 12
+    (openapi.yaml and docs/clients.md say so)."""
+    put_route(client, "flip", {f"broker-{c}": 4 for c in "abcd"})
+    report(client, "broker-a", 0, isolation=True)
+    answers = [select(client, "flip") for _ in range(120)]
+    assert all(a["brokerName"] != "broker-a" for a in answers)
+    lists = [a["avoidedBrokers"] for a in answers]
+    assert {tuple(x) for x in lists} == {(), ("broker-a",)}
+    assert lists.count(["broker-a"]) == 10
+    assert items(client)["broker-a"]["available"] is False  # where every window is listed
+    doc = client.get("/openapi.json").json()["components"]["schemas"]["SelectResponse"]
+    assert "one select in 12" in doc["properties"]["avoidedBrokers"]["description"]
