@@ -84,7 +84,7 @@ def test_empty_restart_keeps_routes_windows_and_config(server: RedisServer,
         urls = [s.url for s in svcs]
         with httpx.Client(base_url=urls[0], timeout=10) as c:
             assert c.put("/routes/t", json=ROUTE).status_code == 200
-            assert c.put("/config", json={"maxAvoidedPercent": 90}).status_code == 200
+            assert c.patch("/config", json={"maxAvoidedPercent": 90}).status_code == 200
             r = c.post("/report-latency", json=ISOLATE_A)
             assert r.status_code == 200 and r.json()["notAvailableDurationMs"] == 600_000
             a_end = r.json()["availableAt"]
@@ -174,7 +174,7 @@ def test_a_flush_is_noticed_by_the_first_write_after_it(redis_url: str,
     raw = redis_server.client()
     with TestClient(create_app(settings)) as c:
         c.put("/routes/t", json=ROUTE)
-        c.put("/config", json={"maxAvoidedPercent": 90})
+        c.patch("/config", json={"maxAvoidedPercent": 90})
         a_end = c.post("/report-latency", json=ISOLATE_A).json()["availableAt"]
         raw.flushall()
         r = c.post("/report-latency", json={"brokerName": "b", "latencyMs": 5,
@@ -280,7 +280,7 @@ def test_empty_restart_under_load_loses_nothing(server: RedisServer) -> None:
     try:
         with httpx.Client(base_url=svc.url, timeout=10) as c:
             assert c.put("/routes/t", json=ROUTE).status_code == 200
-            assert c.put("/config", json={"maxAvoidedPercent": 90}).status_code == 200
+            assert c.patch("/config", json={"maxAvoidedPercent": 90}).status_code == 200
         for p in producers:
             p.thread.start()
         wait_until(lambda: len(accepted()) >= 100, 30, "load before the crash")

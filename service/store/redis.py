@@ -47,7 +47,7 @@ import random
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -806,14 +806,28 @@ class RedisStore:
             self.view.apply_route(topic, None, version, stamp)
         return version > 0
 
-    async def put_config(self, config: Config, expected_stamp: int | None = None) -> None:
-        """Write the whole config; ``expected_stamp``: only if the table's config is still
-        the one with that stamp (raises ConfigChanged otherwise, nothing written)."""
+    async def put_config(self, config: Config) -> None:
         encoded = codec.encode_config(config)
-        version, stamp = await self._set_entry(
-            self._meta, "config", "config", encoded, expected=expected_stamp
-        )
+        version, stamp = await self._set_entry(self._meta, "config", "config", encoded)
         self.view.apply_config(config, version, stamp)
+
+    async def patch_config(self, update: Callable[[Config], Config]) -> Config:
+        """Read, change, write only if the table's config is still the one read (its stamp):
+        a change another replica made meanwhile is read and changed again, never lost."""
+        for _ in range(5):
+            view = self.view
+            config, stamp = update(view.config), max(view.config_stamp, 0)
+            encoded = codec.encode_config(config)
+            try:
+                version, written = await self._set_entry(
+                    self._meta, "config", "config", encoded, expected=stamp
+                )
+            except ConfigChanged:
+                await self.resync()
+                continue
+            view.apply_config(config, version, written)
+            return config
+        raise StoreUnavailable("the config kept changing during the change; retry")
 
     # -- reads -------------------------------------------------------------
     async def fault_items(self) -> tuple[int, list[FaultItem]]:
