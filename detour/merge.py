@@ -56,6 +56,12 @@ def adds_to(theirs: FaultItem | None, mine: FaultItem, encode: Callable[[FaultIt
     (a copy that adds nothing is not sent, so a merge nobody needed costs no writes)."""
     if theirs is None:
         return True
+    # the common cases without building stored forms: the same write, or an older copy
+    # whose window ends no later
+    if mine.stamp == theirs.stamp and mine == theirs:
+        return False
+    if mine.stamp < theirs.stamp and mine.available_at <= theirs.available_at:
+        return False
     merged = merge_items(theirs, mine, encode)
     assert merged is not None
     return (

@@ -938,10 +938,11 @@ class RedisStore:
             # first write)
             self._recovering = True
             try:
-                await self._merge(cause, snap)
+                wrote = await self._merge(cause, snap, needs_epoch=not reply.epoch)
             finally:
                 self._recovering = False
-            snap, reply = await self._snapshot()
+            if wrote:
+                snap, reply = await self._snapshot()
         self.view.replace(snap, reset=cause is not None)
         self._epoch = reply.epoch
         if cause is not None:
@@ -956,7 +957,7 @@ class RedisStore:
         self._ever_synced = True
         metrics.RESYNCS.inc()
 
-    async def _merge(self, cause: str | None, snap: Snapshot) -> None:
+    async def _merge(self, cause: str | None, snap: Snapshot, needs_epoch: bool) -> bool:
         """Merge what this replica holds into the table (service/store/merge.py says what,
         reseed.lua applies it by detour.merge's rules), in calls of ``merge.CHUNK`` items so
         none holds Redis long; the last one announces it, so every other replica merges
@@ -964,10 +965,14 @@ class RedisStore:
 
         ``cause`` None: the table has no epoch but was written (a new one, or one written
         before epochs): it only gets one. The latency log and the event log are held by no
-        replica: what Redis lost of them is gone (counted).
+        replica: what Redis lost of them is gone (counted). A merge that finds nothing to
+        send into a table that has its epoch costs no call at all (False: nothing written).
         """
         now = self.view.now_ms()
         c = candidates(self.view, snap, now) if cause is not None else None
+        if cause is not None and not c and not needs_epoch:
+            metrics.RESEEDS.labels(cause).inc()
+            return False
         keys = (
             self._faults,
             self._routes,
@@ -989,7 +994,7 @@ class RedisStore:
             ):
                 written[i] += n
         if cause is None:
-            return
+            return True
         log.warning(
             "redis table may have lost data (%s): merged config %d, routes %d, items %d, "
             "deletes %d (%d items found no room)",
@@ -1002,3 +1007,4 @@ class RedisStore:
         if cause in ("empty", "epoch"):
             metrics.UNRECOVERABLE.labels("latency_log").inc()
             metrics.UNRECOVERABLE.labels("events").inc()
+        return True
