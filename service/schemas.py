@@ -438,6 +438,30 @@ class ReportResponse(Body):
     )
 
 
+class WhyOut(Body):
+    """Why a broker's window is open: the report that set its end."""
+
+    reason: Literal["isolation", "latency", "quorum", "pending", "probe"] = Field(
+        description="What set it: `isolation` (a failed send), `latency` (a slow answer's "
+        "tier, also once slow answers of enough producers reached `latencyQuorum`), `quorum` "
+        "(failures of enough producers reached `isolationQuorum`), `pending` (in-flight "
+        "signals of enough producers: a hang) or `probe` (a probation probe failed).",
+        examples=["isolation"],
+    )
+    since: EpochMs = Field(
+        description="When that report's send completed (epoch ms).", examples=[1763791234567]
+    )
+    latency_ms: int = Field(
+        description="The latency it measured (ms): with latencyMax, the window's tier.",
+        examples=[3001],
+    )
+    by: str = Field(
+        description="Who set it: the producer, or the token's name when tokens are on; "
+        "empty when the report named none.",
+        examples=["spark-executor-3"],
+    )
+
+
 class FaultItemOut(Body):
     broker_name: BrokerName
     current_latency_ms: int = Field(description="Latency of the last report.", examples=[120])
@@ -452,6 +476,11 @@ class FaultItemOut(Body):
     reachable: bool | None = Field(
         description="The active detector's last reading (a TCP connect to the broker's address "
         "succeeded); null when never checked.",
+        examples=[None],
+    )
+    why: WhyOut | None = Field(
+        description="Why the window is open (the report that set its end); null when the "
+        "broker is available.",
         examples=[None],
     )
 

@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.settings import Settings
+from service.store import codec
 from service.store.merge import Candidates, calls
 from tests import lua
 from tests.procs import RedisServer, ServiceProcess, wait_until
@@ -158,7 +159,7 @@ def test_a_replica_that_never_polled_the_epoch_still_reseeds(server: RedisServer
         assert r.status_code == 200 and r.json()["brokerName"] != "a", r.text
         raw = restarted.client()
         assert raw.hget(f"{PREFIX}:routes", "t") is not None
-        assert int(raw.hget(f"{PREFIX}:faults", "a").split(",")[1]) == a_end
+        assert codec.decode_fault("a", raw.hget(f"{PREFIX}:faults", "a")).available_at == a_end
     finally:
         writer.stop()
         follower.stop()

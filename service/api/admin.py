@@ -11,7 +11,7 @@ from pydantic import TypeAdapter
 from detour.model import CONFIG_FIELDS, Config
 from service.api.deps import ERRORS, UNAVAILABLE, BrokerPath, StoreDep, not_found
 from service.api.fast import parse, request_body, validated
-from service.api.render import config_in, config_out
+from service.api.render import config_in, config_out, why_out
 from service.errors import NotFound
 from service.schemas import ConfigBody, ConfigPatch, ConfigReplace, FaultItemOut, FaultItemsOut
 
@@ -118,6 +118,7 @@ async def fault_items(store: StoreDep) -> FaultItemsOut:
                 available=i.is_available(now),
                 probation=i.probation,
                 reachable=i.reachable,
+                why=why_out(i.why) if i.why is not None and not i.is_available(now) else None,
             )
             for i in sorted(items, key=lambda i: i.broker_name)
         ],
