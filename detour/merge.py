@@ -42,7 +42,8 @@ def merge_items(
         return a
     newer = a
     if b.stamp > a.stamp or (
-            b.stamp == a.stamp and (_rest(b, encode), encode(b)) > (_rest(a, encode), encode(a))):
+        b.stamp == a.stamp and (_rest(b, encode), encode(b)) > (_rest(a, encode), encode(a))
+    ):
         newer = b
     # the window end, and why it is open, come from the copy whose end is later
     later = a if a.available_at >= b.available_at else b

@@ -141,7 +141,8 @@ class TableCollector(Collector):
                     if left[broker] > 0:
                         why = item.why
                         reason.add_metric(
-                            [name, broker, "unknown" if why is None else why.reason], 1.0)
+                            [name, broker, "unknown" if why is None else why.reason], 1.0
+                        )
                         if why is not None:
                             since.add_metric([name, broker], why.since / 1000)
             open_total.add_metric([name], sum(1 for v in left.values() if v > 0))
