@@ -41,6 +41,12 @@ class Settings(BaseSettings):
     redis_timeout_s: float = Field(1.0, gt=0, le=60)
     #: Timeout of a report's Redis call (seconds): past it the report goes to the journal.
     redis_call_timeout_s: float = Field(0.05, gt=0, le=60)
+    #: Connections each of a namespace's two Redis clients (sync and admin; reports) may hold
+    #: at once, per node in a Cluster; past it a call waits for one (docs/deploy.md, "Sizing").
+    redis_max_connections: int = Field(16, ge=1, le=1024)
+    #: A Redis client that sent nothing for this long closes its idle connections; one that
+    #: did keeps one per server (seconds). A sidecar at rest then holds two connections.
+    redis_idle_close_s: float = Field(10.0, gt=0, le=3600)
     #: Reports the journal holds while Redis is unreachable; when full the oldest is dropped.
     journal_max: int = Field(100_000, ge=1, le=10_000_000)
     #: Largest request body accepted (bytes); larger ones get 413.

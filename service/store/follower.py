@@ -256,6 +256,7 @@ class Follower:
                         self.resync_needed = False
                     if store.journal_size:
                         await store.replay_journal()
+                    await self._topology.close_idle()
         except StoreUnavailable:
             self._topology.subscription_failed()
             raise

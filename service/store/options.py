@@ -24,6 +24,8 @@ class StoreOptions:
     max_brokers: int = 10_000
     sync_interval_s: float = 1.0
     report_flush_ms: int = 1000
+    redis_max_connections: int = 16
+    redis_idle_close_s: float = 10.0
 
     @classmethod
     def of(cls, source: object) -> StoreOptions:

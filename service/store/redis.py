@@ -200,6 +200,8 @@ class RedisStore:
             parse_redis_url(settings.redis_url),
             settings.redis_timeout_s,
             settings.redis_call_timeout_s,
+            settings.redis_max_connections,
+            settings.redis_idle_close_s,
         )
         self._client = self._conn.main
         self._scripts: dict[str, AsyncScript] = {

@@ -127,6 +127,10 @@ class Topology:
         nodes += self._conn.target.hosts
         return list(dict.fromkeys(nodes))
 
+    async def close_idle(self) -> None:
+        """Close the connections nothing uses (``StoreClients.close_idle``)."""
+        await self._conn.close_idle(self._routing_key)
+
     def open_pubsub(self) -> tuple[PubSub, Redis | None]:
         """A pub/sub connection for the changes channel, and the client to close with it."""
         client = self._conn.main
