@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from detour import strategy
-from detour.model import Config, FaultItem
+from detour.model import Config, FaultItem, Why
 from detour.policy.backoff import backoff
 from detour.policy.events import window_event
 from detour.policy.pending import (
@@ -295,6 +295,8 @@ def apply_one(
         live = any(p == voter and s > 0 for p, _, s in signals)
         signals, end = settle_pending(signals, voter, isolation, end, at_ms, now_ms, config)
         own_ended = own_ended or live
+    change = strategy.window_change(None if old is None else old.available_at, end, now_ms)
+    event = window_event(change, isolation, reached, probe)
     item = FaultItem(
         report.broker_name,
         report.latency_ms,
@@ -305,8 +307,8 @@ def apply_one(
         None if old is None else old.reachable,
         slow,
         signals,
+        why_after(old, event, report, at_ms, end, now_ms),
     )
-    change = strategy.window_change(None if old is None else old.available_at, end, now_ms)
     quorum = "reached" if reached else "suspected" if suspected else None
     had_probation = old is not None and old.probation
     return Effect(
@@ -318,7 +320,7 @@ def apply_one(
         quorum,
         reporters,
         probe,
-        window_event(change, isolation, reached, probe),
+        event,
         change is not WindowChange.NONE
         or quorum is not None
         or own_ended
@@ -354,24 +356,39 @@ def _signal(
         return Effect(old, False, 0, t)
     voters = live_signals(signals, now_ms, config)
     if len(voters) < config.pending_quorum:
-        return Effect(replace(base, pending=signals), True, 0, t, quorum="suspected", visible=True)
+        why = why_after(old, None, report, at_ms, base.available_at, now_ms)
+        item = replace(base, pending=signals, why=why)
+        return Effect(item, True, 0, t, quorum="suspected", visible=True)
     end = base.available_at
     if at_ms + duration > end:
         # the signals hold the window (``settle_pending`` may end it early); the signals
         # stay: each completed send withdraws its own
         end = at_ms + duration
         signals = bounded_signals(signals, HOLD, (HOLD, end, 0), now_ms, config)
-    item = replace(base, available_at=end, pending=signals)
     change = strategy.window_change(None if old is None else old.available_at, end, now_ms)
-    return Effect(
-        item,
-        True,
-        duration,
-        t,
-        change,
-        "reached",
-        len(voters),
-        None,
-        window_event(change, False, True, None, pending=True),
-        True,
-    )
+    event = window_event(change, False, True, None, pending=True)
+    why = why_after(old, event, report, at_ms, end, now_ms)
+    item = replace(base, available_at=end, pending=signals, why=why)
+    return Effect(item, True, duration, t, change, "reached", len(voters), None, event, True)
+
+
+def why_after(
+    old: FaultItem | None,
+    event: tuple[str, str] | None,
+    report: ReportIn,
+    at_ms: int,
+    end_ms: int,
+    now_ms: int,
+) -> Why | None:
+    """Why the window is open after ``report``: the report itself when it opened or moved
+    the window end (its event's reason; a quorum of slow answers is a ``latency`` window,
+    ``quorum`` is one of failures), what it was before when the window is still open, none
+    once it is over. report.lua keeps the same."""
+    if event is not None and event[0] in ("opened", "extended", "quorum"):
+        reason = event[1]
+        if reason == "quorum" and not report.isolation:
+            reason = "latency"
+        return Why(reason, at_ms, report.latency_ms, report.voter_id)
+    if end_ms > now_ms and old is not None:
+        return old.why
+    return None

@@ -106,6 +106,8 @@ DIVERT_BUDGET = 0.01
 MIN_AVOID_MS = 1000
 #: Successful sends below which q99 is a guess (the report says so).
 MIN_SAMPLES = 1000
+#: Where the report's command sends the config change when ``--detour`` names none.
+DEFAULT_DETOUR = "http://127.0.0.1:8080"
 #: Windows listed in report.md (windows.csv has them all).
 MAX_REPORT_ROWS = 60
 #: Window lengths (s) ``--window`` picks from when not given, and how many windows the
@@ -146,7 +148,8 @@ class TierTable:
         )
 
     def body(self) -> dict[str, Any]:
-        """The ``PUT /config`` body that installs this table."""
+        """The ``PATCH /config`` body that installs this table (a merge patch: the other
+        settings stay)."""
         return {
             "sendLatencyFaultEnable": True,
             "latencyMax": list(self.latency_max),
@@ -489,6 +492,8 @@ class Analysis:
     files: list[str] = field(default_factory=list)
     #: Faults injected during the run (``--faults``): ``{"at_ms", "action", "broker"}``.
     faults: list[dict[str, Any]] = field(default_factory=list)
+    #: The Detour the report's command changes the config of (``--detour``).
+    detour: str = DEFAULT_DETOUR
 
     def broker(self, name: str) -> dict[str, Any]:
         return next(b for b in self.brokers if b["broker"] == name)
@@ -542,6 +547,7 @@ def analyze(
     alternatives: Sequence[TierTable] = (),
     out: str | Path | None = None,
     faults: Sequence[dict[str, Any]] = (),
+    detour: str = "",
 ) -> Analysis:
     """Analyse the latency log at ``log_path``; write the report to ``out`` when given.
 
@@ -638,6 +644,7 @@ def analyze(
             candidates=[totals[c.name] for c in (baseline, *candidates)],
             histogram=histogram,
             faults=[dict(f) for f in faults],
+            detour=(detour or DEFAULT_DETOUR).rstrip("/"),
         )
     finally:
         df.unpersist()
@@ -750,10 +757,12 @@ def markdown(a: Analysis) -> str:
         parts += [f"**Only {a.successes} successful sends: q99 is a guess; collect at "
                   f"least {MIN_SAMPLES} before applying this.**", ""]
     body = {k: v for k, v in rec.items() if k not in ("name", "factor")}
-    # PUT /config is an admin call: the token comes from DETOUR_TOKEN when it is set.
-    parts += ["```sh", "curl -X PUT http://127.0.0.1:8080/config "
+    # A merge patch: only the tiers change, every other setting stays as it is. An admin
+    # call: the token comes from DETOUR_TOKEN when it is set.
+    parts += ["```sh", f"curl -X PATCH {a.detour}/config "
               "${DETOUR_TOKEN:+-H \"Authorization: Bearer $DETOUR_TOKEN\"} \\",
-              "  -H 'content-type: application/json' \\", f"  -d '{json.dumps(body)}'", "```", "",
+              "  -H 'content-type: application/merge-patch+json' \\",
+              f"  -d '{json.dumps(body)}'", "```", "",
               "![latency](latency.png)", "", "![avoided](avoided.png)", "",
               "![histogram](histogram.png)", ""]
     return "\n".join(parts)
@@ -1010,7 +1019,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     spark = spark_session("detour-analyze", args.master, {"spark.ui.showConsoleProgress": "false"})
     try:
         faults = read_faults(args.faults) if args.faults else []
-        a = analyze(spark, args.log, args.window, current, alternatives, args.out, faults)
+        a = analyze(spark, args.log, args.window, current, alternatives, args.out, faults,
+                    args.detour or "")
         print(markdown(a))
         print(f"report: {Path(args.out) / 'report.md'}")
     finally:

@@ -131,7 +131,7 @@ def test_producer_role_may_select_and_report_only(app_client: TestClient) -> Non
     assert app_client.post("/report-latency:batch", json=batch, headers=p).status_code == 200
     before = app_client.get("/fault-items", headers=auth("admin-a")).json()["items"]
     for method, path, body in (
-        ("PUT", "/config", {}),
+        ("PATCH", "/config", {}),
         ("PUT", "/routes/t", {"brokers": [{"brokerName": "z", "writeQueueNums": 1}]}),
         ("DELETE", "/routes/t", None),
         ("GET", "/fault-items", None),
@@ -154,7 +154,7 @@ def test_producer_role_may_select_and_report_only(app_client: TestClient) -> Non
 def test_namespaces_are_separate_tables(app_client: TestClient) -> None:
     a, b = auth("admin-a"), auth("admin-b")
     assert app_client.put("/routes/t", json=ROUTE, headers=a).status_code == 200
-    assert app_client.put("/config", json={"lastReportWins": True}, headers=a).status_code == 200
+    assert app_client.patch("/config", json={"lastReportWins": True}, headers=a).status_code == 200
     r = app_client.post("/report-latency", json={"brokerName": "x", "latencyMs": 0,
                                                  "isolation": True}, headers=auth("prod-a"))
     assert r.json()["notAvailableDurationMs"] == 600000
@@ -185,7 +185,7 @@ def test_cross_namespace_attempts_are_refused_and_change_nothing(app_client: Tes
         for method, path, body in (
             ("POST", "/report-latency", {"brokerName": "x", "latencyMs": 0, "isolation": True}),
             ("PUT", "/routes/t", {"brokers": [{"brokerName": "evil", "writeQueueNums": 1}]}),
-            ("PUT", "/config", {"sendLatencyFaultEnable": False}),
+            ("PATCH", "/config", {"sendLatencyFaultEnable": False}),
             ("DELETE", "/routes/t", None),
             ("POST", "/select", {"topic": "t"}),
         ):

@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.settings import Settings
+from service.store import codec
 from service.store.merge import Candidates, calls
 from tests import lua
 from tests.procs import RedisServer, ServiceProcess, wait_until
@@ -84,7 +85,7 @@ def test_empty_restart_keeps_routes_windows_and_config(server: RedisServer,
         urls = [s.url for s in svcs]
         with httpx.Client(base_url=urls[0], timeout=10) as c:
             assert c.put("/routes/t", json=ROUTE).status_code == 200
-            assert c.put("/config", json={"maxAvoidedPercent": 90}).status_code == 200
+            assert c.patch("/config", json={"maxAvoidedPercent": 90}).status_code == 200
             r = c.post("/report-latency", json=ISOLATE_A)
             assert r.status_code == 200 and r.json()["notAvailableDurationMs"] == 600_000
             a_end = r.json()["availableAt"]
@@ -158,7 +159,7 @@ def test_a_replica_that_never_polled_the_epoch_still_reseeds(server: RedisServer
         assert r.status_code == 200 and r.json()["brokerName"] != "a", r.text
         raw = restarted.client()
         assert raw.hget(f"{PREFIX}:routes", "t") is not None
-        assert int(raw.hget(f"{PREFIX}:faults", "a").split(",")[1]) == a_end
+        assert codec.decode_fault("a", raw.hget(f"{PREFIX}:faults", "a")).available_at == a_end
     finally:
         writer.stop()
         follower.stop()
@@ -174,7 +175,7 @@ def test_a_flush_is_noticed_by_the_first_write_after_it(redis_url: str,
     raw = redis_server.client()
     with TestClient(create_app(settings)) as c:
         c.put("/routes/t", json=ROUTE)
-        c.put("/config", json={"maxAvoidedPercent": 90})
+        c.patch("/config", json={"maxAvoidedPercent": 90})
         a_end = c.post("/report-latency", json=ISOLATE_A).json()["availableAt"]
         raw.flushall()
         r = c.post("/report-latency", json={"brokerName": "b", "latencyMs": 5,
@@ -280,7 +281,7 @@ def test_empty_restart_under_load_loses_nothing(server: RedisServer) -> None:
     try:
         with httpx.Client(base_url=svc.url, timeout=10) as c:
             assert c.put("/routes/t", json=ROUTE).status_code == 200
-            assert c.put("/config", json={"maxAvoidedPercent": 90}).status_code == 200
+            assert c.patch("/config", json={"maxAvoidedPercent": 90}).status_code == 200
         for p in producers:
             p.thread.start()
         wait_until(lambda: len(accepted()) >= 100, 30, "load before the crash")

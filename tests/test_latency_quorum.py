@@ -218,7 +218,7 @@ def test_default_quorum_keeps_rocketmq_for_one_producer(client: TestClient) -> N
 @pytest.mark.integration
 def test_latency_quorum_bounds_are_422_naming_the_field(client: TestClient) -> None:
     for bad in (0, 65, "two"):
-        r = client.put("/config", json={"latencyQuorum": bad})
+        r = client.patch("/config", json={"latencyQuorum": bad})
         assert r.status_code == 422, r.text
         assert "latencyQuorum" in r.text
 
@@ -237,7 +237,7 @@ def test_live_a_cold_send_is_avoided_by_its_producer_alone(
     all, and a third producer's cached client learns it from the stream."""
     url = request.getfixturevalue("redis_url") if store == "redis" else None
     with ServiceProcess(url) as svc, httpx.Client(base_url=svc.url, timeout=10) as admin:
-        admin.put("/config", json={"latencyQuorum": 2}).raise_for_status()
+        admin.patch("/config", json={"latencyQuorum": 2}).raise_for_status()
         body = {"brokers": [{"brokerName": b, "writeQueueNums": 2} for b in "abcd"]}
         admin.put("/routes/t", json=body).raise_for_status()
         clients = [DetourClient(svc.url, mode="cached", timeout=2.0, producer=p)

@@ -5,12 +5,14 @@ against real restarts)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from detour.merge import adds_to, beats_grave, merge_items
-from detour.model import FaultItem
+from detour.model import FaultItem, Why
 from service.store import codec
 
 pytestmark = pytest.mark.unit
@@ -28,6 +30,9 @@ items = st.builds(
              max_size=2, unique_by=lambda s: s[0]).map(tuple),
     st.booleans(),
     st.sampled_from((None, True, False)),
+    why=st.one_of(st.none(), st.builds(Why, st.sampled_from(("isolation", "latency")),
+                                       st.integers(NOW - 100, NOW), st.integers(0, 5000),
+                                       st.sampled_from(("", "p1")))),
     stamp=st.integers(1, 6),  # few stamps: ties happen
 )
 maybe = st.one_of(st.none(), items)
@@ -59,10 +64,18 @@ def test_no_window_shrinks_and_the_rest_is_the_newer_copys(a: FaultItem, b: Faul
     m = merge_items(a, b, enc)
     assert m is not None
     assert m.available_at == max(a.available_at, b.available_at)
-    newer = b if (b.stamp, enc(b)) > (a.stamp, enc(a)) else a
+    newer = b if (b.stamp, rest(b), enc(b)) > (a.stamp, rest(a), enc(a)) else a
     assert (m.current_latency_ms, m.isolations, m.suspects, m.probation, m.reachable,
             m.stamp) == (newer.current_latency_ms, newer.isolations, newer.suspects,
                          newer.probation, newer.reachable, newer.stamp)
+    # the reason a window is open travels with its end
+    if a.available_at != b.available_at:
+        assert m.why == (a if a.available_at > b.available_at else b).why
+
+
+def rest(x: FaultItem) -> str:
+    """What a copy says besides its window: the tiebreak between copies with one stamp."""
+    return enc(replace(x, available_at=0, why=None))
 
 
 @given(maybe, items)

@@ -291,7 +291,7 @@ def test_pending_defaults_to_false_and_is_off_by_default(client: TestClient) -> 
 @pytest.mark.integration
 def test_pending_quorum_bounds_are_422_naming_the_field(client: TestClient) -> None:
     for bad in (-1, 65, "two"):
-        r = client.put("/config", json={"pendingQuorum": bad})
+        r = client.patch("/config", json={"pendingQuorum": bad})
         assert r.status_code == 422, r.text
         assert "pendingQuorum" in r.text
     r = client.post("/report-latency", json={"brokerName": "c", "latencyMs": 1, "pending": 3})
@@ -385,7 +385,7 @@ def test_a_hung_broker_is_avoided_before_the_send_timeout(mode: str) -> None:
     timeout_s = 5.0
     with ServiceProcess() as svc, Fleet(3, "hang", 2, persist=False) as fleet, \
             httpx.Client(base_url=svc.url, timeout=10) as admin:
-        admin.put("/config", json={"pendingQuorum": 2}).raise_for_status()
+        admin.patch("/config", json={"pendingQuorum": 2}).raise_for_status()
         fleet.register(svc.url)
         senders = [DetourClient(svc.url, mode=mode, timeout=2.0, producer=p, deadline=30,
                                 retries=0) for p in ("p1", "p2")]
@@ -474,7 +474,7 @@ def test_the_async_client_signals_a_hung_send() -> None:
             await c.flush(5.0)
 
     with ServiceProcess() as svc, httpx.Client(base_url=svc.url, timeout=10) as admin:
-        admin.put("/config", json={"pendingQuorum": 2}).raise_for_status()
+        admin.patch("/config", json={"pendingQuorum": 2}).raise_for_status()
         admin.put("/routes/t", json={"brokers": [{"brokerName": "c", "writeQueueNums": 1}]}
                   ).raise_for_status()
         asyncio.run(scenario(svc.url))

@@ -431,7 +431,7 @@ def _cold_run(
     records = read_input(spark, src)
     since = httpx.get(f"{detour}/events", params={"latest": "true", "limit": 1},
                       timeout=5).json()["events"]
-    httpx.put(f"{detour}/config", json={"latencyQuorum": quorum}, timeout=5).raise_for_status()
+    httpx.patch(f"{detour}/config", json={"latencyQuorum": quorum}, timeout=5).raise_for_status()
     with Fleet(4, topic, 4) as fleet:
         fleet.register(detour)
         proxy = DelayProxy(fleet.brokers["broker-d"].port)
@@ -474,7 +474,7 @@ def test_a_cold_first_send_no_longer_starves_a_broker(
         before, opened_before = _cold_run(spark, detour, tmp_path, 1)
         after, opened_after = _cold_run(spark, detour, tmp_path, 2)
     finally:
-        httpx.put(f"{detour}/config", json={"latencyQuorum": 1}, timeout=5)
+        httpx.patch(f"{detour}/config", json={"latencyQuorum": 1}, timeout=5)
     record_property("per_broker_quorum_1", before)
     record_property("per_broker_quorum_2", after)
     print("cold first send, per broker: latencyQuorum 1", before, opened_before,

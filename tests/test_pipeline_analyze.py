@@ -350,3 +350,36 @@ def test_the_replay_table_says_what_detour_moved_and_what_got_through() -> None:
     assert "| moved elsewhere (est.) | sent into a window | of them failed |" in text
     assert "| 3000 | 729 | 0 | 0 | 0 | 7.0 |" in text
     assert "near 0 is Detour working" in text
+
+
+@pytest.mark.integration
+def test_the_reports_command_patches_the_named_detour_and_changes_nothing_else(
+        tmp_path: Path) -> None:
+    """The command in report.md goes to the Detour ``--detour`` named (not a hard-coded
+    address) and is a merge patch: run word for word against a live Detour whose config
+    has other settings, it installs the tiers and leaves the rest as they were."""
+    import shlex
+    import subprocess
+
+    from tests.procs import ServiceProcess
+
+    with ServiceProcess() as svc:
+        httpx.patch(svc.url + "/config", json={"latencyQuorum": 2, "rampMs": 3000},
+                    timeout=10).raise_for_status()
+        a = _analysis_of_a_kill()
+        a.detour = svc.url
+        a.recommendation = {"name": "recommended", "factor": "x1", "sendLatencyFaultEnable": True,
+                            "latencyMax": [7, 100, 200], "notAvailableDuration": [0, 0, 5000],
+                            "isolationLatencyMs": 30000, "lastReportWins": False}
+        a.pooled = {"p50": 1.0, "p90": 2.0, "p99": 3.0, "p999": 4.0}
+        text = markdown(a)
+        command = text.split("```sh\n", 1)[1].split("\n```", 1)[0]
+        assert command.startswith(f"curl -X PATCH {svc.url}/config")
+        argv = shlex.split(command.replace("${DETOUR_TOKEN:+-H \"Authorization: Bearer "
+                                           "$DETOUR_TOKEN\"}", "").replace("\\\n", " "))
+        done = subprocess.run([*argv, "-s", "-o", str(tmp_path / "out"), "-w", "%{http_code}"],
+                              capture_output=True, text=True, timeout=30)
+        assert done.stdout == "200", (done.stdout, done.stderr)
+        config = httpx.get(svc.url + "/config", timeout=10).json()
+        assert config["latencyMax"] == [7, 100, 200]
+        assert (config["latencyQuorum"], config["rampMs"]) == (2, 3000)  # kept

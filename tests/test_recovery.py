@@ -154,7 +154,7 @@ def test_defaults_keep_recovery_off() -> None:
 def test_bad_recovery_config_is_422_naming_the_field(
     client: TestClient, field: str, value: object
 ) -> None:
-    r = client.put("/config", json={field: value})
+    r = client.patch("/config", json={field: value})
     assert r.status_code == 422 and r.json()["field"] == field, r.text
     assert client.get("/config").json() == DEFAULT_CONFIG
 

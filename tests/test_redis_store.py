@@ -49,7 +49,7 @@ def test_keys_share_one_hash_tag(redis_url: str, raw: redis.Redis) -> None:
     with TestClient(create_app(patient(redis_url=redis_url))) as c:
         c.put("/routes/t", json={"brokers": [{"brokerName": "a", "writeQueueNums": 1}]})
         c.post("/report-latency", json={"brokerName": "a", "latencyMs": 0, "isolation": True})
-        c.put("/config", json={})
+        c.patch("/config", json={})
     keys = sorted(raw.keys("*"))
     assert keys == [f"{PREFIX}:ends", f"{PREFIX}:events", f"{PREFIX}:faults",
                     f"{PREFIX}:latency-log", f"{PREFIX}:meta", f"{PREFIX}:routes",
@@ -156,11 +156,11 @@ def test_replicas_follow_each_other(redis_url: str) -> None:
             return picks == {"y"}
 
         wait_until(b_avoids_x, 10, "fault push")
-        a.put("/config", json={"sendLatencyFaultEnable": False})
+        a.patch("/config", json={"sendLatencyFaultEnable": False})
         wait_until(lambda: b.get("/config").json()["sendLatencyFaultEnable"] is False, 10,
                    "config push")
         a.delete("/fault-items/x")
-        a.put("/config", json={})
+        a.patch("/config", json={})
         wait_until(lambda: {b.post("/select", json={"topic": "t"}).json()["brokerName"]
                             for _ in range(2)} == {"x", "y"}, 10, "clear push")
         a.delete("/routes/t")
@@ -171,7 +171,7 @@ def test_replica_reseeds_a_redis_that_lost_its_data(redis_url: str, raw: redis.R
     settings = patient(redis_url=redis_url, sync_interval_s=0.1)
     with TestClient(create_app(settings)) as c:
         c.put("/routes/t", json={"brokers": [{"brokerName": "x", "writeQueueNums": 1}]})
-        c.put("/config", json={"isolationLatencyMs": 1000})
+        c.patch("/config", json={"isolationLatencyMs": 1000})
         raw.flushall()  # what a restart without persistence looks like
         wait_until(lambda: raw.hget(f"{PREFIX}:routes", "t") is not None, 15, "re-seeded route")
         wait_until(lambda: raw.hget(f"{PREFIX}:meta", "config") is not None, 15,

@@ -134,7 +134,7 @@ def test_a_cluster_failover_to_a_replica_that_missed_writes_loses_nothing(
         route = {"brokers": [{"brokerName": b, "writeQueueNums": 2} for b in "abc"]}
         assert c.put("/routes/t", json=route).status_code == 200
         assert c.put("/routes/gone", json=route).status_code == 200
-        assert c.put("/config", json={"maxAvoidedPercent": 90}).status_code == 200
+        assert c.patch("/config", json={"maxAvoidedPercent": 90}).status_code == 200
         seen = c.post("/report-latency", json={"brokerName": "a", "latencyMs": 0,
                                                "isolation": True}).json()
         wait_until(lambda: _replica_holds(replica, "a"), 20, "a replicated")
@@ -158,7 +158,7 @@ def test_a_cluster_failover_to_a_replica_that_missed_writes_loses_nothing(
             for i in range(6):
                 m.set(f"{PREFIX}:ballast{i}", b"x" * (8 << 20))
         assert c.put("/routes/u", json=route).status_code == 200
-        assert c.put("/config", json={"maxAvoidedPercent": 80}).status_code == 200
+        assert c.patch("/config", json={"maxAvoidedPercent": 80}).status_code == 200
         assert c.delete("/routes/gone").status_code == 204
         missed = [c.post("/report-latency", json={"brokerName": f"m{i}", "latencyMs": 0,
                                                   "isolation": True}).json()

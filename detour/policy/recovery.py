@@ -61,5 +61,5 @@ def reach(item: FaultItem, reachable: bool, now_ms: int, config: Config) -> Faul
         and item.isolations <= 1
         and now_ms < item.available_at
     ):
-        return replace(item, available_at=now_ms, probation=True, reachable=True)
+        return replace(item, available_at=now_ms, probation=True, reachable=True, why=None)
     return replace(item, reachable=reachable)

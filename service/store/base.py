@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -151,4 +151,12 @@ class FaultStore(Protocol):
 
     async def delete_route(self, topic: str) -> bool: ...
 
-    async def put_config(self, config: Config) -> None: ...
+    async def put_config(self, config: Config) -> None:
+        """Replace the config whole."""
+        ...
+
+    async def patch_config(self, update: Callable[[Config], Config]) -> Config:
+        """Change the config by ``update`` (called on the config as the store holds it, and
+        again if another write came first), atomically; returns the config written.
+        Whatever ``update`` raises propagates, nothing written."""
+        ...

@@ -6,7 +6,15 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from detour.model import CONFIG_FIELDS, BrokerRoute, Config, FaultItem, Route, route_brokers
+from detour.model import (
+    CONFIG_FIELDS,
+    BrokerRoute,
+    Config,
+    FaultItem,
+    Route,
+    Why,
+    route_brokers,
+)
 
 #: report.lua's ARGV[6], in the order the script reads it: a Config field by name (a bool
 #: as 0/1), or one of REPORT_POLICY_COMPUTED, which the store works out per call.
@@ -87,6 +95,8 @@ def encode_fault(item: FaultItem) -> str:
     """A fault item in the form lib/item.lua writes it (decode_fault's inverse): its stamp,
     then the fields past ``latencyMs,availableAt`` only as far as the item keeps more."""
     stamp = f"{item.stamp}@"
+    w = item.why
+    why = "" if w is None else f";!{w.reason}={w.since}={w.latency_ms}={w.by}"
     if (
         not item.isolations
         and not item.suspects
@@ -95,7 +105,7 @@ def encode_fault(item: FaultItem) -> str:
         and not item.probation
         and item.reachable is None
     ):
-        return f"{stamp}{item.current_latency_ms},{item.available_at}"
+        return f"{stamp}{item.current_latency_ms},{item.available_at}{why}"
     head = f"{stamp}{item.current_latency_ms},{item.available_at},{item.isolations}"
     if item.reachable is not None:
         head += f",{int(item.probation)},{int(item.reachable)}"
@@ -103,7 +113,7 @@ def encode_fault(item: FaultItem) -> str:
         head += ",1"
     votes = "".join(f";{p}={a}={e}" for p, a, e in item.slow)
     signals = "".join(f";~{p}={s}={a}" for p, s, a in item.pending)
-    return head + "".join(f";{p}={a}" for p, a in item.suspects) + votes + signals
+    return head + "".join(f";{p}={a}" for p, a in item.suspects) + votes + signals + why
 
 
 def item_stamp(raw: str) -> int:
@@ -117,15 +127,21 @@ def decode_fault(broker: str, raw: str) -> FaultItem:
     ``stamp@`` before stamps existed: stamp 0), then ``,isolations[,probation 1/0[,reachable
     1/0]]``, ``;producer=at`` per suspect and ``;producer=at=end`` per slow answer short of
     the latency quorum, ``;~producer=since=at`` per in-flight signal (pendingQuorum), only as
-    far as the policy keeps more (producer ids cannot contain ``;``, ``=`` or ``~``; ``@``
-    only appears after the head)."""
+    far as the policy keeps more, and ``;!reason=since=latencyMs=by`` while a window is open
+    (``Why``; producer ids cannot contain ``;``, ``=``, ``~`` or ``!``; ``@`` only appears
+    after the head)."""
     head, *entries = raw.split(";")
     stamp = 0
     if "@" in head:
         mark, head = head.split("@", 1)
         stamp = int(mark)
     latency, end, *rest = head.split(",")
-    split = [e.split("=") for e in entries if not e.startswith("~")]
+    why = None
+    for e in entries:
+        if e.startswith("!"):
+            reason, since, measured, by = e[1:].split("=", 3)
+            why = Why(reason, int(since), int(measured), by)
+    split = [e.split("=") for e in entries if not e.startswith(("~", "!"))]
     pairs = tuple((v[0], int(v[1])) for v in split if len(v) == 2)
     slow = tuple((v[0], int(v[1]), int(v[2])) for v in split if len(v) == 3)
     signals = tuple(
@@ -142,6 +158,7 @@ def decode_fault(broker: str, raw: str) -> FaultItem:
         None if len(rest) < 3 else rest[2] == "1",
         slow,
         signals,
+        why,
         stamp,
     )
 

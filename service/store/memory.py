@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from detour import policy
@@ -245,3 +245,9 @@ class MemoryStore:
 
     async def put_config(self, config: Config) -> None:
         self.view.apply_config(config, self._next_version())
+
+    async def patch_config(self, update: Callable[[Config], Config]) -> Config:
+        # one process, no await between the read and the write: nothing comes in between
+        config = update(self.view.config)
+        self.view.apply_config(config, self._next_version())
+        return config

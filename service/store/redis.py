@@ -47,7 +47,7 @@ import random
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -808,14 +808,28 @@ class RedisStore:
             self.view.apply_route(topic, None, version, stamp)
         return version > 0
 
-    async def put_config(self, config: Config, expected_stamp: int | None = None) -> None:
-        """Write the whole config; ``expected_stamp``: only if the table's config is still
-        the one with that stamp (raises ConfigChanged otherwise, nothing written)."""
+    async def put_config(self, config: Config) -> None:
         encoded = codec.encode_config(config)
-        version, stamp = await self._set_entry(
-            self._meta, "config", "config", encoded, expected=expected_stamp
-        )
+        version, stamp = await self._set_entry(self._meta, "config", "config", encoded)
         self.view.apply_config(config, version, stamp)
+
+    async def patch_config(self, update: Callable[[Config], Config]) -> Config:
+        """Read, change, write only if the table's config is still the one read (its stamp):
+        a change another replica made meanwhile is read and changed again, never lost."""
+        for _ in range(5):
+            view = self.view
+            config, stamp = update(view.config), max(view.config_stamp, 0)
+            encoded = codec.encode_config(config)
+            try:
+                version, written = await self._set_entry(
+                    self._meta, "config", "config", encoded, expected=stamp
+                )
+            except ConfigChanged:
+                await self.resync()
+                continue
+            view.apply_config(config, version, written)
+            return config
+        raise StoreUnavailable("the config kept changing during the change; retry")
 
     # -- reads -------------------------------------------------------------
     async def fault_items(self) -> tuple[int, list[FaultItem]]:
@@ -926,10 +940,11 @@ class RedisStore:
             # first write)
             self._recovering = True
             try:
-                await self._merge(cause, snap)
+                wrote = await self._merge(cause, snap, needs_epoch=not reply.epoch)
             finally:
                 self._recovering = False
-            snap, reply = await self._snapshot()
+            if wrote:
+                snap, reply = await self._snapshot()
         self.view.replace(snap, reset=cause is not None)
         self._epoch = reply.epoch
         if cause is not None:
@@ -944,7 +959,7 @@ class RedisStore:
         self._ever_synced = True
         metrics.RESYNCS.inc()
 
-    async def _merge(self, cause: str | None, snap: Snapshot) -> None:
+    async def _merge(self, cause: str | None, snap: Snapshot, needs_epoch: bool) -> bool:
         """Merge what this replica holds into the table (service/store/merge.py says what,
         reseed.lua applies it by detour.merge's rules), in calls of ``merge.CHUNK`` items so
         none holds Redis long; the last one announces it, so every other replica merges
@@ -952,10 +967,14 @@ class RedisStore:
 
         ``cause`` None: the table has no epoch but was written (a new one, or one written
         before epochs): it only gets one. The latency log and the event log are held by no
-        replica: what Redis lost of them is gone (counted).
+        replica: what Redis lost of them is gone (counted). A merge that finds nothing to
+        send into a table that has its epoch costs no call at all (False: nothing written).
         """
         now = self.view.now_ms()
         c = candidates(self.view, snap, now) if cause is not None else None
+        if cause is not None and not c and not needs_epoch:
+            metrics.RESEEDS.labels(cause).inc()
+            return False
         keys = (
             self._faults,
             self._routes,
@@ -977,7 +996,7 @@ class RedisStore:
             ):
                 written[i] += n
         if cause is None:
-            return
+            return True
         log.warning(
             "redis table may have lost data (%s): merged config %d, routes %d, items %d, "
             "deletes %d (%d items found no room)",
@@ -990,3 +1009,4 @@ class RedisStore:
         if cause in ("empty", "epoch"):
             metrics.UNRECOVERABLE.labels("latency_log").inc()
             metrics.UNRECOVERABLE.labels("events").inc()
+        return True

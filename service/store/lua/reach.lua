@@ -23,7 +23,7 @@ for i = 4, #ARGV, 2 do
     if it.reach ~= reach then
       if early and reach == '1' and it.reach == '0' and it.iso <= 1 and now < it.e then
         -- refused, then reachable: back on probation, the window ends now
-        it.e, it.prob = now, true
+        it.e, it.prob, it.why = now, true, nil
         redis.call('ZADD', KEYS[3], now, broker)
       end
       it.reach, it.stamp = reach, stamps.next()

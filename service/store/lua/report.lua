@@ -301,6 +301,20 @@ local function window_change(old_end, new_end)
   return 0
 end
 
+-- detour.apply.why_after: the report that opened or moved the window end is why it is open;
+-- a window still open keeps its reason; one that is over has none.
+local function why_after(old_why, kind, reason, at, latency, voter, new_end, isolation)
+  if kind == 'opened' or kind == 'extended' or kind == 'quorum' then
+    if reason == 'quorum' and not isolation then
+      reason = 'latency'
+    end
+    return {reason, at, latency, voter}
+  elseif new_end > now then
+    return old_why
+  end
+  return nil
+end
+
 -- detour.apply.apply_one for a report that is not a signal; returns the item after, and
 -- {duration, change, quorum, reporters, probe, kind, reason, visible}.
 local function apply_report(i, old)
@@ -308,11 +322,11 @@ local function apply_report(i, old)
   local isolation, voter = ARGV[i + 4] == '1', ARGV[i + 9]
   local duration = tonumber(ARGV[i + 2])
   local it = {stamp = 0, lat = ARGV[i + 1], e = 0, iso = 0, prob = false, reach = '',
-    suspects = {}, slow = {}, signals = {}}
+    suspects = {}, slow = {}, signals = {}, why = nil}
   local old_end = nil
   if old then
     it.iso, it.prob, it.reach = old.iso, old.prob, old.reach
-    it.suspects, it.slow, it.signals = old.suspects, old.slow, old.signals
+    it.suspects, it.slow, it.signals, it.why = old.suspects, old.slow, old.signals, old.why
     old_end = old.e
   end
   local quorum_state, reporters, own_ended = 0, 1, false
@@ -483,6 +497,7 @@ local function apply_report(i, old)
     kind = change == 1 and 'opened' or 'extended'
     reason = isolation and 'isolation' or 'latency'
   end
+  it.why = why_after(it.why, kind, reason, at, ARGV[i + 1], voter, it.e, isolation)
   local had_probation = old ~= nil and old.prob
   local visible = change > 0 or quorum_state > 0 or own_ended or it.prob ~= had_probation
   return it, {duration, change, quorum_state, reporters, probe, kind, reason, visible}
@@ -497,7 +512,7 @@ local function apply_signal(i, old)
   local at = now - tonumber(ARGV[i + 3])
   local voter = ARGV[i + 9]
   local it = old or {stamp = 0, lat = '0', e = 0, iso = 0, prob = false, reach = '',
-    suspects = {}, slow = {}, signals = {}}
+    suspects = {}, slow = {}, signals = {}, why = nil}
   -- policy.pending.pending_vote
   local since, sig_at, mine = at - tonumber(ARGV[i + 1]), at, nil
   for _, s in ipairs(it.signals) do
@@ -517,6 +532,7 @@ local function apply_signal(i, old)
   it.signals = bounded_signals(it.signals, voter, {voter, since, sig_at})
   local voters = live_voters(it.signals)
   if voters < pending_quorum then
+    it.why = why_after(it.why, nil, nil, at, ARGV[i + 1], voter, it.e, false)
     return it, {0, 0, 1, 1, 0, nil, nil, true}
   end
   local old_end = old and old.e or nil
@@ -530,6 +546,7 @@ local function apply_signal(i, old)
   if change > 0 then
     kind = change == 1 and 'opened' or 'extended'
   end
+  it.why = why_after(it.why, kind, 'pending', at, ARGV[i + 1], voter, it.e, false)
   return it, {duration, change, 2, voters, 0, kind, kind and 'pending', true}
 end
 

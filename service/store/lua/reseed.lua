@@ -48,6 +48,14 @@ if ARGV[7] ~= '' then
     wrote_config = 1
   end
 end
+-- detour.merge._rest: a copy's stored form without its window (the tiebreak of one stamp)
+local function rest(it)
+  local e, why = it.e, it.why
+  it.e, it.why = 0, nil
+  local v = encode_item(it)
+  it.e, it.why = e, why
+  return v
+end
 local function grave_of(member)
   return tonumber(redis.call('HGET', KEYS[6], member) or '-1')
 end
@@ -109,12 +117,20 @@ for j = i, #ARGV, 2 do
   else
     local theirs = parse_item(cur)
     old_end = theirs.e
-    -- detour.merge.merge_items: the rest from the newer copy, the later window end
-    local newer = theirs
-    if mine.stamp > theirs.stamp or (mine.stamp == theirs.stamp and value > cur) then
-      newer = mine
+    -- detour.merge.merge_items: the rest from the newer copy, the later window end with
+    -- the reason it is open
+    local newer, other = theirs, mine
+    if mine.stamp > theirs.stamp then
+      newer, other = mine, theirs
+    elseif mine.stamp == theirs.stamp then
+      local rm, rt = rest(mine), rest(theirs)
+      if rm > rt or (rm == rt and value > cur) then
+        newer, other = mine, theirs
+      end
     end
-    newer.e = math.max(mine.e, theirs.e)
+    if other.e > newer.e then
+      newer.e, newer.why = other.e, other.why
+    end
     local v = encode_item(newer)
     if v ~= cur then
       merged = v

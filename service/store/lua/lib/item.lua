@@ -4,8 +4,9 @@
 -- A fault item is stored as codec.encode_fault writes it:
 --   "stamp@latencyMs,availableAt[,isolations[,probation 0/1[,reachable 0/1]]]" then
 --   ";producer=at" per suspect, ";producer=at=end" per slow vote, ";~producer=since=at" per
---   in-flight signal; the fields after availableAt only as far as the item keeps more. An
---   item written before stamps existed has no "stamp@" (stamp 0).
+--   in-flight signal; the fields after availableAt only as far as the item keeps more; then
+--   ";!reason=since=latencyMs=by" while a window is open (detour.model.Why). An item
+--   written before stamps existed has no "stamp@" (stamp 0).
 -- A route is stored as "stamp|" then its JSON; one written before stamps, as the JSON alone.
 -- Stamps order the writes of a table (a hybrid logical clock): a write's stamp is above
 -- every stamp the table gave before and every stamp the writer has seen (its floor), and
@@ -24,14 +25,21 @@ local function parse_item(v)
   local head, tail = string.match(rest, '^([^;]*)(.*)$')
   local l, e, n, pr, rc = string.match(head, '^(%d+),(%d+),?(%d*),?(%d*),?(%d*)$')
   local it = {stamp = tonumber(stamp), lat = l, e = tonumber(e), iso = tonumber(n) or 0,
-    prob = pr == '1', reach = rc, suspects = {}, slow = {}, signals = {}}
-  for who, when, ends_at in string.gmatch(tail, ';([^=;]*)=(%d+)=?(%d*)') do
-    if string.sub(who, 1, 1) == '~' then
-      it.signals[#it.signals + 1] = {string.sub(who, 2), tonumber(when), tonumber(ends_at)}
-    elseif ends_at == '' then
-      it.suspects[#it.suspects + 1] = {who, tonumber(when)}
+    prob = pr == '1', reach = rc, suspects = {}, slow = {}, signals = {}, why = nil}
+  for entry in string.gmatch(tail, ';([^;]*)') do
+    local mark = string.sub(entry, 1, 1)
+    if mark == '!' then
+      local reason, since, lat, by = string.match(entry, '^!([^=]*)=(%d+)=(%d+)=(.*)$')
+      it.why = {reason, tonumber(since), lat, by}
     else
-      it.slow[#it.slow + 1] = {who, tonumber(when), tonumber(ends_at)}
+      local who, when, ends_at = string.match(entry, '^([^=]*)=(%d+)=?(%d*)$')
+      if mark == '~' then
+        it.signals[#it.signals + 1] = {string.sub(who, 2), tonumber(when), tonumber(ends_at)}
+      elseif ends_at == '' then
+        it.suspects[#it.suspects + 1] = {who, tonumber(when)}
+      else
+        it.slow[#it.slow + 1] = {who, tonumber(when), tonumber(ends_at)}
+      end
     end
   end
   return it
@@ -56,6 +64,10 @@ local function encode_item(it)
     for _, s in ipairs(it.signals) do
       value = value .. ';~' .. s[1] .. '=' .. fmt(s[2]) .. '=' .. fmt(s[3])
     end
+  end
+  if it.why ~= nil then
+    local w = it.why
+    value = value .. ';!' .. w[1] .. '=' .. fmt(w[2]) .. '=' .. w[3] .. '=' .. w[4]
   end
   return value
 end
