@@ -131,12 +131,17 @@ class Follower:
         channel: str,
         times: FollowerTimes,
         wrap_errors: Callable[[], contextlib.AbstractAsyncContextManager[None]],
+        *,
+        sharded: bool = False,
     ) -> None:
         self._store = store
         self._topology = topology
         self._channel = channel
         self._times = times
         self._wrap_errors = wrap_errors
+        #: a Cluster's change channel is a sharded one (SSUBSCRIBE): only the nodes of the
+        #: shard serving its slot carry it, and they drop the subscription when the slot moves
+        self._sharded = sharded
         self.resync_needed = False
         #: called after a (re)subscription on a master other than the last one (Sentinel)
         self.on_master_change: Callable[[], Awaitable[None]] | None = None
@@ -152,7 +157,7 @@ class Follower:
             self.resync_needed = True  # Redis lost its data (restart, flush, failover)
         elif reply.version > store.view.version:
             # Pushes for that version may still be in flight: drain them first.
-            while (msg := await pubsub.get_message(ignore_subscribe_messages=True)) is not None:
+            while (msg := await pubsub.get_message()) is not None:
                 self.on_message(msg)
             if reply.version > store.view.version:
                 self.resync_needed = True
@@ -175,7 +180,12 @@ class Follower:
             self.resync_needed = True
 
     def on_message(self, msg: dict[str, Any]) -> None:
-        if msg.get("type") != "message":
+        kind = msg.get("type")
+        if kind in ("unsubscribe", "sunsubscribe"):
+            # Not asked for: a Cluster node drops its sharded subscribers when the slot
+            # moves away (a resharding, a failover). Subscribe again where it lives now.
+            raise StoreUnavailable("the change channel's subscription was dropped")
+        if kind not in ("message", "smessage"):
             return
         change = json.loads(msg["data"])
         version, kind, field, value = int(change["v"]), change["k"], change["f"], change["x"]
@@ -207,7 +217,7 @@ class Follower:
         while mono_ms() < deadline:
             honour_cancel()
             msg = await pubsub.get_message(timeout=self._times.timeout_s)
-            if msg is not None and msg.get("type") == "subscribe":
+            if msg is not None and msg.get("type") in ("subscribe", "ssubscribe"):
                 return
         raise StoreUnavailable("no subscribe confirmation from redis")
 
@@ -223,12 +233,16 @@ class Follower:
         """Subscribe, snapshot, then apply pushes until the connection fails."""
         interval = self._times.sync_interval_s
         store = self._store
+        await self._topology.refresh_slots()
         pubsub, pubsub_client = self._topology.open_pubsub()
         try:
             async with self._wrap_errors():
                 await self._topology.find_master()
                 await self._check_master()
-                await pubsub.subscribe(self._channel)
+                if self._sharded:
+                    await pubsub.ssubscribe(self._channel)
+                else:
+                    await pubsub.subscribe(self._channel)
                 # Snapshot only once Redis confirms, so no change falls between.
                 await self._wait_subscribed(pubsub)
                 # Another Redis process than before (a restart, a failover) does not know
@@ -243,11 +257,13 @@ class Follower:
                 while True:
                     honour_cancel()
                     timeout = max(0.0, (next_poll - mono_ms()) / 1000)
-                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=timeout)
-                    if msg is not None:
+                    msg = await pubsub.get_message(timeout=timeout)
+                    if msg is not None and msg.get("type") in ("message", "smessage"):
                         if not store.has_epoch:
                             await self._learn_epoch()
                         self.on_message(msg)
+                    elif msg is not None:
+                        self.on_message(msg)  # a dropped subscription raises
                     if mono_ms() >= next_poll:
                         await self._poll(pubsub)
                         next_poll = mono_ms() + interval * 1000

@@ -183,6 +183,9 @@ class RedisStore:
         base = f"{settings.redis_prefix}:{{{self.namespace}}}"
         self._faults, self._routes, self._meta = f"{base}:faults", f"{base}:routes", f"{base}:meta"
         self._channel = f"{base}:changes"
+        #: the channel as the scripts take it: a Cluster's is sharded (SPUBLISH, Redis 7)
+        self._sharded = parse_redis_url(settings.redis_url).mode == "cluster"
+        self._push_channel = scripts.channel_arg(self._channel, sharded=self._sharded)
         self._log = f"{base}:latency-log"
         self._log_max = settings.latency_log_max
         self._events = f"{base}:events"
@@ -241,6 +244,7 @@ class RedisStore:
             self._channel,
             FollowerTimes(settings.sync_interval_s, settings.redis_timeout_s),
             _wrap_errors,
+            sharded=self._sharded,
         )
         self._follower.on_master_change = self._master_changed
         self._task: asyncio.Task[None] | None = None
@@ -593,7 +597,7 @@ class RedisStore:
         return [
             max(self.view.config_stamp, 0),
             rule,
-            self._channel,
+            self._push_channel,
             self._log_max,
             self._settings.max_brokers,
             _policy_arg(config, self._events_max),
@@ -750,7 +754,7 @@ class RedisStore:
         keys = (key, self._meta, self._events, self._ends, self._graves, self._graves_index)
         for _ in range(3):
             args = (
-                self._channel,
+                self._push_channel,
                 kind,
                 field,
                 value,
@@ -779,7 +783,7 @@ class RedisStore:
     async def set_reachability(self, readings: Mapping[str, bool]) -> None:
         config = self.view.config
         early = config.early_recovery and config.send_latency_fault_enable
-        args: list[str | int] = [self._channel, int(early), self._seen_stamp]
+        args: list[str | int] = [self._push_channel, int(early), self._seen_stamp]
         for broker, reachable in readings.items():
             args += [broker, int(reachable)]
         changed = await self._eval("reach", (self._faults, self._meta, self._ends), args)
@@ -984,7 +988,7 @@ class RedisStore:
             self._graves,
             self._graves_index,
         )
-        head = [self._channel, uuid.uuid4().hex, self._events_max, self._replica_id]
+        head = [self._push_channel, uuid.uuid4().hex, self._events_max, self._replica_id]
         # A merge this replica saw the cause of is announced, so that every replica merges
         # what it holds; one made on another's announcement is not (it would echo back).
         announce = cause is not None and cause != "merge"

@@ -2,8 +2,9 @@
 
 The store's commands name keys of one slot, so redis-py routes them by itself. What
 it cannot do on its own is keep a *subscription* on the right server: under Sentinel
-on the current master (resubscribing when the master moved), in a Cluster on the
-namespace slot's node first, moving on to another node after each failure.
+on the current master (resubscribing when the master moved), in a Cluster on the node
+serving the namespace's slot (the change channel is a sharded one there), with the slot
+map read again after each failure, so that it follows slot moves and failovers.
 """
 
 from __future__ import annotations
@@ -35,8 +36,18 @@ class Topology:
         return self._conn.sentinel is not None
 
     def subscription_failed(self) -> None:
-        """The next subscription tries the next node (Cluster)."""
+        """The next subscription reads the slot map again first (Cluster)."""
         self._pubsub_turn += 1
+
+    async def refresh_slots(self) -> None:
+        """Cluster, after a failed subscription: read the slot map again, so the next one
+        goes to the node serving the slot now (a failover, a slot move). Failing here is
+        left to the subscription that follows (it fails too, and is retried)."""
+        client = self._conn.main
+        if self._pubsub_turn and isinstance(client, RedisCluster):
+            with contextlib.suppress(RedisClusterException, RedisError, OSError, TimeoutError):
+                async with asyncio.timeout(self._timeout_s):
+                    await client.nodes_manager.initialize()
 
     def master_address(self) -> tuple[str, int] | None:
         """Sentinel: the master the pools use now (None elsewhere or before the first ask)."""
@@ -111,21 +122,23 @@ class Topology:
             for pool in self._conn.sentinel_pools()
         )
 
-    def _pubsub_nodes(self, cluster: RedisCluster) -> list[tuple[str, int]]:
+    def _pubsub_nodes(self, cluster: RedisCluster) -> tuple[list[tuple[str, int]], bool]:
         """Cluster nodes to subscribe on: the namespace slot's node first.
 
-        Any node would do (a cluster delivers PUBLISH to every node), but the
-        slot's node is the one this replica depends on anyway: subscribing
-        there adds no node whose failure interrupts the pushes.
+        The change channel is sharded (``SSUBSCRIBE``): only the slot's shard carries it,
+        and a node of another shard answers MOVED. The others are listed for when the slot
+        map is not known at all; the map read again after a failure names the owner.
+        Returns the nodes and whether the first is the slot's.
         """
         nodes: list[tuple[str, int]] = []
         with contextlib.suppress(RedisClusterException, RedisError, KeyError):
             owner = cluster.get_node_from_key(self._routing_key)
             if owner is not None:
                 nodes.append((owner.host, int(owner.port)))
+        owned = bool(nodes)
         nodes += [(n.host, int(n.port)) for n in cluster.get_nodes()]
         nodes += self._conn.target.hosts
-        return list(dict.fromkeys(nodes))
+        return list(dict.fromkeys(nodes)), owned
 
     async def close_idle(self) -> None:
         """Close the connections nothing uses (``StoreClients.close_idle``)."""
@@ -135,8 +148,9 @@ class Topology:
         """A pub/sub connection for the changes channel, and the client to close with it."""
         client = self._conn.main
         if isinstance(client, RedisCluster):
-            nodes = self._pubsub_nodes(client)
-            host, port = nodes[self._pubsub_turn % len(nodes)]
+            nodes, owned = self._pubsub_nodes(client)
+            # The slot's node when the map names one; else each try another.
+            host, port = nodes[0] if owned else nodes[self._pubsub_turn % len(nodes)]
             node = self._conn.node_client(host, port)
             return node.pubsub(), node
         return client.pubsub(), None
