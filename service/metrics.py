@@ -238,6 +238,15 @@ READ_FALLBACKS = Counter(
     "(no replica to read from).",
     ["cause"],
 )
+REDIS_CONNECTIONS = Gauge(
+    "detour_store_redis_connections",
+    "Redis connections this process holds open for the namespace, by use: subscription (the "
+    "change channel), commands (polls, snapshots, admin writes), reports (report writes), "
+    "replica (polls and snapshots on the fan-out tier's replica), sentinel (asking where the "
+    "master is). docs/deploy.md, Sizing.",
+    ["namespace", "use"],
+    multiprocess_mode="livesum",
+)
 READING_REPLICA = Gauge(
     "detour_store_reading_replica",
     "1 while this process subscribes to and polls a Redis replica for the namespace, 0 while "

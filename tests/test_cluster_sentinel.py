@@ -405,6 +405,45 @@ def test_sentinel_url_skips_a_dead_sentinel(sentinel: SentinelSetup) -> None:
         assert int(dict(c.pubsub_numsub(CHANNEL))[CHANNEL]) == 0  # closed cleanly
 
 
+def test_sentinel_lists_the_replicas_a_process_reads(sentinel: SentinelSetup) -> None:
+    """``DETOUR_REDIS_REPLICAS=sentinel``: subscribed to and polling the replica the
+    sentinels list, writing on the master; another process's window arrives through it."""
+    sentinel.flush()
+    replica = sentinel.replica
+    assert replica is not None
+    url = sentinel.url(sentinel.sentinel_ports[:1])
+    reader_settings = Settings(redis_url=url, redis_replicas="sentinel", sync_interval_s=60,
+                               redis_primary_poll_s=60,
+                               redis_call_timeout_s=PATIENT_CALL_TIMEOUT_S)
+    writer_settings = Settings(redis_url=url, redis_call_timeout_s=PATIENT_CALL_TIMEOUT_S)
+
+    def subscribed(server: RedisServer) -> int:
+        with server.client() as c:
+            return int(dict(c.pubsub_numsub(CHANNEL))[CHANNEL])
+
+    async def scenario() -> None:
+        reader, writer = RedisStore(reader_settings), RedisStore(writer_settings)
+        await reader.start()
+        await writer.start()
+        try:
+            await wait_until_async(
+                lambda: (subscribed(sentinel.master), subscribed(replica)) == (1, 1)
+                and reader.synced.is_set(), 20, "the reader on the replica, the writer on "
+                "the master", interval_s=0.05)
+            (out,) = await writer.report_many([ReportIn("x", 0, True)])
+            await wait_until_async(lambda: "x" in reader.view.faults, 10, "the push")
+            assert reader.view.faults["x"].available_at == out.available_at
+            (mine,) = await reader.report_many([ReportIn("y", 0, True)])
+            assert not reader.degraded and mine.available_at > mine.now_ms
+            with sentinel.master.client() as c:
+                assert c.hget("detour:{default}:faults", "y") is not None
+        finally:
+            await writer.close()
+            await reader.close()
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_sentinel_failover_under_load_loses_no_report(tmp_path: Path) -> None:

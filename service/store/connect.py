@@ -33,7 +33,7 @@ from urllib.parse import parse_qs, quote, unquote
 
 from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
-from redis.asyncio.connection import AbstractConnection, SSLConnection
+from redis.asyncio.connection import AbstractConnection, SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
@@ -318,6 +318,34 @@ class StoreClients:
         )
         return _Client.from_pool(pool)
 
+    def replica_client(self, host: str, port: int) -> Redis:
+        """A client to a replica of the primary (the fan-out tier) with the primary's
+        credentials, database and TLS: ``node_client`` under Sentinel, the URL's own
+        options with the replica's address for a single server."""
+        if self.target.mode != "single":
+            return self.node_client(host, port)
+        options: dict[str, Any] = {**parse_url(self.target.url), "host": host, "port": port}
+        options.pop("path", None)  # a unix:// primary: the replica is reached over TCP
+        pool = BlockingConnectionPool(
+            decode_responses=True,
+            max_connections=self.max_connections,
+            timeout=self.timeout_s,
+            **_timeouts(self.timeout_s),
+            **options,
+        )
+        return _Client.from_pool(pool)
+
+    def held(self, *others: Redis | None) -> dict[str, int]:
+        """Connections open now, by client: ``commands`` (sync, snapshots, admin writes),
+        ``reports``, ``replica`` (``others``: the fan-out tier's replica client) and, under
+        Sentinel, ``sentinel`` (the polls asking where the master is). (The subscription is
+        counted by its owner.)"""
+        out = {"commands": _connected(self.main), "reports": _connected(self.fast)}
+        out["replica"] = sum(_connected(c) for c in others if c is not None)
+        if self.sentinel is not None:
+            out["sentinel"] = sum(_connected(c) for c in self.sentinel.sentinels)
+        return out
+
     async def close_idle(self, routing_key: str, *others: Redis) -> int:
         """Every ``idle_close_s`` at most: close the idle connections of ``main``, ``fast``
         and ``others`` (the follower's read client) that no call needs. A client used since
@@ -349,6 +377,20 @@ class StoreClients:
     async def aclose(self) -> None:
         for close in self._closers:
             await close()
+
+
+def _connected(client: Redis | RedisCluster) -> int:
+    """How many of the client's connections are open (in use or idle), on every node."""
+    if isinstance(client, RedisCluster):
+        return sum(
+            sum(1 for c in node._connections if c.is_connected) for node in client.get_nodes()
+        )
+    pool = client.connection_pool
+    if isinstance(pool, ConnectionPool):
+        return sum(
+            1 for c in (*pool._available_connections, *pool._in_use_connections) if c.is_connected
+        )
+    return 0
 
 
 async def _readonly(connection: AbstractConnection) -> None:

@@ -51,6 +51,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
@@ -76,6 +77,7 @@ from service.store.journal import Journal, replay
 from service.store.local import apply_locally, outcome
 from service.store.merge import Candidates, calls, candidates
 from service.store.options import StoreOptions
+from service.store.reads import ReadTier, ReplicaBehind
 from service.store.replies import (
     ID_REUSED,
     STALE_CONFIG,
@@ -238,6 +240,15 @@ class RedisStore:
         #: a merge is under way: the table in Redis may lack what this replica holds
         self._recovering = False
         self._topology = Topology(self._conn, settings.redis_timeout_s, self._meta)
+        #: the fan-out tier: the replica the follower reads from (writes stay on the primary)
+        self._tier = ReadTier(
+            self._conn,
+            settings.redis_replicas,
+            self.namespace,
+            max_lag_s=settings.redis_replica_max_lag_s,
+            primary_poll_s=settings.redis_primary_poll_s,
+            retry_s=settings.redis_replica_retry_s,
+        )
         self._follower = Follower(
             self,
             self._topology,
@@ -245,6 +256,7 @@ class RedisStore:
             FollowerTimes(settings.sync_interval_s, settings.redis_timeout_s),
             _wrap_errors,
             sharded=self._sharded,
+            tier=self._tier,
         )
         self._follower.on_master_change = self._master_changed
         self._task: asyncio.Task[None] | None = None
@@ -295,6 +307,7 @@ class RedisStore:
                     await self.replay_journal()
             if self._journal:
                 log.warning("stopping with %d journaled reports not in redis", len(self._journal))
+        await self._tier.close()
         await self._conn.aclose()
 
     @property
@@ -324,12 +337,14 @@ class RedisStore:
         keys: Sequence[str],
         args: Sequence[Any],
         script: AsyncScript | None = None,
+        client: Redis | None = None,
     ) -> Any:
+        """Run a script on the primary, or on ``client`` (a replica: read-only scripts)."""
         start = time.perf_counter()
         try:
             async with _wrap_errors():
                 run = script or self._scripts[name]
-                return await run(keys=list(keys), args=list(args))
+                return await run(keys=list(keys), args=list(args), client=client)
         except StoreUnavailable:
             metrics.STORE_ERRORS.labels(name).inc()
             raise
@@ -850,12 +865,20 @@ class RedisStore:
         raise StoreUnavailable("the table kept changing during the read; retry")
 
     # -- sync and merges ---------------------------------------------------
-    async def _snapshot(self) -> tuple[Snapshot, SnapshotReply]:
+    async def _snapshot(self, *, primary: bool = False) -> tuple[Snapshot, SnapshotReply]:
+        """The table from the server the follower reads (a replica of the fan-out tier), or
+        from the primary when ``primary``."""
+        replica = None if primary else self._tier.client
         raw = await self._eval(
-            "snapshot", (self._faults, self._routes, self._meta, self._writers), (self._replica_id,)
+            "snapshot",
+            (self._faults, self._routes, self._meta, self._writers),
+            (self._replica_id,),
+            client=replica,
         )
         reply = SnapshotReply.decode(raw)
-        self._clock.observe(reply.now_ms, mono_ms())
+        if replica is None:
+            # (Redis time is the primary's: a replica's host clock may differ.)
+            self._clock.observe(reply.now_ms, mono_ms())
         routes = codec.pairs(reply.routes)
         snap = Snapshot(
             version=reply.version,
@@ -895,19 +918,30 @@ class RedisStore:
             return "behind"
         return self._doubt
 
-    def table_lost(self, reply: PollReply, held: tuple[int, int, int]) -> bool:
+    def table_lost(
+        self, reply: PollReply, held: tuple[int, int, int], *, primary: bool = True
+    ) -> bool:
         """The follower's poll: does Redis's table lack what this replica held when it
-        sent the poll (``held()``)?"""
-        self._clock.observe(reply.now_ms, mono_ms())
+        sent the poll (``held()``)? ``primary``: the poll was the primary's (whose clock
+        is Redis time)."""
+        if primary:
+            self._clock.observe(reply.now_ms, mono_ms())
         if not self._epoch and reply.epoch:
             # Another replica's first write gave the table its epoch: this view, kept by
             # its pushes, is a copy of that table now.
             self._epoch = reply.epoch
         return self._loss(reply.epoch, reply.high_water, reply.version, reply.hlc, held) is not None
 
-    async def poll(self) -> PollReply:
-        raw = await self._eval("poll", (self._meta, self._writers), (self._replica_id,))
-        return PollReply.decode(raw)
+    async def poll(self, *, primary: bool = False) -> PollReply:
+        """The table's identity from the server the follower reads, or the primary's."""
+        replica = None if primary else self._tier.client
+        raw = await self._eval(
+            "poll", (self._meta, self._writers), (self._replica_id,), client=replica
+        )
+        reply = PollReply.decode(raw)
+        if replica is None:
+            self._tier.primary_at(reply.version)
+        return reply
 
     async def check_identity(self) -> None:
         """On each (re)connection: is it the Redis process this replica synced with? This
@@ -939,6 +973,8 @@ class RedisStore:
         held = self.held()
         snap, reply = await self._snapshot()
         cause = self._loss(reply.epoch, reply.high_water, snap.version, reply.hlc, held)
+        if self._tier.on_replica:
+            snap, reply, cause = await self._replica_snapshot(snap, reply, cause, held)
         if cause is not None or (not reply.epoch and snap.version > 0):
             # (a table written before epochs existed gets one now; a new one, with its
             # first write)
@@ -962,6 +998,24 @@ class RedisStore:
         self.synced.set()
         self._ever_synced = True
         metrics.RESYNCS.inc()
+
+    async def _replica_snapshot(
+        self, snap: Snapshot, reply: SnapshotReply, cause: str | None, held: tuple[int, int, int]
+    ) -> tuple[Snapshot, SnapshotReply, str | None]:
+        """A snapshot read on a replica that seems to lack what this replica holds may only
+        lag: read it again until ``redis_replica_max_lag_s`` passed. Only the primary decides
+        that the table lost data (raises ReplicaBehind then); a table without an epoch
+        gets it from the primary too."""
+        deadline = time.monotonic() + self._tier.max_lag_s
+        while cause is not None or (not reply.epoch and snap.version > 0):
+            if cause is not None and cause == self._doubt:
+                raise ReplicaBehind(f"a merge is due ({cause}): the primary's table decides")
+            if time.monotonic() >= deadline:
+                raise ReplicaBehind(f"a snapshot on the replica looks {cause or 'unstamped'}")
+            await asyncio.sleep(0.05)  # pacing a retry of a lagging replica, bounded above
+            snap, reply = await self._snapshot()
+            cause = self._loss(reply.epoch, reply.high_water, snap.version, reply.hlc, held)
+        return snap, reply, cause
 
     async def _merge(self, cause: str | None, snap: Snapshot, needs_epoch: bool) -> bool:
         """Merge what this replica holds into the table (service/store/merge.py says what,

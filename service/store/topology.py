@@ -89,14 +89,15 @@ class Topology:
         host, port = (x.decode() if isinstance(x, bytes) else str(x) for x in reply)
         return host, int(port)
 
-    async def follow_master(self, pubsub: PubSub) -> None:
+    async def follow_master(self, pubsub: PubSub | None) -> None:
         """Sentinel: move to a new master as soon as the sentinels name one.
 
         Connections to the old master keep working after a switchover
         (``SENTINEL FAILOVER``) until the sentinels reconfigure it, about ten
         seconds later: writes it accepts meanwhile are lost when it becomes a
         replica. Asking every poll bounds that to one ``sync_interval_s``.
-        Raises StoreUnavailable when the subscription must move.
+        Raises StoreUnavailable when the subscription must move (``pubsub`` None: it is on
+        a replica, which does not move with the master).
         """
         said = await self._sentinel_says()
         if said is not None and any(
@@ -106,7 +107,7 @@ class Topology:
         if self._master_moved(pubsub):
             raise StoreUnavailable("the sentinel master moved: subscribing on the new one")
 
-    def _master_moved(self, pubsub: PubSub) -> bool:
+    def _master_moved(self, pubsub: PubSub | None) -> bool:
         """Sentinel: the subscription is on a server that is no longer the master.
 
         A pool learns of a failover when it makes a connection (a report that
@@ -114,7 +115,7 @@ class Topology:
         demoted master would keep receiving pushes by replication, but only as
         long as that server lives and replicates: it moves to the new master.
         """
-        conn = pubsub.connection
+        conn = pubsub.connection if pubsub is not None else None
         if conn is None:
             return False
         return any(
@@ -140,9 +141,22 @@ class Topology:
         nodes += self._conn.target.hosts
         return list(dict.fromkeys(nodes)), owned
 
-    async def close_idle(self) -> None:
-        """Close the connections nothing uses (``StoreClients.close_idle``)."""
-        await self._conn.close_idle(self._routing_key)
+    async def close_idle(self, *others: Redis) -> None:
+        """Close the connections nothing uses (``StoreClients.close_idle``), ``others``' too."""
+        await self._conn.close_idle(self._routing_key, *others)
+
+    def held(self, pubsub: PubSub, replica: Redis | None) -> dict[str, int]:
+        """The connections open now, by use (``StoreClients.held``), the subscription
+        counted once: as ``subscription``, not in the pool it was taken from."""
+        held = self._conn.held(replica)
+        conn = pubsub.connection
+        held["subscription"] = sub = int(conn is not None and conn.is_connected)
+        pool = pubsub.connection_pool
+        if replica is not None and pool is replica.connection_pool:
+            held["replica"] -= sub
+        elif isinstance(self._conn.main, Redis) and pool is self._conn.main.connection_pool:
+            held["commands"] -= sub
+        return held
 
     def open_pubsub(self) -> tuple[PubSub, Redis | None]:
         """A pub/sub connection for the changes channel, and the client to close with it."""
