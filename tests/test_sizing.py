@@ -31,6 +31,17 @@ def _isolate(url: str, broker: str, headers: dict[str, str] | None = None) -> No
         "brokerName": broker, "latencyMs": 0, "isolation": True}).raise_for_status()
 
 
+def _says(url: str) -> dict[str, int]:
+    """detour_store_redis_connections of the default namespace, by use, from /metrics."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith('detour_store_redis_connections{namespace="default",use="'):
+            use = line.split('use="', 1)[1].split('"', 1)[0]
+            out[use] = int(float(line.rsplit(" ", 1)[1]))
+    return out
+
+
 def _held(r: redis.Redis) -> tuple[int, int]:
     """(subscriptions, other connections) of the server's clients other than this one."""
     me = r.client_id()
@@ -56,6 +67,11 @@ def test_redis_connections_per_process_are_the_documented_ones(tmp_path: Path) -
         r = store.client()
         with ServiceProcess(redis_url=store.url, env=env) as svc:
             wait_until(lambda: _held(r) == (1, 1), 10, "2 connections at rest")
+            # ... and the process says so, by use (the metric docs/deploy.md names)
+            assert "`detour_store_redis_connections{namespace, use}`" in doc
+            wait_until(lambda: _says(svc.url) == {"subscription": 1, "commands": 1,
+                                                  "reports": 0, "replica": 0}, 10,
+                       "detour_store_redis_connections: 1 subscription, 1 for commands")
             _isolate(svc.url, "b0")
             wait_until(lambda: _held(r) == (1, 2), 10, "3 once a report has written")
             wait_until(lambda: _held(r) == (1, 1), 10, "back to 2 once it is unused")
