@@ -222,7 +222,8 @@ class Follower:
         """
         store = self._store
         held = store.held()
-        if store.table_lost(await store.poll(), held):
+        on_replica = self._tier is not None and self._tier.on_replica
+        if store.table_lost(await store.poll(), held, primary=not on_replica):
             self.resync_needed = True
 
     def on_message(self, msg: dict[str, Any]) -> None:
