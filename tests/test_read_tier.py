@@ -139,6 +139,38 @@ def test_a_process_reads_the_replica_and_writes_the_primary(servers: Replicated)
     asyncio.run(scenario())
 
 
+def test_a_report_sent_again_through_a_replica_reader_is_applied_once(
+    servers: Replicated,
+) -> None:
+    """Exactly-once is the primary's: a process reading a replica that sends a report id
+    again gets the first answer, and the table and the latency log hold it once."""
+    settings = _settings(servers, sync_interval_s=0.1, report_flush_ms=0)
+    merges = sum(metrics.RESEEDS.labels(c)._value.get()
+                 for c in ("empty", "epoch", "behind", "restart", "failover", "merge"))
+
+    async def scenario() -> None:
+        reader = RedisStore(settings)
+        await reader.start()
+        try:
+            await wait_until_async(lambda: _reading() == 1 and reader.synced.is_set(), 20,
+                                   "the reader on the replica", interval_s=0.05)
+            (first,) = await reader.report_many([ReportIn("a", 0, True, report_id="r-1")])
+            assert not first.duplicate
+            for _ in range(5):
+                (again,) = await reader.report_many([ReportIn("a", 0, True, report_id="r-1")])
+                assert again.duplicate and again.available_at == first.available_at
+            with servers.primary.client() as c:
+                log = c.xrange("detour:{default}:latency-log")
+                assert [e.get("b") for _, e in log].count("a") == 1
+            assert _reading() == 1  # the replica was never left
+        finally:
+            await reader.close()
+
+    asyncio.run(scenario())
+    assert sum(metrics.RESEEDS.labels(c)._value.get()
+               for c in ("empty", "epoch", "behind", "restart", "failover", "merge")) == merges
+
+
 def test_a_lagging_replica_is_left_for_the_primary_and_taken_again(servers: Replicated) -> None:
     """Replication stops: the reader's next window is the primary's, not the replica's,
     so the reader leaves it (lagging), follows the primary, and returns once it is back."""
