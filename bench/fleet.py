@@ -44,6 +44,10 @@ redis-servers; medians across runs. Writes ``fleet.json`` and ``fleet.md`` under
 and the plot to ``--plot``.
 
     python -m bench.fleet [--runs 3] [--replicas 10,100,300,1000,2000] [--quick]
+
+With ``--redis-replicas 0,1,2 [--subscriptions 4000]`` it measures the fan-out tier instead:
+one primary and that many Redis replicas, the sidecars reading from the replicas
+(bench/fleet_tier.py).
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ from tests.procs import ROOT, RedisServer
 
 OUT = ROOT / "bench" / "out"
 PLOT = ROOT / "docs" / "img" / "fleet-scale.png"
+TIER_PLOT = ROOT / "docs" / "img" / "fleet-tier.png"
 LUA = ROOT / "service" / "store" / "lua"
 #: a pushed change names its broker ({"k":"fault","v":..,"f":broker,"x":..})
 #: report.lua takes summary entries (a replica's quiet reports summed between flushes)
@@ -801,7 +806,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--plot", type=Path, default=PLOT)
+    p.add_argument(
+        "--redis-replicas",
+        default="",
+        help="the fan-out tier instead (bench/fleet_tier.py): Redis replica counts, "
+        "comma-separated (e.g. 0,1,2), each run with --subscriptions sidecars",
+    )
+    p.add_argument("--subscriptions", type=int, default=4000)
     args = p.parse_args(argv)
+    if args.redis_replicas:
+        from bench import fleet_tier
+
+        counts = sorted({int(x) for x in args.redis_replicas.split(",")})
+        n = 50 if args.quick else args.subscriptions
+        limit = raise_file_limit(3 * n + 256)
+        if limit < 3 * n + 128:
+            p.error(f"the open-file limit ({limit}) is too low for {n} subscriptions")
+        tier_opts = Options(
+            replicas=[n],
+            runs=1 if args.quick else args.runs,
+            phase_s=0.5 if args.quick else args.phase_s,
+            sync_interval_s=args.sync_interval_s,
+            flush_interval_s=args.flush_interval_s,
+            flush_brokers=args.flush_brokers,
+            flush_buckets=args.flush_buckets,
+            push_rate=args.push_rate,
+            mixed_faults=args.mixed_faults,
+        )
+        plot_path = args.plot if args.plot != PLOT else TIER_PLOT
+        return fleet_tier.main_tier(tier_opts, counts, n, args.out, plot_path)
     replicas = [10, 50] if args.quick else sorted({int(x) for x in args.replicas.split(",")})
     opts = Options(
         replicas=replicas,

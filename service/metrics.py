@@ -230,6 +230,30 @@ JOURNAL_DROPPED = Counter(
 JOURNAL_REPLAYED = Counter(
     "detour_journal_replayed_total", "Journaled reports handed to Redis after an outage."
 )
+READ_FALLBACKS = Counter(
+    "detour_store_read_fallbacks_total",
+    "Times this process left the Redis replica it subscribed to and read from for the "
+    "primary, by cause: lagging (behind what it knew of the primary, the primary losing "
+    "nothing), unreachable (the replica failed a call or refused it, e.g. MASTERDOWN), none "
+    "(no replica to read from).",
+    ["cause"],
+)
+REDIS_CONNECTIONS = Gauge(
+    "detour_store_redis_connections",
+    "Redis connections this process holds open for the namespace, by use: subscription (the "
+    "change channel), commands (polls, snapshots, admin writes), reports (report writes), "
+    "replica (polls and snapshots on the fan-out tier's replica), sentinel (asking where the "
+    "master is). docs/deploy.md, Sizing.",
+    ["namespace", "use"],
+    multiprocess_mode="livesum",
+)
+READING_REPLICA = Gauge(
+    "detour_store_reading_replica",
+    "1 while this process subscribes to and polls a Redis replica for the namespace, 0 while "
+    "it does so on the primary.",
+    ["namespace"],
+    multiprocess_mode="livesum",
+)
 
 # Series that exist from the start, so rate() and increase() see their first event.
 for _cause in ("empty", "epoch", "behind", "restart", "failover", "merge"):
@@ -238,6 +262,8 @@ for _kind in ("config", "route", "window", "delete"):
     RESEEDED.labels(_kind)
 for _what in ("latency_log", "events"):
     UNRECOVERABLE.labels(_what)
+for _cause in ("lagging", "unreachable", "none"):
+    READ_FALLBACKS.labels(_cause)
 for _op in ("report", "set_entry", "snapshot", "fault_items", "sync"):
     STORE_ERRORS.labels(_op)
 for _reason in ("full", "expired", "table_full"):

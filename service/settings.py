@@ -50,6 +50,28 @@ class Settings(BaseSettings):
     redis_timeout_s: float = Field(_STORE.redis_timeout_s, gt=0, le=60)
     #: Timeout of a report's Redis call (seconds): past it the report goes to the journal.
     redis_call_timeout_s: float = Field(_STORE.redis_call_timeout_s, gt=0, le=60)
+    #: Connections each of a namespace's two Redis clients (sync and admin; reports) may hold
+    #: at once, per node in a Cluster; past it a call waits for one (docs/deploy.md, "Sizing").
+    redis_max_connections: int = Field(_STORE.redis_max_connections, ge=1, le=1024)
+    #: A Redis client that sent nothing for this long closes its idle connections; one that
+    #: did keeps one per server (seconds). A sidecar at rest then holds two connections.
+    redis_idle_close_s: float = Field(_STORE.redis_idle_close_s, gt=0, le=3600)
+    #: The fan-out tier: Redis replicas of ``redis_url``'s server from which this process
+    #: subscribes to pushes and reads its polls and snapshots (writes and scripts that write
+    #: go to the primary): ``host:port[,host:port...]`` (one is picked at random, the next
+    #: after a failure), or ``sentinel`` with a ``redis+sentinel://`` URL (the replicas the
+    #: sentinels list). Empty: everything on the primary. Not for ``redis+cluster://``.
+    redis_replicas: str = Field(_STORE.redis_replicas, max_length=4096)
+    #: A replica whose table stays behind what this process knows of the primary's for this
+    #: long is left for the primary (seconds).
+    redis_replica_max_lag_s: float = Field(_STORE.redis_replica_max_lag_s, gt=0, le=600)
+    #: While on a replica, how often the primary's table version is read (one keyed call):
+    #: the bound on how long a replica that stopped replicating goes unnoticed by a process
+    #: that writes nothing (seconds).
+    redis_primary_poll_s: float = Field(_STORE.redis_primary_poll_s, gt=0, le=3600)
+    #: After leaving a replica, how long this process reads from the primary before it tries
+    #: a replica again (seconds).
+    redis_replica_retry_s: float = Field(_STORE.redis_replica_retry_s, gt=0, le=3600)
     #: Reports the journal holds while Redis is unreachable; when full the oldest is dropped.
     journal_max: int = Field(_STORE.journal_max, ge=1, le=10_000_000)
     #: Largest request body accepted (bytes); larger ones get 413.

@@ -111,11 +111,14 @@ class Cluster:
         raise AssertionError(f"slot of {key} not served")
 
     def subscribers(self) -> dict[int, int]:
-        """Per node port: connections subscribed to the changes channel on that node."""
+        """Per node port: connections subscribed to the changes channel on that node, a
+        sharded channel (``SSUBSCRIBE``); none may be on the classic channel of that name."""
         out = {}
         for node in self.nodes:
             with node.client() as c:
-                out[node.port] = int(dict(c.pubsub_numsub(CHANNEL))[CHANNEL])
+                assert int(dict(c.pubsub_numsub(CHANNEL))[CHANNEL]) == 0, "a classic subscription"
+                _, count = c.execute_command("PUBSUB", "SHARDNUMSUB", CHANNEL)
+                out[node.port] = int(count)
         return out
 
     def flush(self) -> None:
@@ -328,8 +331,9 @@ def test_cluster_keeps_a_namespace_on_one_node_and_replicas_follow_each_other(
                                     "detour:{default}:writers-seen"]}
 
 
-def test_cluster_subscription_moves_to_another_node(cluster: Cluster) -> None:
-    """A cluster delivers PUBLISH to every node: a lost subscription resumes on the next."""
+def test_cluster_subscription_resumes_on_the_slots_node(cluster: Cluster) -> None:
+    """The change channel is a sharded one: only the slot's shard carries it, so a lost
+    subscription resumes on the node serving the slot, and pushes flow again."""
     cluster.flush()
     settings = Settings(redis_url=cluster.url_all_nodes, sync_interval_s=60,
                         redis_call_timeout_s=PATIENT_CALL_TIMEOUT_S)
@@ -346,22 +350,26 @@ def test_cluster_subscription_moves_to_another_node(cluster: Cluster) -> None:
             assert cluster.subscribers() == {n.port: 2 if n is owner else 0
                                              for n in cluster.nodes}
             with owner.client() as c:
-                c.client_kill_filter(_type="pubsub")  # both lose their subscription
+                ids = [x["id"] for x in c.client_list() if x.get("ssub") == "1"]
+                assert len(ids) == 2
+                for i in ids:
+                    c.client_kill_filter(_id=i)  # both lose their subscription
 
-            def moved() -> bool:
-                subs = cluster.subscribers()
+            def back() -> bool:
                 # Synced: subscribed again and the snapshot taken after it. Until then the
                 # writer's report would go to its journal (replayed at the next poll, a
                 # minute away) and never be pushed.
-                return subs[owner.port] == 0 and sum(subs.values()) == 2 and \
-                    writer.synced.is_set() and follower.synced.is_set()
+                with owner.client() as c:
+                    again = sum(1 for x in c.client_list() if x.get("ssub") == "1")
+                return again == 2 and writer.synced.is_set() and follower.synced.is_set()
 
-            await wait_until_async(moved, 20, "both subscribed on another node",
+            await wait_until_async(back, 20, "both subscribed again on the slot's node",
                                    interval_s=0.05)
+            assert cluster.subscribers() == {n.port: 2 if n is owner else 0
+                                             for n in cluster.nodes}
             (outcome,) = await writer.report_many([ReportIn("x", 0, True)])
             assert not writer.degraded, "the report went to the journal, not to Redis"
             assert outcome.available_at > outcome.now_ms
-            # Pushed through a node that does not own the slot.
             await wait_until_async(lambda: "x" in follower.view.faults, 20,
                                    "the push on the follower", interval_s=0.05)
         finally:
@@ -395,6 +403,45 @@ def test_sentinel_url_skips_a_dead_sentinel(sentinel: SentinelSetup) -> None:
     with sentinel.master.client() as c:
         assert c.hget("detour:{default}:faults", "x") is not None
         assert int(dict(c.pubsub_numsub(CHANNEL))[CHANNEL]) == 0  # closed cleanly
+
+
+def test_sentinel_lists_the_replicas_a_process_reads(sentinel: SentinelSetup) -> None:
+    """``DETOUR_REDIS_REPLICAS=sentinel``: subscribed to and polling the replica the
+    sentinels list, writing on the master; another process's window arrives through it."""
+    sentinel.flush()
+    replica = sentinel.replica
+    assert replica is not None
+    url = sentinel.url(sentinel.sentinel_ports[:1])
+    reader_settings = Settings(redis_url=url, redis_replicas="sentinel", sync_interval_s=60,
+                               redis_primary_poll_s=60,
+                               redis_call_timeout_s=PATIENT_CALL_TIMEOUT_S)
+    writer_settings = Settings(redis_url=url, redis_call_timeout_s=PATIENT_CALL_TIMEOUT_S)
+
+    def subscribed(server: RedisServer) -> int:
+        with server.client() as c:
+            return int(dict(c.pubsub_numsub(CHANNEL))[CHANNEL])
+
+    async def scenario() -> None:
+        reader, writer = RedisStore(reader_settings), RedisStore(writer_settings)
+        await reader.start()
+        await writer.start()
+        try:
+            await wait_until_async(
+                lambda: (subscribed(sentinel.master), subscribed(replica)) == (1, 1)
+                and reader.synced.is_set(), 20, "the reader on the replica, the writer on "
+                "the master", interval_s=0.05)
+            (out,) = await writer.report_many([ReportIn("x", 0, True)])
+            await wait_until_async(lambda: "x" in reader.view.faults, 10, "the push")
+            assert reader.view.faults["x"].available_at == out.available_at
+            (mine,) = await reader.report_many([ReportIn("y", 0, True)])
+            assert not reader.degraded and mine.available_at > mine.now_ms
+            with sentinel.master.client() as c:
+                assert c.hget("detour:{default}:faults", "y") is not None
+        finally:
+            await writer.close()
+            await reader.close()
+
+    asyncio.run(scenario())
 
 
 @pytest.mark.e2e

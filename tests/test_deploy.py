@@ -52,7 +52,7 @@ SPARK_TEMPLATE = DEPLOY / "spark" / "executor-pod-template.yaml"
 DASHBOARD = DEPLOY / "grafana" / "detour.json"
 RULES = DEPLOY / "prometheus" / "rules.yaml"
 #: Every kustomization a user applies (the base and the generators are in them).
-KUSTOMIZATIONS = ["overlays/shared", "overlays/sidecar", "observability"]
+KUSTOMIZATIONS = ["overlays/shared", "overlays/sidecar", "overlays/fanout", "observability"]
 #: prometheus-operator kinds: no schema in kubernetes-validate, checked structurally.
 CRD_KINDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
@@ -1015,3 +1015,67 @@ def test_the_external_redis_overlay_in_the_doc_renders(tmp_path: Path) -> None:
     ref = _env(deploy["spec"]["template"]["spec"]["containers"][0])["DETOUR_REDIS_URL"]
     secret = _one(docs, "Secret", ref["valueFrom"]["secretKeyRef"]["name"])
     assert base64.b64decode(secret["data"]["url"]).decode() == url
+
+
+def _args(container: dict[str, Any], password: str) -> list[str]:
+    """A container's args as redis-server takes them, the password expanded."""
+    return [a.replace("$(REDIS_PASSWORD)", password) for a in container["args"]]
+
+
+def test_fanout_overlay_replicates_with_its_acl_and_lists_every_replica() -> None:
+    """deploy/overlays/fanout: the sidecar lists one address per replica of the StatefulSet,
+    and its Redis args work on real servers: the replica authenticates as `replicator`
+    (PSYNC, REPLCONF, PING only), replicates, and serves `detour` read-only."""
+    from tests.procs import RedisServer, wait_until
+
+    docs = _render("overlays/fanout")
+    replicas = _one(docs, "StatefulSet", "detour-redis-replica")
+    sidecar = _one(docs, "Deployment", "example-producer")["spec"]["template"]["spec"][
+        "initContainers"][0]
+    listed = {e["name"]: e.get("value") for e in sidecar["env"]}["DETOUR_REDIS_REPLICAS"]
+    assert listed == ",".join(f"detour-redis-replica-{i}.detour-redis-replica:6379"
+                              for i in range(replicas["spec"]["replicas"]))
+    primary_c = _one(docs, "StatefulSet", "detour-redis")["spec"]["template"]["spec"][
+        "containers"][0]
+    replica_c = replicas["spec"]["template"]["spec"]["containers"][0]
+    keep = {"--user", "--replica-read-only", "--masteruser", "--masterauth"}
+
+    def server_args(args: list[str]) -> list[str]:
+        """The ACL and replication options (the rest is paths and sizes for a pod)."""
+        out, i = [], 0
+        while i < len(args):
+            if args[i] == "--user":
+                j = i + 1
+                while j < len(args) and not args[j].startswith("--"):
+                    j += 1
+                out += args[i:j]
+                i = j
+            elif args[i] in keep:
+                out += args[i:i + 2]
+                i += 2
+            else:
+                i += 2 if i + 1 < len(args) and not args[i + 1].startswith("--") else 1
+        return out
+
+    password = "pw-fanout"
+    primary = RedisServer(extra=server_args(_args(primary_c, password)))
+    replica = RedisServer(extra=[*server_args(_args(replica_c, password)),
+                                 "--replicaof", "127.0.0.1", str(primary.port)])
+    try:
+        import redis as redis_py
+
+        def link(port: int, user: str) -> redis_py.Redis:
+            return redis_py.Redis(host="127.0.0.1", port=port, username=user, password=password,
+                                  decode_responses=True, socket_timeout=2)
+
+        with link(primary.port, "detour") as p, link(replica.port, "detour") as r:
+            p.set("detour:x", "1")
+            wait_until(lambda: r.get("detour:x") == "1", 20, "replicated as replicator")
+            with pytest.raises(redis_py.ReadOnlyError):
+                r.set("detour:y", "1")
+        refused = redis_py.exceptions.NoPermissionError
+        with link(primary.port, "replicator") as rep, pytest.raises(refused):
+            rep.get("detour:x")  # the replication user reads nothing itself
+    finally:
+        replica.stop()
+        primary.stop()

@@ -83,3 +83,32 @@ def test_model_grows_with_sidecars_and_faults() -> None:
 def test_line_fits_exactly() -> None:
     assert fleet.line([1, 2, 3], [5, 7, 9]) == pytest.approx((3, 2))
     assert fleet.resp("GET", "k") == b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_quick_tier_run_spreads_the_fanout_over_replicas(tmp_path: Path) -> None:
+    """``--redis-replicas 0,1,2 --quick``: real replicas, every push reaches every
+    subscription through them, the replicas bear the deliveries, and the projection names a
+    replica count for each fleet."""
+    from bench import fleet_tier
+
+    plot = tmp_path / "tier.png"
+    assert fleet.main(["--redis-replicas", "0,1,2", "--quick", "--out", str(tmp_path),
+                       "--plot", str(plot)]) == 0
+    result = json.loads((tmp_path / "fleet-tier.json").read_text())
+    by = result["by_redis_replicas"]
+    assert list(by) == ["0", "1", "2"]
+    for r, row in by.items():
+        assert row["push"]["delivered"] == 1.0 and row["mixed"]["delivered"] == 1.0, r
+        assert row["costs"]["primary_push_us"] > 0 and row["costs"]["primary_flush_us"] > 0
+        if r != "0":
+            # the deliveries run on the replicas, and they answer the polls
+            assert row["costs"]["replica_per_sub_us"] > 0 and row["costs"]["replica_poll_us"] > 0
+    assert "replica_per_sub_us" not in by["0"]["costs"]
+    rows = result["projection"]
+    assert {r["sidecars"] for r in rows} == set(fleet_tier.SIDECARS)
+    for r in rows:
+        assert r["primary_cores"] > 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| Redis replicas |" in (tmp_path / "fleet-tier.md").read_text()

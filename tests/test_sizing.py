@@ -26,33 +26,59 @@ def _sizing() -> str:
     return DOC.read_text(encoding="utf-8").split("\n## Sizing", 1)[1].split("\n## ", 1)[0]
 
 
-def _connections(r: redis.Redis) -> int:
-    """Clients of the server other than this one."""
-    me = r.client_id()
-    return sum(1 for c in r.client_list() if int(c["id"]) != me)
-
-
 def _isolate(url: str, broker: str, headers: dict[str, str] | None = None) -> None:
     httpx.post(f"{url}/report-latency", headers=headers, timeout=10, json={
         "brokerName": broker, "latencyMs": 0, "isolation": True}).raise_for_status()
 
 
+def _says(url: str) -> dict[str, int]:
+    """detour_store_redis_connections of the default namespace, by use, from /metrics."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith('detour_store_redis_connections{namespace="default",use="'):
+            use = line.split('use="', 1)[1].split('"', 1)[0]
+            out[use] = int(float(line.rsplit(" ", 1)[1]))
+    return out
+
+
+def _held(r: redis.Redis) -> tuple[int, int]:
+    """(subscriptions, other connections) of the server's clients other than this one."""
+    me = r.client_id()
+    clients = [c for c in r.client_list() if int(c["id"]) != me]
+    subs = sum(1 for c in clients if c.get("sub") == "1")
+    return subs, len(clients) - subs
+
+
 @pytest.mark.e2e
 def test_redis_connections_per_process_are_the_documented_ones(tmp_path: Path) -> None:
-    """2 per namespace at rest; 3 once a report has written; concurrent reports add one
-    each and the pool keeps them (no maximum but the requests in flight)."""
+    """2 per namespace at rest (the subscription and the poll's); a report that writes opens
+    one more, closed once unused; a burst opens at most the maximum per client, and those
+    close too."""
     doc = _sizing()
     assert "**2 per namespace at rest**" in doc and "3 once a" in doc
-    assert str(Settings().max_in_flight) in doc
+    assert "`DETOUR_REDIS_MAX_CONNECTIONS` (16)" in doc and Settings().redis_max_connections == 16
+    assert "`DETOUR_REDIS_IDLE_CLOSE_S` (10 s)" in doc and Settings().redis_idle_close_s == 10
     store = RedisServer()
+    most = 3
+    env = {**PATIENT_ENV, "DETOUR_REDIS_IDLE_CLOSE_S": "0.5",
+           "DETOUR_REDIS_MAX_CONNECTIONS": str(most)}
     try:
         r = store.client()
-        with ServiceProcess(redis_url=store.url, env=PATIENT_ENV) as svc:
-            wait_until(lambda: _connections(r) == 2, 10, "2 connections at rest")
+        with ServiceProcess(redis_url=store.url, env=env) as svc:
+            wait_until(lambda: _held(r) == (1, 1), 10, "2 connections at rest")
+            # ... and the process says so, by use (the metric docs/deploy.md names)
+            assert "`detour_store_redis_connections{namespace, use}`" in doc
+            wait_until(lambda: _says(svc.url) == {"subscription": 1, "commands": 1,
+                                                  "reports": 0, "replica": 0}, 10,
+                       "detour_store_redis_connections: 1 subscription, 1 for commands")
             _isolate(svc.url, "b0")
-            wait_until(lambda: _connections(r) == 3, 10, "3 once a report has written")
+            wait_until(lambda: _held(r) == (1, 2), 10, "3 once a report has written")
+            wait_until(lambda: _held(r) == (1, 1), 10, "back to 2 once it is unused")
             threads = 16
             answered: list[int] = []
+            seen: list[int] = []
+            done = threading.Event()
 
             def burst(k: int) -> None:
                 with httpx.Client(base_url=svc.url, timeout=10) as c:
@@ -64,17 +90,26 @@ def test_redis_connections_per_process_are_the_documented_ones(tmp_path: Path) -
                         assert r.status_code == 200 or r.json()["error"] == "SYSTEM_BUSY", r.text
                         answered.append(r.status_code)
 
+            def watch() -> None:
+                with store.client() as w:
+                    while not done.is_set():
+                        seen.append(sum(_held(w)))
+                        done.wait(0.005)
+
+            watcher = threading.Thread(target=watch)
+            watcher.start()
             workers = [threading.Thread(target=burst, args=(k,)) for k in range(threads)]
             for w in workers:
                 w.start()
             for w in workers:
                 w.join(60)
+            done.set()
+            watcher.join(10)
             assert len(answered) == threads * 10 and answered.count(200) >= threads, answered
-            held = _connections(r)
-            # More than the 3 of one report at a time, at most one per concurrent report
-            # (plus the subscription and the poll's), and still open after the burst.
-            assert 3 < held <= threads + 3, held
-            assert _connections(r) == held
+            # 16 reports at once wait for the reports' client's 3 connections; the other
+            # client (the subscription, polls) holds at most its own 3.
+            assert 3 <= max(seen) <= 2 * most, max(seen)
+            wait_until(lambda: _held(r) == (1, 1), 10, "back to 2 after the burst")
         r.close()
 
         # Two namespaces: a store, a subscription and a poll each.
@@ -84,7 +119,7 @@ def test_redis_connections_per_process_are_the_documented_ones(tmp_path: Path) -
         r.flushall()
         with ServiceProcess(redis_url=store.url, env={**PATIENT_ENV,
                                                       "DETOUR_TOKENS_FILE": str(tokens)}):
-            wait_until(lambda: _connections(r) == 4, 10, "2 per namespace at rest")
+            wait_until(lambda: _held(r) == (2, 2), 10, "2 per namespace at rest")
         r.close()
     finally:
         store.stop()

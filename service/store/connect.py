@@ -24,18 +24,20 @@ and user, password and service are percent-decoded.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import parse_qs, quote, unquote
 
-from redis.asyncio import ConnectionPool, Redis, RedisCluster
+from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
-from redis.asyncio.connection import SSLConnection
+from redis.asyncio.connection import AbstractConnection, SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
-from redis.exceptions import AuthenticationError, RedisError
+from redis.exceptions import AuthenticationError, RedisClusterException, RedisError
 
 Mode = Literal["single", "cluster", "sentinel"]
 
@@ -70,7 +72,7 @@ class RedisTarget:
         return {"username": self.username, "password": self.password}
 
 
-def _host_port(text: str, default_port: int, shown: str) -> tuple[str, int]:
+def host_port(text: str, default_port: int, shown: str) -> tuple[str, int]:
     if text.startswith("["):  # [v6]:port
         host, sep, rest = text[1:].partition("]")
         if not sep or (rest and not rest.startswith(":")):
@@ -115,7 +117,7 @@ def parse_redis_url(url: str) -> RedisTarget:
         username = unquote(user_text) or None
         password = unquote(password_text) if colon else None
     hosts = tuple(
-        _host_port(h.strip(), _DEFAULT_PORT[mode], shown) for h in hostlist.split(",") if h.strip()
+        host_port(h.strip(), _DEFAULT_PORT[mode], shown) for h in hostlist.split(",") if h.strip()
     )
     if not hosts:
         raise ValueError(f"redis URL {shown} names no host")
@@ -163,6 +165,42 @@ def _ssl_connection(ssl: bool) -> dict[str, Any]:
     return {"connection_class": SSLConnection} if ssl else {}
 
 
+class _Client(Redis):
+    """A client to one server (or the Sentinel master) that notes whether it was used."""
+
+    used = False
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        self.used = True
+        return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+
+
+class _ClusterClient(RedisCluster):
+    """A Cluster client that notes whether it was used."""
+
+    used = False
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        self.used = True
+        return await super().execute_command(*args, **kwargs)
+
+
+class _SentinelPool(SentinelConnectionPool, BlockingConnectionPool):
+    """The master's pool under Sentinel, bounded like the others: past ``max_connections``
+    a call waits (up to ``timeout``) for a connection instead of opening another."""
+
+
+async def _close_free(free: Sequence[AbstractConnection], keep: int) -> int:
+    """Disconnect the idle connections in ``free`` but the last ``keep`` connected ones (the
+    most recently released: the pools hand those out first); how many were closed. A closed
+    connection stays in its pool and connects again when next handed out."""
+    connected = [c for c in free if c.is_connected]
+    closing = connected[: max(0, len(connected) - keep)]
+    for c in closing:
+        await c.disconnect()
+    return len(closing)
+
+
 class StoreClients:
     """The store's two clients on any deployment, and what to close with them.
 
@@ -172,11 +210,28 @@ class StoreClients:
     MOVED/ASK): a report has one short timeout before the journal takes it.
     Under Sentinel both follow the master through one shared ``Sentinel``,
     whose own connections use ``timeout_s``.
+
+    Each client holds at most ``max_connections`` connections (per node in a Cluster);
+    past that, a call waits for one (a Cluster's fails at once: the store then journals
+    the report or answers unavailable). ``close_idle`` closes what sits unused.
     """
 
-    def __init__(self, target: RedisTarget, timeout_s: float, fast_timeout_s: float) -> None:
+    def __init__(
+        self,
+        target: RedisTarget,
+        timeout_s: float,
+        fast_timeout_s: float,
+        max_connections: int = 16,
+        idle_close_s: float = 10.0,
+    ) -> None:
         self.target = target
         self.timeout_s = timeout_s
+        self.max_connections = max_connections
+        #: how often idle connections are closed (seconds): a client that sent nothing
+        #: since the last time keeps none, one that did keeps one per server. A sidecar at
+        #: rest thus holds its subscription and the connection its polls use; the one a
+        #: report that moved a window opened closes within two of these once windows stop.
+        self.idle_close_s = idle_close_s
         self._closers: list[Callable[[], Awaitable[Any]]] = []
         self.sentinel: Sentinel | None = None
         if target.mode == "sentinel":
@@ -190,30 +245,46 @@ class StoreClients:
                     "retry": _no_retry(),  # a dead sentinel is skipped, the next one asked
                 },
             )
+            # Each poll asks the first sentinel where the master is: a fleet's processes
+            # each start with another, so that no one sentinel answers them all.
+            random.shuffle(self.sentinel.sentinels)
         self.main = self._open(timeout_s, retry=True)
         self.fast = self._open(fast_timeout_s, retry=False)
         if self.sentinel is not None:
             self._closers += [s.aclose for s in self.sentinel.sentinels]
+        self._last_close = time.monotonic()
 
     def _open(self, timeout_s: float, *, retry: bool) -> Redis | RedisCluster:
         target = self.target
         common: dict[str, Any] = {"decode_responses": True, **_timeouts(timeout_s)}
         client: Redis | RedisCluster
         if target.mode == "single":
-            # Exactly what the store always did for redis://, rediss://, unix://.
-            client = Redis.from_pool(ConnectionPool.from_url(target.url, **common))
+            # What the store always did for redis://, rediss://, unix://, bounded.
+            pool = BlockingConnectionPool.from_url(
+                target.url, max_connections=self.max_connections, timeout=timeout_s, **common
+            )
+            client = _Client.from_pool(pool)
         elif target.mode == "cluster":
-            client = RedisCluster(
+            client = _ClusterClient(
                 startup_nodes=[ClusterNode(host, port) for host, port in target.hosts],
                 retry=None if retry else _no_retry(),
                 ssl=target.ssl,
+                max_connections=self.max_connections,
                 **target.node_auth(),
                 **common,
             )
         else:
             assert self.sentinel is not None
             client = self.sentinel.master_for(
-                target.service, db=target.db, ssl=target.ssl, **target.node_auth(), **common
+                target.service,
+                redis_class=_Client,
+                connection_pool_class=_SentinelPool,
+                db=target.db,
+                ssl=target.ssl,
+                max_connections=self.max_connections,
+                timeout=timeout_s,
+                **target.node_auth(),
+                **common,
             )
         self._closers.append(client.aclose)
         return client
@@ -227,21 +298,115 @@ class StoreClients:
                 pools.append(pool)
         return pools
 
-    def node_client(self, host: str, port: int) -> Redis:
-        """A plain client to one cluster node, configured like ``main`` (no retry)."""
-        pool = ConnectionPool(
+    def node_client(self, host: str, port: int, *, readonly: bool = False) -> Redis:
+        """A plain client to one server (a Cluster node, a replica), configured like ``main``
+        and bounded like it; the caller closes it (``aclose``) when done with it.
+        ``readonly``: a Cluster replica, which answers reads of its shard only after
+        ``READONLY`` (sent on each connection)."""
+        extra: dict[str, Any] = {"redis_connect_func": _readonly} if readonly else {}
+        pool = BlockingConnectionPool(
             host=host,
             port=port,
+            db=self.target.db,
             decode_responses=True,
+            max_connections=self.max_connections,
+            timeout=self.timeout_s,
+            **extra,
             **_timeouts(self.timeout_s),
             **self.target.node_auth(),
             **_ssl_connection(self.target.ssl),
         )
-        return Redis.from_pool(pool)
+        return _Client.from_pool(pool)
+
+    def replica_client(self, host: str, port: int) -> Redis:
+        """A client to a replica of the primary (the fan-out tier) with the primary's
+        credentials, database and TLS: ``node_client`` under Sentinel, the URL's own
+        options with the replica's address for a single server."""
+        if self.target.mode != "single":
+            return self.node_client(host, port)
+        options: dict[str, Any] = {**parse_url(self.target.url), "host": host, "port": port}
+        options.pop("path", None)  # a unix:// primary: the replica is reached over TCP
+        pool = BlockingConnectionPool(
+            decode_responses=True,
+            max_connections=self.max_connections,
+            timeout=self.timeout_s,
+            **_timeouts(self.timeout_s),
+            **options,
+        )
+        return _Client.from_pool(pool)
+
+    def held(self, *others: Redis | None) -> dict[str, int]:
+        """Connections open now, by client: ``commands`` (sync, snapshots, admin writes),
+        ``reports``, ``replica`` (``others``: the fan-out tier's replica client) and, under
+        Sentinel, ``sentinel`` (the polls asking where the master is). (The subscription is
+        counted by its owner.)"""
+        out = {"commands": _connected(self.main), "reports": _connected(self.fast)}
+        out["replica"] = sum(_connected(c) for c in others if c is not None)
+        if self.sentinel is not None:
+            out["sentinel"] = sum(_connected(c) for c in self.sentinel.sentinels)
+        return out
+
+    async def close_idle(self, routing_key: str, *others: Redis) -> int:
+        """Every ``idle_close_s`` at most: close the idle connections of ``main``, ``fast``
+        and ``others`` (the follower's read client) that no call needs. A client used since
+        the last time keeps one idle connection (under Cluster, to the node serving
+        ``routing_key``, the only node the store sends to), one unused keeps none. Returns
+        how many were closed (0 when it was not time yet)."""
+        now = time.monotonic()
+        if now - self._last_close < self.idle_close_s:
+            return 0
+        self._last_close = now
+        closed = 0
+        for client in (self.main, self.fast, *others):
+            keep = 1 if getattr(client, "used", True) else 0
+            if isinstance(client, _ClusterClient):
+                home = _owner(client, routing_key)
+                # (the startup nodes keep the connections that read the slot map)
+                nodes = {id(n): n for n in client.nodes_manager.startup_nodes.values()}
+                nodes.update({id(n): n for n in client.get_nodes()})
+                for node in nodes.values():
+                    closed += await _close_free(list(node._free), keep if node is home else 0)
+            elif isinstance(client, Redis):
+                pool = client.connection_pool
+                if isinstance(pool, ConnectionPool):
+                    closed += await _close_free(list(pool._available_connections), keep)
+            if isinstance(client, _Client | _ClusterClient):
+                client.used = False
+        return closed
 
     async def aclose(self) -> None:
         for close in self._closers:
             await close()
+
+
+def _connected(client: Redis | RedisCluster) -> int:
+    """How many of the client's connections are open (in use or idle), on every node."""
+    if isinstance(client, RedisCluster):
+        return sum(
+            sum(1 for c in node._connections if c.is_connected) for node in client.get_nodes()
+        )
+    pool = client.connection_pool
+    if isinstance(pool, ConnectionPool):
+        return sum(
+            1 for c in (*pool._available_connections, *pool._in_use_connections) if c.is_connected
+        )
+    return 0
+
+
+async def _readonly(connection: AbstractConnection) -> None:
+    """A new connection to a Cluster replica: the usual handshake, then ``READONLY``."""
+    await connection.on_connect()
+    await connection.send_command("READONLY")
+    if str(await connection.read_response()) != "OK":
+        raise ConnectionError("READONLY refused")
+
+
+def _owner(cluster: RedisCluster, key: str) -> ClusterNode | None:
+    """The node serving ``key``'s slot, as the client's slot map says (None: not known)."""
+    try:
+        return cluster.get_node_from_key(key)
+    except (RedisClusterException, RedisError, KeyError):
+        return None
 
 
 def _timeouts(timeout_s: float) -> dict[str, Any]:

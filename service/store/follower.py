@@ -27,6 +27,7 @@ from service import metrics
 from service.cancelling import honour_cancel
 from service.errors import StoreUnavailable
 from service.store import codec
+from service.store.reads import ReadTier, ReplicaBehind
 from service.store.replies import PollReply
 from service.store.topology import Topology
 
@@ -84,11 +85,16 @@ class RedisClock:
         )
 
 
+class _Resubscribe(StoreUnavailable):
+    """Not a failure: subscribe again (the Sentinel master moved under a replica reader)."""
+
+
 class Followed(Protocol):
     """What the follower needs from the store it keeps current."""
 
     view: TableView
     synced: asyncio.Event
+    namespace: str
 
     @property
     def journal_size(self) -> int: ...
@@ -100,11 +106,13 @@ class Followed(Protocol):
 
     async def replay_journal(self) -> None: ...
 
-    async def poll(self) -> PollReply: ...
+    async def poll(self, *, primary: bool = False) -> PollReply: ...
 
     def held(self) -> tuple[int, int, int]: ...
 
-    def table_lost(self, reply: PollReply, held: tuple[int, int, int]) -> bool: ...
+    def table_lost(
+        self, reply: PollReply, held: tuple[int, int, int], *, primary: bool = True
+    ) -> bool: ...
 
     def saw(self, stamp: int) -> None: ...
 
@@ -131,12 +139,21 @@ class Follower:
         channel: str,
         times: FollowerTimes,
         wrap_errors: Callable[[], contextlib.AbstractAsyncContextManager[None]],
+        *,
+        sharded: bool = False,
+        tier: ReadTier | None = None,
     ) -> None:
         self._store = store
         self._topology = topology
         self._channel = channel
         self._times = times
         self._wrap_errors = wrap_errors
+        #: a Cluster's change channel is a sharded one (SSUBSCRIBE): only the nodes of the
+        #: shard serving its slot carry it, and they drop the subscription when the slot moves
+        self._sharded = sharded
+        #: the fan-out tier: subscribe and read on a replica while one keeps up
+        self._tier = tier
+        self._next_primary_poll = 0.0
         self.resync_needed = False
         #: called after a (re)subscription on a master other than the last one (Sentinel)
         self.on_master_change: Callable[[], Awaitable[None]] | None = None
@@ -152,12 +169,46 @@ class Follower:
             self.resync_needed = True  # Redis lost its data (restart, flush, failover)
         elif reply.version > store.view.version:
             # Pushes for that version may still be in flight: drain them first.
-            while (msg := await pubsub.get_message(ignore_subscribe_messages=True)) is not None:
+            while (msg := await pubsub.get_message()) is not None:
                 self.on_message(msg)
             if reply.version > store.view.version:
                 self.resync_needed = True
         elif reply.version < store.view.version:
             self.resync_needed = True
+
+    async def _poll_replica(self, pubsub: PubSub) -> None:
+        """The poll while on a replica: its table must keep up with what this process
+        knows of the primary's (its own writes; a poll of the primary every
+        ``redis_primary_poll_s``); any sign that it lacks data sends the process to the
+        primary, whose table alone decides a merge. Raises ReplicaBehind."""
+        store, tier = self._store, self._tier
+        assert tier is not None
+        if self._topology.sentinel:
+            await self._topology.follow_master(None)
+            if self._topology.master_address() != self._last_master:
+                raise _Resubscribe("the sentinel master moved")
+        if mono_ms() >= self._next_primary_poll:
+            await store.poll(primary=True)  # the primary's version, and Redis's clock
+            self._next_primary_poll = mono_ms() + 1000 * tier.primary_poll_s
+        held = store.held()
+        reply = await store.poll()
+        if reply.version > store.view.version:
+            while (msg := await pubsub.get_message()) is not None:
+                self.on_message(msg)
+            if reply.version > store.view.version:
+                self.resync_needed = True
+        tier.check_lag(reply.version, held[1])
+        if reply.version >= max(tier.primary_version, held[1]) and store.table_lost(
+            reply, held, primary=False
+        ):
+            raise ReplicaBehind("the replica's table is not the one this process holds")
+
+    def _count(self, pubsub: PubSub) -> None:
+        """The connections held now, by use (the metric docs/deploy.md's Sizing counts)."""
+        replica = self._tier.client if self._tier is not None else None
+        held = self._topology.held(pubsub, replica)
+        for use, count in held.items():
+            metrics.REDIS_CONNECTIONS.labels(self._store.namespace, use).set(count)
 
     async def _learn_epoch(self) -> None:
         """Ask which table a push comes from before the view holds its data.
@@ -171,11 +222,17 @@ class Follower:
         """
         store = self._store
         held = store.held()
-        if store.table_lost(await store.poll(), held):
+        on_replica = self._tier is not None and self._tier.on_replica
+        if store.table_lost(await store.poll(), held, primary=not on_replica):
             self.resync_needed = True
 
     def on_message(self, msg: dict[str, Any]) -> None:
-        if msg.get("type") != "message":
+        kind = msg.get("type")
+        if kind in ("unsubscribe", "sunsubscribe"):
+            # Not asked for: a Cluster node drops its sharded subscribers when the slot
+            # moves away (a resharding, a failover). Subscribe again where it lives now.
+            raise StoreUnavailable("the change channel's subscription was dropped")
+        if kind not in ("message", "smessage"):
             return
         change = json.loads(msg["data"])
         version, kind, field, value = int(change["v"]), change["k"], change["f"], change["x"]
@@ -207,7 +264,7 @@ class Follower:
         while mono_ms() < deadline:
             honour_cancel()
             msg = await pubsub.get_message(timeout=self._times.timeout_s)
-            if msg is not None and msg.get("type") == "subscribe":
+            if msg is not None and msg.get("type") in ("subscribe", "ssubscribe"):
                 return
         raise StoreUnavailable("no subscribe confirmation from redis")
 
@@ -223,12 +280,21 @@ class Follower:
         """Subscribe, snapshot, then apply pushes until the connection fails."""
         interval = self._times.sync_interval_s
         store = self._store
-        pubsub, pubsub_client = self._topology.open_pubsub()
+        tier = self._tier
+        await self._topology.refresh_slots()
+        replica = await tier.choose() if tier is not None else None
+        if replica is not None:
+            pubsub, pubsub_client = replica.pubsub(), None  # (the tier closes the client)
+        else:
+            pubsub, pubsub_client = self._topology.open_pubsub()
         try:
             async with self._wrap_errors():
                 await self._topology.find_master()
                 await self._check_master()
-                await pubsub.subscribe(self._channel)
+                if self._sharded:
+                    await pubsub.ssubscribe(self._channel)
+                else:
+                    await pubsub.subscribe(self._channel)
                 # Snapshot only once Redis confirms, so no change falls between.
                 await self._wait_subscribed(pubsub)
                 # Another Redis process than before (a restart, a failover) does not know
@@ -238,25 +304,43 @@ class Follower:
                 # reports land in it (their replies carry the epoch too).
                 await store.resync()
                 self.resync_needed = False
+                if tier is not None and replica is not None:
+                    tier.reading()
                 await store.replay_journal()
                 next_poll = mono_ms() + interval * 1000
                 while True:
                     honour_cancel()
                     timeout = max(0.0, (next_poll - mono_ms()) / 1000)
-                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=timeout)
-                    if msg is not None:
+                    msg = await pubsub.get_message(timeout=timeout)
+                    if msg is not None and msg.get("type") in ("message", "smessage"):
                         if not store.has_epoch:
                             await self._learn_epoch()
                         self.on_message(msg)
+                    elif msg is not None:
+                        self.on_message(msg)  # a dropped subscription raises
                     if mono_ms() >= next_poll:
-                        await self._poll(pubsub)
+                        if replica is not None:
+                            await self._poll_replica(pubsub)
+                        else:
+                            await self._poll(pubsub)
                         next_poll = mono_ms() + interval * 1000
                     if self.resync_needed:
                         await store.resync()
                         self.resync_needed = False
                     if store.journal_size:
                         await store.replay_journal()
-        except StoreUnavailable:
+                    await self._topology.close_idle(*([replica] if replica else []))
+                    self._count(pubsub)
+                    if replica is None and tier is not None and tier.may_try():
+                        return  # back to a replica once the fallback has lasted retry_s
+        except ReplicaBehind as exc:
+            assert tier is not None
+            tier.fall_back("lagging", exc.message)
+        except _Resubscribe:
+            pass
+        except StoreUnavailable as exc:
+            if tier is not None and replica is not None:
+                tier.fall_back("unreachable", exc.message)
             self._topology.subscription_failed()
             raise
         finally:

@@ -29,6 +29,12 @@ class StoreOptions:
     report_flush_ms: int = 1000
     #: the config a new table starts with (detour/profiles.py)
     profile: Literal["recommended", "rocketmq-4"] = "recommended"
+    redis_max_connections: int = 16
+    redis_idle_close_s: float = 10.0
+    redis_replicas: str = ""
+    redis_replica_max_lag_s: float = 1.0
+    redis_primary_poll_s: float = 10.0
+    redis_replica_retry_s: float = 30.0
 
     @classmethod
     def of(cls, source: object) -> StoreOptions:

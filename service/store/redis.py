@@ -51,6 +51,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
@@ -77,6 +78,7 @@ from service.store.journal import Journal, replay
 from service.store.local import apply_locally, outcome
 from service.store.merge import Candidates, calls, candidates
 from service.store.options import StoreOptions
+from service.store.reads import ReadTier, ReplicaBehind
 from service.store.replies import (
     ID_REUSED,
     STALE_CONFIG,
@@ -184,6 +186,9 @@ class RedisStore:
         base = f"{settings.redis_prefix}:{{{self.namespace}}}"
         self._faults, self._routes, self._meta = f"{base}:faults", f"{base}:routes", f"{base}:meta"
         self._channel = f"{base}:changes"
+        #: the channel as the scripts take it: a Cluster's is sharded (SPUBLISH, Redis 7)
+        self._sharded = parse_redis_url(settings.redis_url).mode == "cluster"
+        self._push_channel = scripts.channel_arg(self._channel, sharded=self._sharded)
         self._log = f"{base}:latency-log"
         self._log_max = settings.latency_log_max
         self._events = f"{base}:events"
@@ -201,6 +206,8 @@ class RedisStore:
             parse_redis_url(settings.redis_url),
             settings.redis_timeout_s,
             settings.redis_call_timeout_s,
+            settings.redis_max_connections,
+            settings.redis_idle_close_s,
         )
         self._client = self._conn.main
         self._scripts: dict[str, AsyncScript] = {
@@ -234,12 +241,23 @@ class RedisStore:
         #: a merge is under way: the table in Redis may lack what this replica holds
         self._recovering = False
         self._topology = Topology(self._conn, settings.redis_timeout_s, self._meta)
+        #: the fan-out tier: the replica the follower reads from (writes stay on the primary)
+        self._tier = ReadTier(
+            self._conn,
+            settings.redis_replicas,
+            self.namespace,
+            max_lag_s=settings.redis_replica_max_lag_s,
+            primary_poll_s=settings.redis_primary_poll_s,
+            retry_s=settings.redis_replica_retry_s,
+        )
         self._follower = Follower(
             self,
             self._topology,
             self._channel,
             FollowerTimes(settings.sync_interval_s, settings.redis_timeout_s),
             _wrap_errors,
+            sharded=self._sharded,
+            tier=self._tier,
         )
         self._follower.on_master_change = self._master_changed
         self._task: asyncio.Task[None] | None = None
@@ -290,6 +308,7 @@ class RedisStore:
                     await self.replay_journal()
             if self._journal:
                 log.warning("stopping with %d journaled reports not in redis", len(self._journal))
+        await self._tier.close()
         await self._conn.aclose()
 
     @property
@@ -319,12 +338,14 @@ class RedisStore:
         keys: Sequence[str],
         args: Sequence[Any],
         script: AsyncScript | None = None,
+        client: Redis | None = None,
     ) -> Any:
+        """Run a script on the primary, or on ``client`` (a replica: read-only scripts)."""
         start = time.perf_counter()
         try:
             async with _wrap_errors():
                 run = script or self._scripts[name]
-                return await run(keys=list(keys), args=list(args))
+                return await run(keys=list(keys), args=list(args), client=client)
         except StoreUnavailable:
             metrics.STORE_ERRORS.labels(name).inc()
             raise
@@ -592,7 +613,7 @@ class RedisStore:
         return [
             max(self.view.config_stamp, 0),
             rule,
-            self._channel,
+            self._push_channel,
             self._log_max,
             self._settings.max_brokers,
             _policy_arg(config, self._events_max),
@@ -749,7 +770,7 @@ class RedisStore:
         keys = (key, self._meta, self._events, self._ends, self._graves, self._graves_index)
         for _ in range(3):
             args = (
-                self._channel,
+                self._push_channel,
                 kind,
                 field,
                 value,
@@ -778,7 +799,7 @@ class RedisStore:
     async def set_reachability(self, readings: Mapping[str, bool]) -> None:
         config = self.view.config
         early = config.early_recovery and config.send_latency_fault_enable
-        args: list[str | int] = [self._channel, int(early), self._seen_stamp]
+        args: list[str | int] = [self._push_channel, int(early), self._seen_stamp]
         for broker, reachable in readings.items():
             args += [broker, int(reachable)]
         changed = await self._eval("reach", (self._faults, self._meta, self._ends), args)
@@ -845,12 +866,20 @@ class RedisStore:
         raise StoreUnavailable("the table kept changing during the read; retry")
 
     # -- sync and merges ---------------------------------------------------
-    async def _snapshot(self) -> tuple[Snapshot, SnapshotReply]:
+    async def _snapshot(self, *, primary: bool = False) -> tuple[Snapshot, SnapshotReply]:
+        """The table from the server the follower reads (a replica of the fan-out tier), or
+        from the primary when ``primary``."""
+        replica = None if primary else self._tier.client
         raw = await self._eval(
-            "snapshot", (self._faults, self._routes, self._meta, self._writers), (self._replica_id,)
+            "snapshot",
+            (self._faults, self._routes, self._meta, self._writers),
+            (self._replica_id,),
+            client=replica,
         )
         reply = SnapshotReply.decode(raw)
-        self._clock.observe(reply.now_ms, mono_ms())
+        if replica is None:
+            # (Redis time is the primary's: a replica's host clock may differ.)
+            self._clock.observe(reply.now_ms, mono_ms())
         routes = codec.pairs(reply.routes)
         snap = Snapshot(
             version=reply.version,
@@ -891,19 +920,30 @@ class RedisStore:
             return "behind"
         return self._doubt
 
-    def table_lost(self, reply: PollReply, held: tuple[int, int, int]) -> bool:
+    def table_lost(
+        self, reply: PollReply, held: tuple[int, int, int], *, primary: bool = True
+    ) -> bool:
         """The follower's poll: does Redis's table lack what this replica held when it
-        sent the poll (``held()``)?"""
-        self._clock.observe(reply.now_ms, mono_ms())
+        sent the poll (``held()``)? ``primary``: the poll was the primary's (whose clock
+        is Redis time)."""
+        if primary:
+            self._clock.observe(reply.now_ms, mono_ms())
         if not self._epoch and reply.epoch:
             # Another replica's first write gave the table its epoch: this view, kept by
             # its pushes, is a copy of that table now.
             self._epoch = reply.epoch
         return self._loss(reply.epoch, reply.high_water, reply.version, reply.hlc, held) is not None
 
-    async def poll(self) -> PollReply:
-        raw = await self._eval("poll", (self._meta, self._writers), (self._replica_id,))
-        return PollReply.decode(raw)
+    async def poll(self, *, primary: bool = False) -> PollReply:
+        """The table's identity from the server the follower reads, or the primary's."""
+        replica = None if primary else self._tier.client
+        raw = await self._eval(
+            "poll", (self._meta, self._writers), (self._replica_id,), client=replica
+        )
+        reply = PollReply.decode(raw)
+        if replica is None:
+            self._tier.primary_at(reply.version)
+        return reply
 
     async def check_identity(self) -> None:
         """On each (re)connection: is it the Redis process this replica synced with? This
@@ -935,6 +975,8 @@ class RedisStore:
         held = self.held()
         snap, reply = await self._snapshot()
         cause = self._loss(reply.epoch, reply.high_water, snap.version, reply.hlc, held)
+        if self._tier.on_replica:
+            snap, reply, cause = await self._replica_snapshot(snap, reply, cause, held)
         if cause is not None or (not reply.epoch and snap.version > 0):
             # (a table written before epochs existed gets one now; a new one, with its
             # first write)
@@ -958,6 +1000,24 @@ class RedisStore:
         self.synced.set()
         self._ever_synced = True
         metrics.RESYNCS.inc()
+
+    async def _replica_snapshot(
+        self, snap: Snapshot, reply: SnapshotReply, cause: str | None, held: tuple[int, int, int]
+    ) -> tuple[Snapshot, SnapshotReply, str | None]:
+        """A snapshot read on a replica that seems to lack what this replica holds may only
+        lag: read it again until ``redis_replica_max_lag_s`` passed. Only the primary decides
+        that the table lost data (raises ReplicaBehind then); a table without an epoch
+        gets it from the primary too."""
+        deadline = time.monotonic() + self._tier.max_lag_s
+        while cause is not None or (not reply.epoch and snap.version > 0):
+            if cause is not None and cause == self._doubt:
+                raise ReplicaBehind(f"a merge is due ({cause}): the primary's table decides")
+            if time.monotonic() >= deadline:
+                raise ReplicaBehind(f"a snapshot on the replica looks {cause or 'unstamped'}")
+            await asyncio.sleep(0.05)  # pacing a retry of a lagging replica, bounded above
+            snap, reply = await self._snapshot()
+            cause = self._loss(reply.epoch, reply.high_water, snap.version, reply.hlc, held)
+        return snap, reply, cause
 
     async def _merge(self, cause: str | None, snap: Snapshot, needs_epoch: bool) -> bool:
         """Merge what this replica holds into the table (service/store/merge.py says what,
@@ -984,7 +1044,7 @@ class RedisStore:
             self._graves,
             self._graves_index,
         )
-        head = [self._channel, uuid.uuid4().hex, self._events_max, self._replica_id]
+        head = [self._push_channel, uuid.uuid4().hex, self._events_max, self._replica_id]
         # A merge this replica saw the cause of is announced, so that every replica merges
         # what it holds; one made on another's announcement is not (it would echo back).
         announce = cause is not None and cause != "merge"

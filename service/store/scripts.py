@@ -10,6 +10,18 @@ from importlib import resources
 NAMES = ("report", "set_entry", "snapshot", "fault_items", "reach", "lease", "poll", "reseed")
 
 
+#: lib/item.lua's ``push``: a channel argument starting with this is a sharded channel
+SHARDED = "#"
+
+
+def channel_arg(channel: str, *, sharded: bool) -> str:
+    """The change channel as the scripts take it: ``sharded`` (a Redis Cluster) makes their
+    pushes ``SPUBLISH`` (Redis 7), which only the nodes of the shard serving the slot carry;
+    a classic ``PUBLISH`` in a cluster is broadcast to every node. (``#`` is outside the
+    characters a prefix may have, so no channel name starts with it.)"""
+    return SHARDED + channel if sharded else channel
+
+
 def marker(replica: str) -> str:
     """``lua/marker.lua`` as one replica loads it: its own copy, its own SHA."""
     lua = resources.files("service.store") / "lua"

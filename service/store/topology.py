@@ -2,8 +2,9 @@
 
 The store's commands name keys of one slot, so redis-py routes them by itself. What
 it cannot do on its own is keep a *subscription* on the right server: under Sentinel
-on the current master (resubscribing when the master moved), in a Cluster on the
-namespace slot's node first, moving on to another node after each failure.
+on the current master (resubscribing when the master moved), in a Cluster on the node
+serving the namespace's slot (the change channel is a sharded one there), with the slot
+map read again after each failure, so that it follows slot moves and failovers.
 """
 
 from __future__ import annotations
@@ -35,8 +36,18 @@ class Topology:
         return self._conn.sentinel is not None
 
     def subscription_failed(self) -> None:
-        """The next subscription tries the next node (Cluster)."""
+        """The next subscription reads the slot map again first (Cluster)."""
         self._pubsub_turn += 1
+
+    async def refresh_slots(self) -> None:
+        """Cluster, after a failed subscription: read the slot map again, so the next one
+        goes to the node serving the slot now (a failover, a slot move). Failing here is
+        left to the subscription that follows (it fails too, and is retried)."""
+        client = self._conn.main
+        if self._pubsub_turn and isinstance(client, RedisCluster):
+            with contextlib.suppress(RedisClusterException, RedisError, OSError, TimeoutError):
+                async with asyncio.timeout(self._timeout_s):
+                    await client.nodes_manager.initialize()
 
     def master_address(self) -> tuple[str, int] | None:
         """Sentinel: the master the pools use now (None elsewhere or before the first ask)."""
@@ -78,14 +89,15 @@ class Topology:
         host, port = (x.decode() if isinstance(x, bytes) else str(x) for x in reply)
         return host, int(port)
 
-    async def follow_master(self, pubsub: PubSub) -> None:
+    async def follow_master(self, pubsub: PubSub | None) -> None:
         """Sentinel: move to a new master as soon as the sentinels name one.
 
         Connections to the old master keep working after a switchover
         (``SENTINEL FAILOVER``) until the sentinels reconfigure it, about ten
         seconds later: writes it accepts meanwhile are lost when it becomes a
         replica. Asking every poll bounds that to one ``sync_interval_s``.
-        Raises StoreUnavailable when the subscription must move.
+        Raises StoreUnavailable when the subscription must move (``pubsub`` None: it is on
+        a replica, which does not move with the master).
         """
         said = await self._sentinel_says()
         if said is not None and any(
@@ -95,7 +107,7 @@ class Topology:
         if self._master_moved(pubsub):
             raise StoreUnavailable("the sentinel master moved: subscribing on the new one")
 
-    def _master_moved(self, pubsub: PubSub) -> bool:
+    def _master_moved(self, pubsub: PubSub | None) -> bool:
         """Sentinel: the subscription is on a server that is no longer the master.
 
         A pool learns of a failover when it makes a connection (a report that
@@ -103,7 +115,7 @@ class Topology:
         demoted master would keep receiving pushes by replication, but only as
         long as that server lives and replicates: it moves to the new master.
         """
-        conn = pubsub.connection
+        conn = pubsub.connection if pubsub is not None else None
         if conn is None:
             return False
         return any(
@@ -111,28 +123,48 @@ class Topology:
             for pool in self._conn.sentinel_pools()
         )
 
-    def _pubsub_nodes(self, cluster: RedisCluster) -> list[tuple[str, int]]:
+    def _pubsub_nodes(self, cluster: RedisCluster) -> tuple[list[tuple[str, int]], bool]:
         """Cluster nodes to subscribe on: the namespace slot's node first.
 
-        Any node would do (a cluster delivers PUBLISH to every node), but the
-        slot's node is the one this replica depends on anyway: subscribing
-        there adds no node whose failure interrupts the pushes.
+        The change channel is sharded (``SSUBSCRIBE``): only the slot's shard carries it,
+        and a node of another shard answers MOVED. The others are listed for when the slot
+        map is not known at all; the map read again after a failure names the owner.
+        Returns the nodes and whether the first is the slot's.
         """
         nodes: list[tuple[str, int]] = []
         with contextlib.suppress(RedisClusterException, RedisError, KeyError):
             owner = cluster.get_node_from_key(self._routing_key)
             if owner is not None:
                 nodes.append((owner.host, int(owner.port)))
+        owned = bool(nodes)
         nodes += [(n.host, int(n.port)) for n in cluster.get_nodes()]
         nodes += self._conn.target.hosts
-        return list(dict.fromkeys(nodes))
+        return list(dict.fromkeys(nodes)), owned
+
+    async def close_idle(self, *others: Redis) -> None:
+        """Close the connections nothing uses (``StoreClients.close_idle``), ``others``' too."""
+        await self._conn.close_idle(self._routing_key, *others)
+
+    def held(self, pubsub: PubSub, replica: Redis | None) -> dict[str, int]:
+        """The connections open now, by use (``StoreClients.held``), the subscription
+        counted once: as ``subscription``, not in the pool it was taken from."""
+        held = self._conn.held(replica)
+        conn = pubsub.connection
+        held["subscription"] = sub = int(conn is not None and conn.is_connected)
+        pool = pubsub.connection_pool
+        if replica is not None and pool is replica.connection_pool:
+            held["replica"] -= sub
+        elif isinstance(self._conn.main, Redis) and pool is self._conn.main.connection_pool:
+            held["commands"] -= sub
+        return held
 
     def open_pubsub(self) -> tuple[PubSub, Redis | None]:
         """A pub/sub connection for the changes channel, and the client to close with it."""
         client = self._conn.main
         if isinstance(client, RedisCluster):
-            nodes = self._pubsub_nodes(client)
-            host, port = nodes[self._pubsub_turn % len(nodes)]
+            nodes, owned = self._pubsub_nodes(client)
+            # The slot's node when the map names one; else each try another.
+            host, port = nodes[0] if owned else nodes[self._pubsub_turn % len(nodes)]
             node = self._conn.node_client(host, port)
             return node.pubsub(), node
         return client.pubsub(), None

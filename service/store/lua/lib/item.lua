@@ -116,9 +116,16 @@ local function stamper(meta, now, floor)
 end
 
 -- Push one change to the other replicas: {k=kind, v=version, f=field, x=value, s=stamp}.
+-- A channel given as "#name" is a sharded channel (Redis Cluster, scripts.channel_arg):
+-- SPUBLISH keeps the push on the shard serving the namespace's slot (the channel hashes
+-- to it, as every key here does), where PUBLISH would be broadcast to every node.
 local function push(meta, channel, kind, field, value, stamp)
   local v = redis.call('HINCRBY', meta, 'version', 1)
-  redis.call('PUBLISH', channel,
-    cjson.encode({k = kind, v = v, f = field, x = value, s = fmt(stamp or 0)}))
+  local message = cjson.encode({k = kind, v = v, f = field, x = value, s = fmt(stamp or 0)})
+  if string.sub(channel, 1, 1) == '#' then
+    redis.call('SPUBLISH', string.sub(channel, 2), message)
+  else
+    redis.call('PUBLISH', channel, message)
+  end
   return v
 end
