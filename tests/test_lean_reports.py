@@ -110,12 +110,11 @@ def test_a_flush_whose_reply_was_lost_is_applied_once(redis_url: str, raw: redis
                 await store.report_many([ReportIn("x", 40)])
             # The flush reaches Redis but its reply is lost: the replica retries the same
             # summaries with the same sequence numbers.
-            summaries = store._quiet.take()
-            store._seq += 1
-            summaries[0].seq = store._seq
-            store._unflushed = list(summaries)
+            kept = store._kept
+            kept.number(store._next_seq)
+            summaries = list(kept.unflushed)
             await store.flush_reports()
-            store._unflushed = list(summaries)
+            kept.unflushed = list(summaries)  # sent again, numbered as the first time
             await store.flush_reports()
             histograms = [e for e in await store.latency_log(None, 100) if e.histogram]
             assert len(histograms) == 1 and sum(histograms[0].histogram or ()) == 50

@@ -62,7 +62,7 @@ from detour.view import Graves, Snapshot, TableView
 from service import metrics
 from service.errors import ReportIdReused, StoreUnavailable, TableFull
 from service.store import codec, scripts
-from service.store.aggregate import Aggregate, Summary
+from service.store.aggregate import Summary
 from service.store.base import (
     REPORT_ID_CAP,
     REPORT_ID_WINDOW_MS,
@@ -73,8 +73,8 @@ from service.store.base import (
 )
 from service.store.connect import StoreClients, parse_redis_url
 from service.store.follower import Follower, FollowerTimes, RedisClock, mono_ms
-from service.store.ids import ReportIds
 from service.store.journal import Journal, replay
+from service.store.kept import Kept, summary_args
 from service.store.local import apply_locally, outcome
 from service.store.merge import Candidates, calls, candidates
 from service.store.options import StoreOptions
@@ -102,7 +102,6 @@ _PROBE_STATES: tuple[str | None, ...] = (None, "passed", "failed")
 SEQ_WINDOW = 256
 #: Summaries per flush call (Lua's unpack takes at most about 8,000 values; a call stays
 #: short): a namespace of 10,000 brokers flushes in ten calls.
-_FLUSH_CHUNK = 1000
 #: Writers remembered: a replica silent longer than a journal keeps a report is forgotten.
 WRITER_CAP = 10_000
 
@@ -264,9 +263,7 @@ class RedisStore:
         #: reports kept local (policy.quiet), summed until the next flush; the summaries of
         #: a flush that did not answer, kept with their sequence numbers for the retry
         self._flush_ms = settings.report_flush_ms
-        self._quiet = Aggregate(settings.max_brokers)
-        self._unflushed: list[Summary] = []
-        self._quiet_ids = ReportIds()
+        self._kept = Kept(settings.max_brokers, settings.journal_max)
         self._flusher: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------
@@ -383,7 +380,11 @@ class RedisStore:
         receives every report in the order this replica accepted it.
         """
         if not self._journal and self.synced.is_set() and not self._recovering:
-            kept = self._keep_quiet(reports) if self._flush_ms > 0 else {}
+            kept = (
+                self._kept.keep(self.view, reports, self.view.now_ms())
+                if self._flush_ms > 0
+                else {}
+            )
             sent = self._number([r for i, r in enumerate(reports) if i not in kept])
             if not sent:
                 return [kept[i] for i in range(len(reports))]
@@ -394,12 +395,12 @@ class RedisStore:
                 outcomes = iter(self._report_locally(sent))
             else:
                 for r in sent:
-                    self._quiet.written(r.broker_name, self.view.now_ms() - r.age_ms)
+                    self._kept.written(r.broker_name, self.view.now_ms() - r.age_ms)
             return [kept[i] if i in kept else next(outcomes) for i in range(len(reports))]
         return self._report_locally(self._number(reports))
 
     def report_now(self, reports: Sequence[ReportIn]) -> list[ReportOutcome] | None:
-        """A single report this replica keeps local (``_keep_quiet``): answered without a
+        """A single report this replica keeps local (service/store/kept.py): answered without a
         round trip. Anything else (a window to write, a batch, the journal in use) is
         None, with nothing changed, and goes through ``report_many``."""
         if (
@@ -414,66 +415,12 @@ class RedisStore:
         view = self.view
         now = view.now_ms()
         old = view.faults.get(r.broker_name)
-        if not self._quiet.has_room(r.broker_name, r.producer) or not policy.quiet(
+        if not self._kept.has_room(r.broker_name, r.producer) or not policy.quiet(
             old, r.latency_ms, r.isolation, now - r.age_ms, view.config, r.pending
         ):
             return None
-        # Quiet with room (or a duplicate): ``_keep_quiet`` keeps it, at the same ``now``.
-        return [self._keep_quiet(reports, now)[0]]
-
-    def _keep_quiet(
-        self, reports: Sequence[ReportIn], now: int | None = None
-    ) -> dict[int, ReportOutcome]:
-        """The reports that change nothing another replica must see (policy.quiet, decided
-        on this replica's copy), summed for the next flush and answered from the copy.
-
-        Their ids are this replica's to remember (``ReportIds``): a repeat is answered as
-        the first time, an id reused with other content is refused before anything of the
-        call is kept (raises ReportIdReused)."""
-        view, config = self.view, self.view.config
-        if now is None:
-            now = view.now_ms()
-        quiet = [
-            (i, r)
-            for i, r in enumerate(reports)
-            if policy.quiet(
-                view.faults.get(r.broker_name),
-                r.latency_ms,
-                r.isolation,
-                now - r.age_ms,
-                config,
-                r.pending,
-            )
-        ]
-        self._quiet_ids.check([r for _, r in quiet], now)
-        kept: dict[int, ReportOutcome] = {}
-        for i, r in quiet:
-            first = self._quiet_ids.first(r, now)
-            if first is not None:
-                metrics.DUPLICATE_REPORTS.inc()
-                kept[i] = first
-                continue
-            at = now - r.age_ms
-            if not self._quiet.add(r.broker_name, r.producer, r.latency_ms, at):
-                continue
-            metrics.REPORTS_LOCAL.inc()
-            view.observe_latency(r.broker_name, r.latency_ms, now)
-            old = view.faults.get(r.broker_name)
-            end = max(old.available_at, at) if old is not None else at
-            if config.ramp_ms:
-                end = policy.ramp_end(old, end, at)
-            t = strategy.tier(config, r.latency_ms) if config.send_latency_fault_enable else None
-            kept[i] = ReportOutcome(
-                r.broker_name,
-                r.latency_ms,
-                0,
-                end,
-                now,
-                False,
-                None if t is None else config.latency_max[t],
-            )
-            self._quiet_ids.remember(r, kept[i], now)
-        return kept
+        # Quiet with room (or a duplicate): kept, at the same ``now``.
+        return [self._kept.keep(view, reports, now)[0]]
 
     async def _flush_forever(self) -> None:
         """Write the reports kept local every ``report_flush_ms`` (a bounded staleness)."""
@@ -485,50 +432,24 @@ class RedisStore:
                 log.warning("flush of local reports failed, retried next interval: %s", exc)
 
     async def flush_reports(self) -> None:
-        """report.lua calls (``_FLUSH_CHUNK`` summaries each) with a summary entry per
-        broker and producer (docs/semantics.md).
-
-        Each summary gets this replica's next sequence number once; a call that did not
-        answer is retried with the same numbers, so Redis applies it once. While Redis
-        does not answer they wait, at most ``journal_max`` of them (the oldest dropped).
-        """
-        fresh = self._quiet.take()
-        for summary in fresh:
-            self._seq += 1
-            summary.seq = self._seq
-        self._unflushed += fresh
-        excess = len(self._unflushed) - self._settings.journal_max
-        if excess > 0:
-            del self._unflushed[:excess]
-            metrics.JOURNAL_DROPPED.labels("full").inc(excess)
+        """Write the summaries of the reports kept local (service/store/kept.py), in calls of
+        ``FLUSH_CHUNK``; while Redis does not answer they wait, numbered, at most
+        ``journal_max`` of them."""
+        self._kept.number(self._next_seq)
         if not self.synced.is_set() or self._recovering:
             return
-        while self._unflushed:
-            await self._flush_chunk(self._unflushed[:_FLUSH_CHUNK])
-            del self._unflushed[:_FLUSH_CHUNK]
+        for batch in self._kept.chunks():
+            await self._flush_chunk(batch)
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
 
     async def _flush_chunk(self, batch: Sequence[Summary]) -> None:
         keys = self._report_keys()
         for _ in range(3):
             now = self.view.now_ms()
-            args = self._head_args(self.view.config)
-            for sm in batch:
-                args += [
-                    sm.broker,
-                    "" if sm.latency_ms < 0 else sm.latency_ms,
-                    max(0, now - sm.since_ms),
-                    max(0, now - sm.at_ms),
-                    "s",
-                    sm.wire_counts(),
-                    0,
-                    0,
-                    "",
-                    sm.producer,
-                    sm.seq,
-                    "",
-                    "",
-                    "",
-                ]
+            args = self._head_args(self.view.config) + summary_args(batch, now)
             reply = ReportReply.decode(
                 await self._eval("flush", keys, args, self._scripts["report"])
             )
