@@ -7,7 +7,10 @@ Two numbers, each against its target:
   around the whole loop (so the timer's own cost is not in it) and divides; the
   median of the runs is the figure. Next to it, the same loop over a bare
   ``detour.strategy.select`` call on the same route and table: the floor the
-  SDK's locking, clock and result object add to. The route has 4 brokers x 8
+  SDK's locking, clock and counter add to. The table does not change during the
+  loop, so after the first lap the cached select answers from its kept answers
+  (``detour.client.memo``); ``python -m bench.client_steps`` has the cost of each
+  step and of a select that decides in full. The route has 4 brokers x 8
   queues with one broker avoided, so walks skip over it. The async client's
   ``await select`` and a remote-mode select (one HTTP round trip) are shown for
   scale.

@@ -19,15 +19,22 @@ from detour.view import TableView
 _rng = random.Random()
 
 
-def choose_on(view: TableView, route: Route, ask: Ask, rng: random.Random | None = None) -> Choice:
+def choose_on(
+    view: TableView,
+    route: Route,
+    ask: Ask,
+    rng: random.Random | None = None,
+    now_ms: int | None = None,
+) -> Choice:
     """Decide one select of ``route`` on ``view``, then advance the topic's counter and
     note a probe handed out, as every decider does.
 
     ``rng`` draws what the config needs (``decide.draw``); the module's own by default.
+    ``now_ms``: the view's clock, read by the caller (read here when None).
     Raises ValueError when the route has no queue.
     """
     config = view.config
-    now = view.now_ms()
+    now = view.now_ms() if now_ms is None else now_ms
     topic = route.topic
     table = Table(
         route,

@@ -1,0 +1,294 @@
+"""The SDK's kept answers (detour.client.memo, detour.policy.steady): a select answered from
+them is the select ``choose_on`` makes on the same table, for every config."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections import Counter
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from detour import selector
+from detour.client import wire
+from detour.client.local import LocalTable
+from detour.model import Config, FaultItem, Route
+from detour.policy.steady import FOREVER, steady
+from detour.profiles import RECOMMENDED, ROCKETMQ_4
+
+NOW = 1_700_000_000_000
+BROKERS = ("a", "b", "c", "d")
+PRODUCERS = ("p1", "p2")
+
+configs = st.builds(
+    Config,
+    send_latency_fault_enable=st.booleans(),
+    selection=st.sampled_from(["round_robin", "round_robin", "p2c-ewma"]),
+    max_avoided_percent=st.sampled_from([100, 100, 0, 34, 50, 75]),
+    panic_threshold_percent=st.sampled_from([0, 0, 25, 50, 100]),
+    enforcement_percent=st.sampled_from([100, 100, 0, 50]),
+    isolation_quorum=st.integers(1, 3),
+    latency_quorum=st.integers(1, 3),
+    probe_on_expiry=st.booleans(),
+    probe_timeout_ms=st.sampled_from([1, 500, 10_000]),
+    early_recovery=st.booleans(),
+    ramp_ms=st.sampled_from([0, 0, 600, 3000]),
+    detector_enable=st.booleans(),
+    pending_quorum=st.integers(0, 2),
+)
+
+
+def route_of(counts: list[int]) -> Route:
+    return wire.route(
+        {
+            "topic": "t",
+            "brokers": [
+                {"brokerName": b, "writeQueueNums": n, "address": f"10.0.0.{i}:10911"}
+                for i, (b, n) in enumerate(zip(BROKERS, counts, strict=False))
+            ],
+        }
+    )
+
+
+routes = st.lists(st.integers(1, 4), min_size=1, max_size=len(BROKERS)).map(route_of)
+offsets = st.integers(-4000, 4000)
+
+
+@st.composite
+def items(draw: st.DrawFn, broker: str) -> FaultItem:
+    return FaultItem(
+        broker,
+        draw(st.sampled_from([0, 20, 700, 3000])),
+        draw(st.sampled_from([0, NOW + draw(offsets)])),
+        suspects=tuple((p, NOW + draw(offsets)) for p in draw(st.sets(st.sampled_from(PRODUCERS)))),
+        probation=draw(st.booleans()),
+        reachable=draw(st.sampled_from([None, True, False])),
+        slow=tuple(
+            (p, NOW + draw(offsets), NOW + draw(offsets))
+            for p in draw(st.sets(st.sampled_from(PRODUCERS)))
+        ),
+    )
+
+
+@st.composite
+def tables(draw: st.DrawFn) -> dict[str, FaultItem]:
+    present = draw(st.sets(st.sampled_from(BROKERS + ("x",))))
+    return {b: draw(items(b)) for b in sorted(present)}
+
+
+#: One step of a run: move the clock and select (afresh, or again from the last select's start),
+#: change an item, only its window end, or only its latency (which no select reads), drop
+#: it, jump the counter.
+steps = st.one_of(
+    st.tuples(st.just("select"), st.sampled_from([0, 0, 1, 250, 1000, 3000])),
+    st.tuples(st.just("again"), st.sampled_from([0, 0, 1, 250, 1000, 3000])),
+    st.tuples(st.just("item"), st.sampled_from(BROKERS)),
+    st.tuples(st.just("move"), st.sampled_from(BROKERS)),
+    st.tuples(st.just("latency"), st.sampled_from(BROKERS)),
+    st.tuples(st.just("drop"), st.sampled_from(BROKERS)),
+    st.tuples(st.just("counter"), st.integers(0, 1 << 31)),
+)
+
+
+def pair(
+    config: Config,
+    route: Route,
+    faults: dict[str, FaultItem],
+    producer: str | None,
+    clock: list[int],
+) -> tuple[LocalTable, LocalTable]:
+    tables = []
+    for _ in range(2):
+        t = LocalTable(lambda: clock[0], producer)
+        t.replace(config, [route], faults)
+        t.view.set_counter("t", 0)
+        tables.append(t)
+    return tables[0], tables[1]
+
+
+@pytest.mark.unit
+@given(
+    config=configs,
+    route=routes,
+    faults=tables(),
+    producer=st.sampled_from([None, "p1"]),
+    run=st.lists(steps, min_size=8, max_size=40),
+    data=st.data(),
+)
+@settings(max_examples=200, deadline=None)
+def test_kept_answers_are_the_decisions_of_the_full_select(
+    config: Config,
+    route: Route,
+    faults: dict[str, FaultItem],
+    producer: str | None,
+    run: list[tuple[str, Any]],
+    data: st.DataObject,
+) -> None:
+    """Table ``kept`` answers first attempts from its memo where it may; table ``full`` decides
+    every select with ``choose_on`` (an explicit generator bypasses the memo). Each select
+    gets the same draws on both, so the answers and the counters must be the same."""
+    clock = [NOW]
+    kept, full = pair(config, route, faults, producer, clock)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        play(kept, full, clock, run, data, monkeypatch)
+
+
+def play(
+    kept: LocalTable,
+    full: LocalTable,
+    clock: list[int],
+    run: list[tuple[str, Any]],
+    data: st.DataObject,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    before = kept.view.counter("t")
+    for i, (what, arg) in enumerate(run):
+        if what in ("select", "again"):
+            clock[0] += arg
+            if what == "again":
+                for t in (kept, full):
+                    t.view.set_counter("t", before)
+            before = kept.view.counter("t")
+            monkeypatch.setattr(selector, "_rng", random.Random(i))
+            got = kept.select("t", None)
+            want = full.select("t", None, rng=random.Random(i))
+            assert got == want
+            assert kept.view.counter("t") == full.view.counter("t")
+        elif what == "counter":
+            for t in (kept, full):
+                t.view.set_counter("t", arg)
+        else:
+            old = full.fault(arg)
+            new: FaultItem | None = None
+            if what == "item":
+                new = data.draw(items(arg))
+            elif what == "move" and old is not None:
+                new = replace(old, available_at=NOW + data.draw(offsets))
+            elif what == "latency" and old is not None:
+                new = replace(old, current_latency_ms=old.current_latency_ms + 1)
+            for t in (kept, full):
+                t.set_fault(arg, new)
+
+
+def bench_table(config: Config, producer: str | None = None) -> tuple[LocalTable, list[int]]:
+    """The route of ``python -m bench.client``: 4 brokers x 8 queues, b isolated."""
+    clock = [NOW]
+    table = LocalTable(lambda: clock[0], producer)
+    table.replace(config, [route_of([8, 8, 8, 8])], {"b": FaultItem("b", 30000, NOW + 600_000)})
+    table.view.set_counter("t", 0)
+    return table, clock
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("config", [ROCKETMQ_4, RECOMMENDED], ids=["rocketmq-4", "recommended"])
+def test_a_second_lap_is_answered_from_the_memo(config: Config) -> None:
+    table, _ = bench_table(config, "p1")
+    first = [table.select("t", None) for _ in range(24)]
+    second = [table.select("t", None) for _ in range(24)]
+
+    assert all(a is b for a, b in zip(first, second, strict=True))
+    assert {s.broker_name for s in first if s is not None} == {"a", "c", "d"}
+
+
+@pytest.mark.unit
+def test_a_report_that_changes_no_window_keeps_the_answers_one_that_opens_one_drops_them() -> None:
+    table, _ = bench_table(RECOMMENDED, "p1")
+    lap = [table.select("t", None) for _ in range(24)]
+
+    table.apply_report("a", 3, False)  # a healthy answer: a new latency, no window
+    assert [table.select("t", None) for _ in range(24)] == lap
+    assert all(
+        a is b for a, b in zip(lap, [table.select("t", None) for _ in range(24)], strict=True)
+    )
+
+    table.apply_report("c", 0, True)  # a failure: c's window opens
+    after = [table.select("t", None) for _ in range(16)]
+    assert {s.broker_name for s in after if s is not None} == {"a", "d"}
+
+
+@pytest.mark.unit
+def test_answers_change_when_a_window_ends() -> None:
+    table, clock = bench_table(ROCKETMQ_4)
+    assert "b" not in {s.broker_name for s in (table.select("t", None) for _ in range(24)) if s}
+
+    clock[0] = NOW + 600_000  # b's window ends
+    assert "b" in {s.broker_name for s in (table.select("t", None) for _ in range(32)) if s}
+
+
+@pytest.mark.unit
+def test_a_window_ended_by_the_stream_is_obeyed_at_once() -> None:
+    """Only the window end changes (an operator's restore, pushed): the kept answers go."""
+    table, _ = bench_table(RECOMMENDED)
+    assert "b" not in {s.broker_name for s in (table.select("t", None) for _ in range(24)) if s}
+    item = table.fault("b")
+    assert item is not None
+
+    table.set_fault("b", replace(item, available_at=0))
+    assert "b" in {s.broker_name for s in (table.select("t", None) for _ in range(32)) if s}
+
+
+@pytest.mark.unit
+def test_nothing_is_kept_while_a_draw_or_a_probe_decides() -> None:
+    route = route_of([2, 2])
+    ramping = {"a": FaultItem("a", 0, NOW - 100)}
+    probation = {"a": FaultItem("a", 0, NOW - 100, probation=True)}
+
+    assert steady(route, ramping, NOW, Config(ramp_ms=3000), None).avoidance is None
+    assert steady(route, ramping, NOW, Config(ramp_ms=3000), None).until == NOW + 2900
+    assert steady(route, probation, NOW, Config(early_recovery=True), None).avoidance is None
+    assert steady(route, {}, NOW, Config(selection="p2c-ewma"), None).avoidance is None
+    assert steady(route, {}, NOW, Config(enforcement_percent=50), None).avoidance is None
+    assert steady(route, ramping, NOW, ROCKETMQ_4, None).until == FOREVER
+    own = {"a": FaultItem("a", 0, 0, slow=(("p1", NOW - 10, NOW + 700),))}
+    mine = steady(route, own, NOW, Config(latency_quorum=2), "p1")
+    assert mine.avoidance is not None and mine.avoidance.enforced == {"a"}
+    assert mine.until == NOW + 700  # the producer's own window ends then
+
+
+@pytest.mark.unit
+def test_a_probe_is_handed_out_again_after_its_timeout() -> None:
+    """probeTimeoutMs after a probe the next select probes again: no kept answer hides it."""
+    config = Config(early_recovery=True, probe_timeout_ms=500)
+    clock = [NOW]
+    kept, full = pair(
+        config, route_of([2, 2]), {"a": FaultItem("a", 0, NOW - 10, probation=True)}, None, clock
+    )
+    answers = []
+    for dt, rewind in ((0, False), (0, False), (1000, True)):
+        clock[0] += dt
+        if rewind:
+            for t in (kept, full):
+                t.view.set_counter("t", 1)
+        got, want = kept.select("t", None), full.select("t", None, rng=random.Random(0))
+        assert got == want
+        answers.append(got.probe if got else None)
+    assert answers == [True, False, True]
+
+
+@pytest.mark.unit
+def test_concurrent_selects_share_the_counter() -> None:
+    """Selects from many threads, kept answers or not, step one counter: an even share each."""
+    table, _ = bench_table(RECOMMENDED, "p1")
+    seen: Counter[tuple[str, int]] = Counter()
+    lock = threading.Lock()
+
+    def work() -> None:
+        mine: Counter[tuple[str, int]] = Counter()
+        for _ in range(2400):
+            s = table.select("t", None)
+            assert s is not None
+            mine[s.broker_name, s.queue_id] += 1
+        with lock:
+            seen.update(mine)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert len(seen) == 24 and set(seen.values()) == {400}
