@@ -43,7 +43,7 @@ from tests.procs import (
 )
 from tests.test_behaviour import *  # noqa: F403 - the behaviour suite, collected again below
 from tests.test_behaviour import put_route, report, select
-from tests.test_outage import Load
+from tests.test_scenario_outage import Load
 
 pytestmark = pytest.mark.integration
 

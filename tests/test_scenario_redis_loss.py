@@ -5,7 +5,7 @@ Real redis-server processes, restarted from an older copy of their own data: an 
 before the last writes (Redis's default persistence: a crash loses what came after the last
 save), or an AOF directory copied aside and put back. The replicas are RedisStore objects in
 one event loop, each its own replica (its own id, connections, view and journal), so that
-one test can run two or three of them cheaply; tests/test_integrity.py runs whole service
+one test can run two or three of them cheaply; tests/test_scenario_integrity.py runs whole service
 processes.
 """
 
