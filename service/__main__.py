@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # uvicorn's httptools protocol with the edge's bounds (head size and count, read
         # deadlines, open connections, Host names) and the shedder's refusals
         # (service/protocol.py). It subclasses uvicorn's: pyproject pins uvicorn's minor.
-        http="service.protocol:EdgeProtocol",
+        http="service.edge.protocol:EdgeProtocol",
         log_level=settings.log_level,
         access_log=False,
         proxy_headers=False,

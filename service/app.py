@@ -17,19 +17,19 @@ from pydantic import BaseModel
 
 from service import detector
 from service.api import admin, events, health, reports, routes, select, status, stream
-from service.api.bounds import bound_names, install_bounds
-from service.api.direct import DirectLane
 from service.api.errors import install_error_handlers
 from service.api.fast import HotLane, mount_fast
-from service.api.guard import Guard
 from service.api.telemetry import RequestTimer, prepare_namespaces
 from service.auth import Principal, Role, TokenTable, load_tokens, requires_token
-from service.cpu_share import CpuShare
-from service.limits import BodyLimit, HostNames, JsonBodies, connection_bound
-from service.protocol import Edge, EdgeLimits
+from service.edge.bodies import BodyLimit, HostNames, JsonBodies, connection_bound
+from service.edge.bounds import bound_names, install_bounds
+from service.edge.cpu_share import CpuShare
+from service.edge.direct import DirectLane
+from service.edge.guard import Guard
+from service.edge.protocol import Edge, EdgeLimits
+from service.edge.shedding import Saturation, Shedder
 from service.schemas import ReportRequest, SelectRequest
 from service.settings import Settings
-from service.shedding import Saturation, Shedder
 from service.store import FaultStore, StoreOptions, open_store, with_redis_password
 from service.store.connect import describe_redis_url
 

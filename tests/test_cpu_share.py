@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from service.cpu_share import CpuShare, quota_cores
+from service.edge.cpu_share import CpuShare, quota_cores
 
 
 def v1(root: Path, group: str, quota: int, period: int, mount: str = "cpu") -> str:

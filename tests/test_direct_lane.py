@@ -26,7 +26,7 @@ from prometheus_client import REGISTRY
 
 from service.app import create_app
 from service.auth import Role, TokenEntry, TokenTable, hash_token
-from service.protocol import EdgeProtocol
+from service.edge.protocol import EdgeProtocol
 from service.settings import Settings
 from tests.procs import PATIENT_CALL_TIMEOUT_S, free_port, wait_until
 

@@ -425,6 +425,6 @@ def test_the_largest_cursor_is_an_empty_page_on_both_stores(
     (b"[" * 5000, None),
 ])
 def test_repeated_keys_are_found_by_path(body: bytes, path: str | None) -> None:
-    from service.limits import duplicate_key
+    from service.edge.bodies import duplicate_key
 
     assert duplicate_key(body) == path

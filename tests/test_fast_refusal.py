@@ -20,8 +20,8 @@ import pytest
 import uvicorn
 from prometheus_client import REGISTRY
 
-from service.protocol import EDGE_STATE, Edge, EdgeLimits, EdgeProtocol
-from service.shedding import Shedder
+from service.edge.protocol import EDGE_STATE, Edge, EdgeLimits, EdgeProtocol
+from service.edge.shedding import Shedder
 from tests.procs import free_port, wait_until
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.shedding import ARRIVED, Saturation, Shedder, TurnBudget
+from service.edge.shedding import ARRIVED, Saturation, Shedder, TurnBudget
 from tests.procs import RedisServer, ServiceProcess, wait_until
 
 pytestmark = pytest.mark.integration

@@ -15,8 +15,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
+from service.edge.bodies import BadBody
 from service.errors import DetourError, error_body
-from service.limits import BadBody
 
 log = logging.getLogger("detour")
 

@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.telemetry import observe_request
 from service.auth import Principal
-from service.limits import BadBody, BodyLimit, JsonBodies, duplicate_key, has_body, is_json
+from service.edge.bodies import BadBody, BodyLimit, JsonBodies, duplicate_key, has_body, is_json
 from service.store import FaultStore
 
 M = TypeVar("M", bound=BaseModel)

@@ -40,11 +40,11 @@ from starlette.routing import Route
 
 from service.api import reports, select
 from service.api.fast import handler_for, validated, voter
-from service.api.guard import admitted
 from service.api.telemetry import observe_request
 from service.auth import Principal, TokenTable
+from service.edge.bodies import BadBody, duplicate_key, is_json
+from service.edge.guard import admitted
 from service.errors import error_body
-from service.limits import BadBody, duplicate_key, is_json
 from service.schemas import ReportRequest, SelectRequest
 from service.store import FaultStore
 

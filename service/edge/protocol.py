@@ -48,10 +48,10 @@ from typing import Any, cast
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from service import metrics
-from service.api.direct import DirectLane
+from service.edge.bodies import HostNames
+from service.edge.direct import DirectLane
+from service.edge.shedding import ARRIVED, EXEMPT_RAW, STREAMS_RAW, Shedder
 from service.errors import error_body
-from service.limits import HostNames
-from service.shedding import ARRIVED, EXEMPT_RAW, STREAMS_RAW, Shedder
 
 #: Paths any Host may reach: the probes (kubelet sends the pod's address, and they tell
 #: nothing and change nothing).

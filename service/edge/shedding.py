@@ -48,7 +48,7 @@ from collections.abc import Callable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import metrics
-from service.cpu_share import CpuShare
+from service.edge.cpu_share import CpuShare
 from service.errors import error_body
 
 #: The scope key the protocol stamps (monotonic ns when the request began).
