@@ -5,11 +5,13 @@
     ├── TableFull               409 TABLE_FULL: a new broker, and the table is full
     └── StoreUnavailable        503 STORE_UNAVAILABLE: Redis did not answer
 
-Other codes are answered at the edge without an exception of this tree:
-422 VALIDATION_ERROR and 404/405/413 from the framework (service/api/errors.py),
-413 PAYLOAD_TOO_LARGE from the body guard (service/limits.py), 401 UNAUTHORIZED
-and 403 FORBIDDEN from the token guard (service/api/guard.py), 503 SYSTEM_BUSY
-with Retry-After from the shedder (service/shedding.py), before any handler runs.
+Other codes are answered without an exception of this tree: 422 VALIDATION_ERROR and
+404/405 from the framework (service/api/errors.py, which also renders the body guards'
+``BadBody``: 413 PAYLOAD_TOO_LARGE, 422 for a repeated key); and by the HTTP edge
+(service/edge/) before any handler runs: 400 BAD_REQUEST (a request the HTTP parser
+refuses), 401 UNAUTHORIZED and 403 FORBIDDEN (the token guard), 408, 413 by
+Content-Length, 415, 421 and 431 (the edge's bounds), 503 SYSTEM_BUSY with Retry-After
+(the shedder).
 
 Every error response is ``{"error": CODE, "message": str, "field": str | null}``.
 """

@@ -514,3 +514,42 @@ def test_the_server_refuses_past_the_turn_limit_while_shedding() -> None:
     finally:
         redis.proc.send_signal(signal.SIGCONT)
         redis.stop()
+
+
+@pytest.mark.e2e
+def test_a_request_queued_behind_another_does_not_free_a_slot_while_its_body_arrives() -> None:
+    """``DETOUR_MAX_IN_FLIGHT=1``, Redis stopped: a config write waits inside the app, and
+    a second one pipelined behind it on the same connection sends half its body. The
+    queued one is not in the app, so its body arriving must not count as a slot given
+    back: another client is refused SYSTEM_BUSY at once, not admitted to wait for Redis."""
+    config = json.dumps({"lastReportWins": True}).encode()
+    put = (b"PUT /config HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+           b"content-length: %d\r\n\r\n" % len(config))
+    # Every refusal here is the in-flight bound's: no turn limit while shedding (it would
+    # refuse for a second after any refusal, whatever is counted), no queue-wait budget.
+    env = {"DETOUR_MAX_IN_FLIGHT": "1", "DETOUR_MAX_QUEUE_WAIT_MS": "60000",
+           "DETOUR_TURN_BUDGET_MS": "0", "DETOUR_REDIS_TIMEOUT_S": "30",
+           # The half body waits for the test, not for its deadline (which frees it).
+           "DETOUR_BODY_TIMEOUT_S": "60", **HOLD_ENV}
+    redis = RedisServer()
+    try:
+        with ServiceProcess(redis_url=redis.url, env=env) as svc, \
+                httpx.Client(base_url=svc.url, timeout=10) as c:
+            c.put("/routes/t", json={"brokers": [{"brokerName": "a", "writeQueueNums": 1}]})
+            redis.proc.send_signal(signal.SIGSTOP)
+            with socket.create_connection(("127.0.0.1", svc.port), timeout=10) as held:
+                held.sendall(put + config + put + config[: len(config) // 2])
+
+                def refused() -> bool:
+                    return c.post("/select", json={"topic": "t"}).status_code == 503
+
+                wait_until(refused, 5, "the held write's slot counted")
+                with httpx.Client(base_url=svc.url, timeout=10) as other:
+                    start = time.perf_counter()
+                    r = other.put("/config", json={"lastReportWins": False})
+                    waited = time.perf_counter() - start
+                assert r.status_code == 503 and r.json()["error"] == "SYSTEM_BUSY", r.text
+                assert waited < 0.5, waited
+    finally:
+        redis.proc.send_signal(signal.SIGCONT)
+        redis.stop()

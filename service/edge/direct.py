@@ -1,73 +1,99 @@
 """`/select` and `/report-latency` answered by the server protocol, when they never wait.
 
-A select is answered from this replica's copy of the table, and most reports are kept
-on the replica (``FaultStore.report_now``): neither waits for anything. Through ASGI
-each still paid for a task, uvicorn's request cycle, Starlette's request and response
-objects, four middleware layers and two writes: measured, more than the select itself
-(docs/BENCHMARKS.md, "Hot path"). So the protocol (service/protocol.py) hands such a
-request, once its body is in, to ``DirectLane.answer``, which does what the ASGI path
-does for it, with the same code, and returns the whole answer for one write:
+Detour has two ways in: its FastAPI routes, for every request, and this lane, for the two
+calls every producer makes per send. A select is answered from this replica's copy of the
+table, and most reports are kept on the replica (``FaultStore.report_now``): neither waits
+for anything. Through ASGI each still paid for a task, uvicorn's request cycle,
+Starlette's request and response objects, the middleware layers and two writes:
+measured, more than the select itself (docs/BENCHMARKS.md, "Hot path"). So the protocol
+(service/edge/protocol.py) hands such a request, once its body is in, to
+``DirectLane.answer``, which does what the ASGI way does for it and returns the whole
+answer for one write:
 
 * the shedder's rules ran when the head was read, as for every request (a head that
-  had already waited past the queue-wait bound is left to the ASGI path, which refuses
+  had already waited past the queue-wait bound is left to the ASGI way, which refuses
   it); after that nothing queues: the answer is made in the callback that read the
   request's last bytes;
 * the token check (``guard.admitted``) and the namespace's store;
-* ``HotLane``'s steps: the repeated-key check, the body's validation, the endpoint's
-  own function (``select.answer``, ``reports.report_in``/``applied_now``), the app's
-  exception handlers for what it raises, and the request timer's metric.
+* the middleware's and the route's steps, with the same code where the code is
+  Detour's: the repeated-key check (``bodies.check_keys``); the body decoded and
+  validated as FastAPI does for a declared JSON body (``decoded``: ``json.loads``,
+  then the model, errors under ``body``); the endpoint's own synchronous part
+  (``select.answer``, ``reports.report_in``/``applied_now``/``render``); the app's
+  exception handlers for what it raises (``handlers``); the request timer's metric.
 
-Whatever it does not answer goes the ASGI way untouched, and it declines before any
-side effect: a head the lane does not take (no Content-Length or over the limit, not
-JSON, chunked, ``Expect``, HTTP/1.0, a pipelined request behind another, a paused
-writer), a request the token check would refuse (the ASGI path answers it, with its
-metrics), and a report that needs the store's I/O. Answers,
-errors and metrics are the ASGI path's: ``tests/test_direct_lane.py`` checks each
-against the same request sent the ASGI way, and every hot-route suite runs through it.
+Whatever it does not answer goes the ASGI way untouched, and it declines before any side
+effect: a head the lane does not take (no Content-Length or over the limit, not JSON,
+chunked, ``Expect``, HTTP/1.0, a pipelined request behind another, a paused writer), a
+request the token check would refuse (the ASGI way answers it, with its metrics), and a
+report that needs the store's I/O. Answers, errors and metrics are the ASGI way's:
+``tests/test_direct_lane.py`` checks each against the same request sent the ASGI way.
 """
 
 from __future__ import annotations
 
-import logging
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pydantic import BaseModel, TypeAdapter
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from service.api import reports, select
-from service.api.fast import handler_for, validated, voter
+from service.api.caller import voter
 from service.api.telemetry import observe_request
 from service.auth import Principal, TokenTable
-from service.edge.bodies import BadBody, duplicate_key, is_json
+from service.edge import answers
+from service.edge.bodies import check_keys, is_json
 from service.edge.guard import admitted
-from service.errors import error_body
+from service.edge.handlers import Handlers, handler_for, run_handler
 from service.schemas import ReportRequest, SelectRequest
 from service.store import FaultStore
-
-log = logging.getLogger("detour.direct")
 
 Headers = Sequence[tuple[bytes, bytes]]
 #: status, headers (without the server's own), body
 Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
-_JSON_HEADERS = (b"content-type", b"application/json")
-_INTERNAL = JSONResponse(error_body("INTERNAL", "internal error"), status_code=500)
+_INTERNAL = (
+    500,
+    answers.error_headers(answers.error_json("INTERNAL", "internal error")),
+    answers.error_json("INTERNAL", "internal error"),
+)
 
 
 class _Declined(Exception):
     """The request goes the ASGI way (raised before any side effect)."""
 
 
-def _validated(adapter: TypeAdapter[Any], body: bytes) -> Any:
-    """What ``HotLane`` and ``fast.parse`` check, on bytes in hand: repeated keys, then
-    the model."""
-    field = duplicate_key(body) if body else None
-    if field is not None:
-        raise BadBody(422, f"{field}: repeated key in a JSON object", field)
-    return validated(adapter, body)
+def decoded(adapter: TypeAdapter[Any], body: bytes) -> Any:
+    """``body`` as FastAPI turns a declared JSON body into its model (fastapi.routing's
+    request handler, then the field's validation): ``json.loads``; a JSONDecodeError is a
+    ``json_invalid`` validation error, anything else it raises a 400; then the model, its
+    errors located under ``body``. The same steps give the same answers."""
+    try:
+        value = json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise RequestValidationError(
+            [
+                {
+                    "type": "json_invalid",
+                    "loc": ("body", exc.pos),
+                    "msg": "JSON decode error",
+                    "input": {},
+                    "ctx": {"error": exc.msg},
+                }
+            ]
+        ) from None
+    except Exception:  # noqa: BLE001 - what FastAPI answers 400 for (nesting, huge numbers)
+        raise HTTPException(400, "There was an error parsing the body") from None
+    try:
+        return adapter.validate_python(value, from_attributes=True)
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        ) from None
 
 
 def _select(store: FaultStore, model: BaseModel, principal: Principal | None) -> str:
@@ -79,15 +105,17 @@ def _report(store: FaultStore, model: BaseModel, principal: Principal | None) ->
     assert isinstance(model, ReportRequest)
     outcomes = reports.applied_now(store, [reports.report_in(model, principal)])
     if outcomes is None:
-        raise _Declined  # the store must write it: the ASGI path awaits it
+        raise _Declined  # the store must write it: the ASGI way awaits it
     return reports.render(outcomes[0])
 
 
 #: path -> (the body's model, the endpoint's synchronous part)
 _ENDPOINTS: dict[bytes, tuple[TypeAdapter[Any], Callable[..., str]]] = {
-    b"/select": (select.REQUEST, _select),
-    b"/report-latency": (reports.REQUEST, _report),
+    b"/select": (TypeAdapter(SelectRequest), _select),
+    b"/report-latency": (TypeAdapter(ReportRequest), _report),
 }
+#: The lane's paths.
+PATHS = frozenset(p.decode() for p in _ENDPOINTS)
 
 
 class DirectLane:
@@ -95,15 +123,17 @@ class DirectLane:
 
     def __init__(
         self,
-        routes: Mapping[str, Route],
+        routes: Mapping[str, Any],
         max_body_bytes: int,
-        handlers: Mapping[Any, Callable[..., Any]],
+        handlers: Handlers,
         tokens: TokenTable | None = None,
     ) -> None:
+        """``routes``: the app's route for each of ``PATHS`` (the request timer labels by
+        its template); ``handlers``: the app's exception handlers."""
         self.paths = frozenset(_ENDPOINTS)
         self.max_body_bytes = max_body_bytes
         self.tokens = tokens
-        self._routes = {p.encode(): routes[p] for p in ("/select", "/report-latency")}
+        self._routes = {p.encode(): routes[p] for p in PATHS}
         self._handlers = handlers
 
     def takes(self, headers: Headers) -> bool:
@@ -139,24 +169,26 @@ class DirectLane:
         adapter, endpoint = _ENDPOINTS[path]
         start = time.perf_counter()
         try:
-            text = endpoint(store, _validated(adapter, body), principal)
+            check_keys(body)
+            text = endpoint(store, decoded(adapter, body), principal)
         except _Declined:
             return None
-        except Exception as exc:  # the app's handlers, as HotLane runs them
+        except Exception as exc:  # the app's handlers, as the ASGI way runs them
             answer = self._handled(path, headers, state, exc)
         else:
             payload = text.encode()
-            answer = (200, [_JSON_HEADERS, (b"content-length", b"%d" % len(payload))], payload)
+            answer = (
+                200,
+                [answers.JSON_TYPE, (b"content-length", b"%d" % len(payload))],
+                payload,
+            )
         observe_request({"route": self._routes[path], "method": "POST"}, answer[0], start)
         return answer
 
     def _handled(
         self, path: bytes, headers: Headers, state: dict[str, Any], exc: Exception
     ) -> Answer:
-        """The app's exception handler's response for ``exc`` (the 500 one when none fits).
-
-        The handlers are coroutines that never wait (they build a response): run to
-        completion here. One that did wait would be a bug: answered as unexpected."""
+        """The app's exception handler's response for ``exc``."""
         request = Request(
             {
                 "type": "http",
@@ -169,19 +201,7 @@ class DirectLane:
                 "state": state,
             }
         )
-        handlers = self._handlers
-        handler = handler_for(handlers, exc) or handlers.get(500) or handlers[Exception]
-        response = _complete(handler(request, exc)) or _INTERNAL
+        response = run_handler(handler_for(self._handlers, exc), request, exc)
+        if response is None:
+            return _INTERNAL
         return int(response.status_code), list(response.raw_headers), bytes(response.body)
-
-
-def _complete(coro: Any) -> Response | None:
-    """Run a coroutine that does not wait; its result, or None (closed) if it waited."""
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        result: Response = done.value
-        return result
-    coro.close()
-    log.error("an exception handler waited; answered as unexpected")
-    return None

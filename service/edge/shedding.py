@@ -27,7 +27,7 @@ with 503 ``{"error": "SYSTEM_BUSY"}`` and ``Retry-After`` and counted in
 * ``queue_wait``: the request waited longer than ``max_queue_wait_ms`` between
   being read off the socket and being served — the event loop is behind, like a
   send request that sat in RocketMQ's queue past ``waitTimeMillsInSendQueue``.
-  The arrival time comes from ``EdgeProtocol`` (service/protocol.py, uvicorn's
+  The arrival time comes from ``EdgeProtocol`` (service/edge/protocol.py, uvicorn's
   protocol stamping the scope when a request begins); without it only the first
   rule acts.
 
@@ -41,15 +41,14 @@ docs/reliability.md, "Overload".
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import metrics
+from service.edge import answers
 from service.edge.cpu_share import CpuShare
-from service.errors import error_body
 
 #: The scope key the protocol stamps (monotonic ns when the request began).
 ARRIVED = "detour.arrived_ns"
@@ -228,13 +227,8 @@ class Shedder:
         #: Shedding lasts until this long after the last refusal (monotonic ns).
         self.hold_ns = int(shedding_hold_s * 1_000_000_000)
         self.shedding_until = 0
-        body = json.dumps(error_body("SYSTEM_BUSY", "overloaded: retry shortly or decide locally"))
-        self._body = body.encode()
         #: The whole HTTP/1.1 answer, for refusals written by the protocol itself.
-        self.busy_response = (
-            b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-            b"retry-after: 1\r\ncontent-length: %d\r\n\r\n%s" % (len(self._body), self._body)
-        )
+        self.busy_response = answers.BUSY
         self._refusing_apps: dict[str, ASGIApp] = {}
         self._shed_series = {
             r: metrics.SHED.labels(r) for r in ("in_flight", "turn_budget", "queue_wait")
@@ -344,15 +338,6 @@ class Shedder:
 
     async def _refuse(self, send: Send, reason: str) -> None:
         self.count_refusal(reason)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 503,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(self._body)).encode()),
-                    (b"retry-after", b"1"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": self._body})
+        start, body = answers.BUSY_MESSAGES
+        await send(start)
+        await send(body)
