@@ -85,8 +85,33 @@ class ErrorBody(Body):
     )
 
 
+def _same_length_schema(schema: dict[str, Any]) -> None:
+    """State in the JSON schema what ``_same_length`` checks: ``latencyMax`` and
+    ``notAvailableDuration`` have as many entries (an omitted one is its default)."""
+    fields = {f.name: f for f in CONFIG_FIELDS}
+    tiers, windows = fields["latency_max"], fields["not_available_duration"]
+    given = len(tiers.default)
+
+    def length(n: int) -> dict[str, int]:
+        return {"minItems": n, "maxItems": n}
+
+    schema["anyOf"] = [
+        {"not": {"required": [tiers.wire]}, "properties": {windows.wire: length(given)}},
+        {"not": {"required": [windows.wire]}, "properties": {tiers.wire: length(given)}},
+        *(
+            {
+                "required": [tiers.wire, windows.wire],
+                "properties": {tiers.wire: length(n), windows.wire: length(n)},
+            }
+            for n in range(1, tiers.max_items + 1)
+        ),
+    ]
+
+
 class _ConfigRules(Body):
     """The rules across Config fields; ConfigBody adds the fields, derived from Config."""
+
+    model_config = ConfigDict(json_schema_extra=_same_length_schema)
 
     @field_validator("latency_max", check_fields=False)
     @classmethod
@@ -166,7 +191,10 @@ class RouteBody(Body):
     brokers: list[BrokerSpec] = Field(
         min_length=1,
         max_length=256,
-        description="1..256 brokers with distinct names.",
+        # The names are distinct (``_distinct``): JSON Schema states distinct items, and
+        # ``x-unique-item-properties`` the property that must differ.
+        json_schema_extra={"uniqueItems": True, "x-unique-item-properties": ["brokerName"]},
+        description="1..256 brokers with distinct names (no two with the same `brokerName`).",
         examples=[[{"brokerName": "broker-a", "writeQueueNums": 4, "address": "10.0.0.5:10911"}]],
     )
 
