@@ -151,4 +151,6 @@ def create_app(settings: Settings | None = None, tokens: TokenTable | None = Non
         include(app, module.router, token=False)
     # Two ways in: the routes above, and the direct lane for /select and /report-latency.
     edge = install_edge(app, settings, tokens)
+    # A report batch paces itself while other requests arrive (service/api/pacing.py).
+    app.state.batches.arrivals = lambda: edge.requests_read
     return app

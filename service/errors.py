@@ -3,7 +3,9 @@
     DetourError                 base; carries an HTTP status and a stable code
     ├── NotFound                404 NOT_FOUND: no route for the topic, no such fault item
     ├── TableFull               409 TABLE_FULL: a new broker, and the table is full
-    └── StoreUnavailable        503 STORE_UNAVAILABLE: Redis did not answer
+    ├── StoreUnavailable        503 STORE_UNAVAILABLE: Redis did not answer
+    └── Busy                    503 SYSTEM_BUSY: a namespace's batch waited too long for
+                                its turn (the shedder's own refusals are the edge's)
 
 Other codes are answered without an exception of this tree: 422 VALIDATION_ERROR and
 404/405 from the framework (service/api/errors.py, which also renders the body guards'
@@ -55,6 +57,14 @@ class TableFull(DetourError):
 class StoreUnavailable(DetourError):
     status = 503
     code = "STORE_UNAVAILABLE"
+
+
+class Busy(DetourError):
+    """Refused for now, to be retried after ``Retry-After`` (1 s): the SDK decides locally
+    and queues its reports meanwhile."""
+
+    status = 503
+    code = "SYSTEM_BUSY"
 
 
 def error_body(code: str, message: str, field: str | None = None) -> dict[str, Any]:

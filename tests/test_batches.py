@@ -1,6 +1,7 @@
 """A batch costs its sender, not everyone: one tenant's batches and another's reports.
 
-Namespace a posts 1,000-report batches on two connections, back to back; namespace b
+Namespace a posts 1,000-report batches on two connections, back to back (a batch
+refused while the other is applied is sent again after its Retry-After); namespace b
 sends single reports meanwhile. b's p99 must stay within three times its p99 with
 nothing beside it. Every report is written to Redis at once (``DETOUR_REPORT_FLUSH_MS=0``)
 and each of a's moves a window, so b's reports meet a's work in Redis and in the
@@ -37,9 +38,11 @@ ROUNDS = 3
 SAMPLES = 150
 
 #: A process that posts the batch (argv[3], a file) to 127.0.0.1:argv[1] with token
-#: argv[2] until it is stopped, printing a line once the first batch was answered.
+#: argv[2] until it is stopped, printing a line once its first batch was applied. A batch
+#: refused 503 (its namespace's other batch is being applied) is sent again after the
+#: Retry-After, as the SDK would; any other answer stops it.
 POSTER = r"""
-import http.client, sys
+import http.client, sys, time
 port, token, body = int(sys.argv[1]), sys.argv[2], open(sys.argv[3], "rb").read()
 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
 headers = {"content-type": "application/json", "authorization": "Bearer " + token}
@@ -48,6 +51,9 @@ while True:
     conn.request("POST", "/report-latency:batch", body, headers)
     r = conn.getresponse()
     r.read()
+    if r.status == 503:
+        time.sleep(float(r.getheader("retry-after", "1")))
+        continue
     if r.status != 200:
         sys.exit(f"batch answered {r.status}")
     if first:

@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from service.errors import DetourError, error_body
+from service.errors import Busy, DetourError, error_body
 
 log = logging.getLogger("detour")
 
@@ -87,7 +87,10 @@ def _validation_message(err: dict[str, Any]) -> str:
 def install_error_handlers(app: FastAPI) -> None:
     async def on_detour_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, DetourError)
-        return JSONResponse(error_body(exc.code, exc.message, exc.field), status_code=exc.status)
+        headers = {"Retry-After": "1"} if isinstance(exc, Busy) else None
+        return JSONResponse(
+            error_body(exc.code, exc.message, exc.field), status_code=exc.status, headers=headers
+        )
 
     async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)

@@ -256,6 +256,8 @@ class EdgeProtocol(UvicornHttp):
     def on_headers_complete(self) -> None:
         self._phase = _BODY
         self._head_bytes = 0
+        if self._edge is not None:
+            self._edge.requests_read += 1
         if self._too_many:
             self._refused = True  # answered 431 once the parser returns
             return

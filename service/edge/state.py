@@ -54,6 +54,9 @@ class Edge:
     tokens: TokenTable | None = None
     outbox: Outbox = field(default_factory=Outbox)
     connections: ConnectionTable = field(init=False)
+    #: Requests whose head was read (a report batch paces itself while others arrive:
+    #: service/api/pacing.py).
+    requests_read: int = 0
 
     def __post_init__(self) -> None:
         self.connections = ConnectionTable(
