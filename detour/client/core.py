@@ -32,6 +32,8 @@ ROUTE_REFRESH_S = 30.0
 #: 5 ms a producer should ever wait for advice (docs/BENCHMARKS.md, "Overload as
 #: producers see it").
 DECIDE_WITHIN_S = 0.004
+#: The smallest report batch the flusher falls back to when Detour does not keep up.
+MIN_BATCH = 50
 #: A broker a Detour answer names as avoided is avoided by local selects for this long
 #: after that answer (ms): what the remote client's own table knows of the shared one.
 HINT_MS = 10_000
@@ -98,6 +100,8 @@ class ClientCore:
         self._late_under_way = 0
         #: topics whose route and config a background refresh is fetching now
         self._refreshing: set[str] = set()
+        #: reports per batch the flusher sends (``batch_answered``)
+        self.batch_size = wire.MAX_BATCH
         self._route_checked: dict[str, float] = {}
         self._config_checked: float | None = None
         #: outstanding sends, for in-flight signals (pendingQuorum)
@@ -166,6 +170,17 @@ class ClientCore:
         route_due = checked is None or now - checked >= ROUTE_REFRESH_S
         config_due = self._config_checked is None or now - self._config_checked >= ROUTE_REFRESH_S
         return route_due, config_due
+
+    def batch_answered(self, answered: bool) -> None:
+        """How the last report batch ended: a batch Detour did not answer in time (busy,
+        throttled, away) is followed by one half as large, down to ``MIN_BATCH``; one it
+        answered lets the size double back up to ``wire.MAX_BATCH``. A batch cut by the
+        call's timeout is sent again whole; a smaller one fits where the big one did not."""
+        with self._count_lock:
+            if answered:
+                self.batch_size = min(wire.MAX_BATCH, self.batch_size * 2)
+            else:
+                self.batch_size = max(MIN_BATCH, self.batch_size // 2)
 
     def claim_refresh(self, topic: str) -> bool:
         """Whether a background refresh of ``topic`` may start (none is under way); the
@@ -280,7 +295,9 @@ class ClientCore:
         if pending.queued() == 0:
             return None
         wait = self.circuit.remaining_s()
-        if self.cached and not pending.urgent and pending.queued() < FLUSH_AT:
+        # Reports wait up to FLUSH_INTERVAL_S to leave as one batch (remote mode queues
+        # only while Detour is down or late, or behind older ones: no hurry then either).
+        if not pending.urgent and pending.queued() < FLUSH_AT:
             oldest = pending.oldest_at_ms()
             if oldest is not None:
                 wait = max(wait, FLUSH_INTERVAL_S - (mono_ms() - oldest) / 1000)
