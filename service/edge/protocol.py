@@ -195,11 +195,23 @@ class EdgeProtocol(UvicornHttp):
                 return
         limit = edge.limits.max_header_bytes
         pos, end = 0, len(data)
+        # A read with at most one head, nothing queued and few answers waiting (a
+        # producer's one request at a time) overshoots the bound by one request at most:
+        # only other reads are weighed against it, head by head.
+        weigh = (
+            data.count(pipelining.HEAD_END) > 1
+            or self.queued() > 0
+            or self._out_bytes + self.transport.get_write_buffer_size()
+            > pipelining.MAX_WAITING_BYTES
+        )
         self._feeding = True
         try:
             while pos < end:
-                room = pipelining.room(self._unanswered(), self._waiting_bytes())
-                stop = pipelining.feedable(data, pos, room)
+                if weigh:
+                    room = pipelining.room(self._unanswered(), self._waiting_bytes())
+                    stop = pipelining.feedable(data, pos, room)
+                else:
+                    stop = end
                 if self._phase != _BODY:
                     head_room = limit - self._head_bytes
                     if head_room <= 0:
@@ -336,14 +348,8 @@ class EdgeProtocol(UvicornHttp):
         if (
             lane is not None
             and path in lane.paths
-            and self.method() == b"POST"
-            and self.http_version() == "1.1"
-            and not self.expects_continue()
-            and not self.upgrading()
-            # In order: nothing of this connection is being answered or queued.
-            and not self.answering()
-            and not self.queued()
-            and not self.writes_paused()
+            # POST on HTTP/1.1, in order: nothing of this connection answered or queued.
+            and self.may_answer_now()
             and lane.takes(self.head())
             # One the shedder's queue-wait rule refuses goes its way (and is refused).
             and not (
