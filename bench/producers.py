@@ -417,6 +417,49 @@ def markdown(results: Sequence[dict[str, Any]], command: str) -> str:
                 f"{detour['bad_5xx']} | {refused:,.0f} | "
                 f"{detour['rss_max_mib']:.0f} |"
             )
+    lines += ["", summary(results)]
+    return "\n".join(lines)
+
+
+def _med(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def summary(results: Sequence[dict[str, Any]]) -> str:
+    """One row per cap, mode and phase: medians over the runs (failures, 5xx and drops:
+    the worst run; memory: the largest)."""
+    lines = [
+        "| cap | mode | runs | phase | decide p50 / p99 / max (medians) | decided locally "
+        "| failed sends (worst) | reports dropped (worst) | staleness max s | current again s "
+        "| Detour 5xx not 503 (worst) | RSS max MiB |",
+        "|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    groups: dict[tuple[float, int, str], list[dict[str, Any]]] = {}
+    for r in results:
+        groups.setdefault((r["cap"]["cores"], r["cap"]["period_us"], r["mode"]), []).append(r)
+    for (cores, period, mode), runs in groups.items():
+        for phase in ("over", "after"):
+            ph = [r["phases"][phase] for r in runs]
+            scale, unit = (1.0, "µs") if mode == "cached" else (1000.0, "ms")
+            cells = []
+            for key in ("decide_p50_us", "decide_p99_us", "decide_max_us"):
+                v = _med([x[key] for x in ph])
+                cells.append("—" if v is None else f"{v / scale:.2f}")
+            share = _med([x["local_share"] for x in ph])
+            stale = _med([r["staleness_s"]["max"] for r in runs])
+            again = _med([r["current_again_s"] for r in runs])
+            rss = max((r["detour"]["rss_max_mib"] or 0) for r in runs)
+            lines.append(
+                f"| {cores:.2f} cores, {period / 1000:g} ms period | {mode} | {len(runs)} | "
+                f"{phase} | {' / '.join(cells)} {unit} | "
+                f"{'—' if share is None else f'{share * 100:.0f}%'} | "
+                f"{max(sum(r['failed_sends'].values()) for r in runs)} | "
+                f"{max(r['sdk'].get('dropped_reports', 0) for r in runs)} | "
+                f"{'—' if stale is None else f'{stale:.2f}'} | "
+                f"{'—' if again is None else f'{again:.2f}'} | "
+                f"{max(r['detour']['bad_5xx'] for r in runs)} | {rss:.0f} |"
+            )
     return "\n".join(lines)
 
 
