@@ -1,4 +1,4 @@
-"""The CPU a process's event loop may use, read from its cgroup (service/cpu_share.py).
+"""The CPU a process's event loop may use, read from its cgroup (service/edge/cpu_share.py).
 
 The kernel's files are laid out in a temporary directory as cgroup v1 and v2 mount
 them; the module reads whichever the process's ``/proc/self/cgroup`` names.

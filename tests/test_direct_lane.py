@@ -1,4 +1,4 @@
-"""The direct lane (service/api/direct.py) against the ASGI path it stands in for.
+"""The direct lane (service/edge/direct.py) against the ASGI path it stands in for.
 
 Two real uvicorn servers in this process (threads of their own), each running Detour's
 app and ``EdgeProtocol``: one with the direct lane, one without (``direct_lane=False``).
