@@ -42,7 +42,7 @@ RocketMQ's 550 ms tier, so the slow sends open windows without timing out.
 
 Time is scaled down by ``--scale`` (40): every ``notAvailableDuration`` tier is
 divided by it (a failure's 600 s isolation becomes 15 s, the 550 ms tier's 30 s
-becomes 0.75 s), set on Detour with ``PUT /config`` and given to the
+becomes 0.75 s), set on Detour with ``PATCH /config`` and given to the
 per-producer tables as the same ``Config``. Latency thresholds are not scaled:
 they are what a send measures. The per-attempt timeout (``--timeout``, 1 s) is
 the broker client's socket timeout: a send to the hung broker fails after it;
@@ -146,7 +146,7 @@ class FaultSpec:
 
 
 def scaled_config(scale: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``PUT /config`` body: RocketMQ's tiers with every window divided by ``scale``,
+    """The ``PATCH /config`` body: RocketMQ's tiers with every window divided by ``scale``,
     and ``extra`` policy fields (``--config``, e.g. ``{"latencyQuorum": 2}``) on top."""
     return {
         "sendLatencyFaultEnable": True,
@@ -624,7 +624,7 @@ def run_arm(arm: str, repeat: int, producers: Producers, detour: str | None,
             if arm.startswith("detour"):
                 assert detour is not None
                 with httpx.Client(base_url=detour, timeout=5) as c:
-                    c.put("/config", json=config).raise_for_status()
+                    c.patch("/config", json=config).raise_for_status()
                     c.put(f"/routes/{topic}", json=route).raise_for_status()
                     for name in fleet.brokers:  # windows left by the previous arm
                         c.delete(f"/fault-items/{name}")

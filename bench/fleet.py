@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from service.settings import Settings
+from service.store import scripts
 from service.store.base import ReportIn
 from service.store.redis import RedisStore, integrity_arg
 from tests.procs import ROOT, RedisServer
@@ -75,6 +76,8 @@ LUA = ROOT / "service" / "store" / "lua"
 #: a pushed change names its broker ({"k":"fault","v":..,"f":broker,"x":..})
 #: report.lua takes summary entries (a replica's quiet reports summed between flushes)
 SUMMARIES = "== 's'" in (LUA / "report.lua").read_text()
+#: report.lua's ARGV: the head's length, then values per report (its header says)
+HEAD, STRIDE = 10, 14
 BROKER_IN_PUSH = re.compile(rb'"f":"([^"]+)"')
 #: the sidecars and sends of the projection's target
 SIDECARS = (100, 300, 1_000, 3_000, 10_000)
@@ -219,19 +222,19 @@ class Flush:
         args, _ = store._report_args(reports, store.view.config)
         args[7] = replica  # ARGV[8]: the writer
         args[8] = integrity_arg(0)  # ARGV[9]: a new writer has seen nothing applied yet
-        head = args[:9]
+        head = args[:HEAD]
         if SUMMARIES:
             counts = ",".join(str(7 * (k + 1)) for k in range(buckets))
             body: list[object] = []
             for b, n in enumerate(names):
-                body += [n, 40 + b, 1000, 0, "s", counts, 0, 0, "", "", 1, ""]
+                body += [n, 40 + b, 1000, 0, "s", counts, 0, 0, "", "", 1, "", "", ""]
         else:
-            body = args[9:]
+            body = args[HEAD:]
         self.head, self.body = head, body
 
     def command(self) -> bytes:
         body = list(self.body)
-        for i in range(10, len(body), 12):  # each entry's sequence number
+        for i in range(10, len(body), STRIDE):  # each entry's sequence number
             self.seq += 1
             body[i] = self.seq
         return resp("EVALSHA", self.sha, len(self.keys), *self.keys, *self.head, *body)
@@ -301,17 +304,8 @@ class Fleet:
         self.info = server.client()
         self.keys = Keys(store._meta, store._writers, store._channel, store._log)
         # report.lua's KEYS, in the order RedisStore._report_remote passes them
-        self.report_keys = [
-            store._faults,
-            store._meta,
-            store._log,
-            store._events,
-            store._ends,
-            store._writers,
-            store._writers_seen,
-            store._report_ids,
-        ]
-        self.poll_sha = sha1((LUA / "poll.lua").read_bytes()).hexdigest()
+        self.report_keys = list(store._report_keys())
+        self.poll_sha = sha1(scripts.source("poll").encode()).hexdigest()
         # the poll the replicas send is the store's own script, not a copy
         assert self.poll_sha == store._scripts["poll"].sha, "poll.lua is not the store's"
         self.replicas: list[Replica] = []

@@ -7,10 +7,16 @@ what the report script costs at the table cap; those figures come from here.
   for a report of a new broker into a table of ``--cap`` items whose windows have all
   ended (it drops one to make room), against the baseline measured in the same run:
   the same report into an empty table. Median of ``--reports`` reports per run.
-* **recovery after an empty restart**: one ``python -m service`` holding ``--windows``
+* **a merge after an empty restart**: one ``python -m service`` holding ``--windows``
   open windows (and a route); ``redis-server`` SIGKILLed and restarted empty on the same
   port; the time from the restarted server answering PING to every window being back
-  in Redis, and the re-seed script's execution time.
+  in Redis, the merge scripts' execution time in Redis (longest call, and all calls
+  summed), and the replica's CPU from the kill to its recovery.
+* **an unneeded merge**: the same replica and windows, but Redis writes every command to
+  its AOF before answering (``appendfsync always``) and comes back with all of it; the
+  replica still sees another server (its mark is gone) and merges: the time until it is
+  no longer degraded, the scripts' time in Redis, the replica's CPU, and how many entries
+  it wrote back (none, when nothing was lost).
 
 Each is run ``--runs`` times; the medians are reported. Everything listens on
 127.0.0.1. Writes ``integrity.json`` and ``integrity.md`` under ``--out``.
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -81,9 +88,20 @@ def report_at_cap(cap: int, reports: int) -> dict[str, float]:
     return out
 
 
-def recovery(windows: int) -> dict[str, float]:
-    """ms from the empty server answering to every window back; the re-seed script's µs."""
-    server = RedisServer()
+def _cpu_ms(pid: int) -> float:
+    """User + system CPU of a process so far (ms), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def _degraded(url: str) -> bool:
+    return bool(httpx.get(url + "/readyz", timeout=5).json()["degraded"])
+
+
+def merge(windows: int, lost: bool) -> dict[str, float]:
+    """One replica holding ``windows`` open windows; Redis SIGKILLed and restarted, empty
+    (``lost``) or from its AOF with everything. What the merge that follows costs."""
+    server = RedisServer(persistent=not lost)
     restarted: RedisServer | None = None
     try:
         with ServiceProcess(redis_url=server.url,
@@ -94,16 +112,31 @@ def recovery(windows: int) -> dict[str, float]:
                 assert c.post("/report-latency:batch", json=body).status_code == 200
             wait_until(lambda: len(c.get("/fault-items").json()["items"]) == windows, 30,
                        "windows in the table")
+            with server.client() as raw:
+                version = int(raw.hget(f"{PREFIX}:meta", "version") or 0)
+            cpu = _cpu_ms(svc.proc.pid)
             server.kill()
-            restarted = RedisServer(port=server.port)
+            restarted = RedisServer(port=server.port, data_dir=server.dir,
+                                    persistent=not lost)
             started = time.monotonic()
             raw = restarted.client()
             _slowlog_all(restarted)
-            wait_until(lambda: raw.hlen(f"{PREFIX}:faults") >= windows, 60,
-                       "windows back", interval_s=0.005)
-            elapsed_ms = (time.monotonic() - started) * 1000
-            reseed = max(_script_us(restarted), default=0)
-            return {"restored_ms": elapsed_ms, "largest_script_us": reseed}
+            if lost:
+                wait_until(lambda: raw.hlen(f"{PREFIX}:faults") >= windows, 60,
+                           "windows back", interval_s=0.005)
+                elapsed_ms = (time.monotonic() - started) * 1000
+            wait_until(lambda: not _degraded(svc.url), 60, "recovered", interval_s=0.005)
+            if not lost:
+                elapsed_ms = (time.monotonic() - started) * 1000
+            scripts = [us for us in _script_us(restarted)]
+            written = int(raw.hget(f"{PREFIX}:meta", "version") or 0) - (0 if lost else version)
+            return {
+                "ms": elapsed_ms,
+                "largest_script_us": max(scripts, default=0),
+                "scripts_us": sum(scripts),
+                "replica_cpu_ms": _cpu_ms(svc.proc.pid) - cpu,
+                "versions_written": written,
+            }
     finally:
         server.stop()
         if restarted is not None:
@@ -111,7 +144,8 @@ def recovery(windows: int) -> dict[str, float]:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    cap, rec = result["report_at_cap"], result["recovery"]
+    cap, rec, idle = result["report_at_cap"], result["merge"], result["unneeded"]
+    w = f"{result['windows']:,}"
     return "\n".join([
         f"Medians of {result['runs']} runs.",
         "",
@@ -120,10 +154,16 @@ def markdown(result: dict[str, Any]) -> str:
         f"| report script, new broker, empty table (baseline) | {cap['empty']:.0f} µs |",
         f"| report script, new broker, {result['cap']:,} ended windows | {cap['full']:.0f} µs "
         f"({cap['full'] / cap['empty']:.2f}x the baseline) |",
-        f"| empty restart: all {result['windows']:,} windows back in Redis | "
-        f"{rec['restored_ms']:.0f} ms after the restarted server answers |",
-        f"| the longest script during that recovery (the re-seed) | "
-        f"{rec['largest_script_us'] / 1000:.1f} ms |",
+        f"| empty restart: all {w} windows back in Redis | "
+        f"{rec['ms']:.0f} ms after the restarted server answers |",
+        f"| that merge in Redis: longest call, all calls | "
+        f"{rec['largest_script_us'] / 1000:.1f} ms, {rec['scripts_us'] / 1000:.0f} ms |",
+        f"| that merge on the replica (CPU, kill to recovered) | {rec['replica_cpu_ms']:.0f} ms |",
+        f"| restart that lost nothing ({w} windows): replica no longer degraded | "
+        f"{idle['ms']:.0f} ms after the restarted server answers |",
+        f"| that unneeded merge: entries written, scripts in Redis, replica CPU | "
+        f"{idle['versions_written']:.0f}, {idle['scripts_us'] / 1000:.1f} ms, "
+        f"{idle['replica_cpu_ms']:.0f} ms |",
     ])
 
 
@@ -137,12 +177,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     caps = [report_at_cap(args.cap, args.reports) for _ in range(args.runs)]
-    recs = [recovery(args.windows) for _ in range(args.runs)]
+    merges = [merge(args.windows, lost=True) for _ in range(args.runs)]
+    idle = [merge(args.windows, lost=False) for _ in range(args.runs)]
     result = {
         "runs": args.runs, "cap": args.cap, "windows": args.windows,
         "report_at_cap": {k: statistics.median(c[k] for c in caps) for k in caps[0]},
-        "recovery": {k: statistics.median(r[k] for r in recs) for k in recs[0]},
-        "all": {"report_at_cap": caps, "recovery": recs},
+        "merge": {k: statistics.median(r[k] for r in merges) for k in merges[0]},
+        "unneeded": {k: statistics.median(r[k] for r in idle) for k in idle[0]},
+        "all": {"report_at_cap": caps, "merge": merges, "unneeded": idle},
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "integrity.json").write_text(json.dumps(result, indent=2))

@@ -14,7 +14,7 @@ Arms, in one invocation so they share the machine's state:
     detour-cached   the default: selects decided in-process from the event stream
     detour-remote   every select a POST /select to Detour
     round-robin     the same cached client with avoidance off
-                    (PUT /config {"sendLatencyFaultEnable": false}): RocketMQ
+                    (PATCH /config {"sendLatencyFaultEnable": false}): RocketMQ
                     with sendLatencyFaultEnable=false, the retry loop only
 
 Recorded per arm: records/s over the sending window (first send to last
@@ -89,7 +89,7 @@ def run_arm(spark: Any, detour: str, arm: str, src: str, records: int, work: Pat
     mode, avoidance = ARMS[arm]
     topic = f"bench-{arm}"
     with httpx.Client(base_url=detour, timeout=5) as c:
-        c.put("/config", json={"sendLatencyFaultEnable": avoidance}).raise_for_status()
+        c.patch("/config", json={"sendLatencyFaultEnable": avoidance}).raise_for_status()
     with Fleet(4, topic, 4) as fleet:
         fleet.register(detour)
         with httpx.Client(base_url=detour, timeout=5) as c:
@@ -129,7 +129,7 @@ def markdown(results: Sequence[ArmResult], records: int, command: str, when: str
         "fault schedule in every arm, keyed to progress: broker-b SIGKILLed at 25 % of the "
         "records and restarted 8 s later; broker-c SIGSTOPped at 50 % for 5 s. Broker socket "
         "timeout 200 ms, 3 attempts per record. `round-robin` is the same client with "
-        "`PUT /config {\"sendLatencyFaultEnable\": false}`.",
+        "`PATCH /config {\"sendLatencyFaultEnable\": false}`.",
         "",
         "| arm | records/s | failed attempts (killed / stopped broker) | failed records | "
         "p50 send ms | p99 send ms | p99.9 send ms | max send ms | lost | duplicates |",

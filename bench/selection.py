@@ -58,7 +58,7 @@ def run_mode(
     http: httpx.Client, selection: str, scenario: str, sends: int, seed: int
 ) -> dict[str, Any]:
     """``sends`` select-then-report rounds; the latencies the simulated sends took."""
-    http.put("/config", json={"selection": selection}).raise_for_status()
+    http.patch("/config", json={"selection": selection}).raise_for_status()
     http.put(
         f"/routes/{TOPIC}",
         json={"brokers": [{"brokerName": b, "writeQueueNums": 4} for b in BROKERS]},

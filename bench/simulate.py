@@ -52,7 +52,7 @@ Strategies, each over the same faults:
     ``detour-100ms`` (the middle delay) with the recommended in-flight signals
     (``pendingQuorum`` 2): a send outstanding past the SDK's threshold (``max(50
     ms, 4 x the latency model's p99)``) signals; the signal reaches the shared table
-    ``<delay>`` later, and every report goes through ``detour.policy.apply``
+    ``<delay>`` later, and every report goes through ``detour.apply.apply_one``
     (which withdraws the signal). docs/policy.md, "Hangs".
 ``detour-all``
     ``detour-100ms`` with every recommended setting at once: the recovery
@@ -105,7 +105,24 @@ from typing import Any
 import numpy as np
 
 from detour import policy, strategy
+from detour.apply import ReportIn, apply_one
 from detour.model import BrokerRoute, Config, FaultItem, Route
+
+
+def _apply(
+    old: FaultItem | None,
+    name: str,
+    ms: int,
+    failed: bool,
+    producer: str,
+    at: int,
+    now: int,
+    config: Config,
+) -> FaultItem:
+    """The table's item after one report at ``at`` seen at ``now`` (the one rule)."""
+    item = apply_one(old, ReportIn(name, ms, failed, now - at, producer), now, config).item
+    assert item is not None  # avoidance is on in every arm that calls it
+    return item
 
 TOPIC = "sim"
 #: A send at least this long is a bad attempt: RocketMQ's first tier that opens a window.
@@ -346,7 +363,7 @@ def simulate(
     select = strategy.select
     report_duration = strategy.report_duration
     apply_report = strategy.apply_report
-    papply = policy.apply
+    papply = _apply
     heappush, heappop = heapq.heappush, heapq.heappop
     ks = 0
     n_attempts = n_failed = n_slow = n_exhausted = 0
@@ -438,11 +455,9 @@ def simulate(
                 tb = tables[p]
                 tb[name] = apply_report(tb.get(name), name, ms, 0, t, lrw)
             elif recover:
-                table[name] = policy.apply(table.get(name), name, ms, False, None, "", t, t,
-                                           config).item
+                table[name] = _apply(table.get(name), name, ms, False, "", t, t, config)
             elif pend:
-                table[name] = papply(table.get(name), name, ms, False, None, str(p), t, t,
-                                     config).item
+                table[name] = papply(table.get(name), name, ms, False, str(p), t, t, config)
             else:
                 table[name] = apply_report(table.get(name), name, ms, 0, t, lrw)
             lat_out.append(elapsed + lat)
@@ -461,7 +476,7 @@ def simulate(
             if o is None:
                 o = own[p] = {}
             old = o.get(name) or table.get(name)
-            o[name] = (policy.apply(old, name, ms, failed, None, "", t, t, config).item
+            o[name] = (_apply(old, name, ms, failed, "", t, t, config)
                        if recover else apply_report(old, name, ms, duration, t, lrw))
             arrivals.append((t + delay, p, name, ms, duration, failed))
         if not failed:
@@ -475,12 +490,11 @@ def simulate(
     def arrive(a: tuple[int, int, str, int, int, bool]) -> None:
         t, p, name, ms, duration, failed = a
         if recover:
-            item = policy.apply(table.get(name), name, ms, failed, None, "", t - delay, t,
-                                config).item
+            item = _apply(table.get(name), name, ms, failed, "", t - delay, t, config)
             special.add(name)  # it may ramp up once its window ends
         elif pend:
-            # policy.apply: the report also withdraws its producer's signal
-            item = papply(table.get(name), name, ms, failed, None, str(p), t, t, config).item
+            # the one rule: the report also withdraws its producer's signal
+            item = papply(table.get(name), name, ms, failed, str(p), t, t, config)
         else:
             item = apply_report(table.get(name), name, ms, duration, t, lrw)
         table[name] = item
@@ -541,8 +555,10 @@ def simulate(
                     done(ev)
                 elif ev[2] == EV_SIGNAL:
                     st, _, _, sp, sname, sms = ev
-                    table[sname] = papply(table.get(sname), sname, sms, False, None, str(sp),
-                                          st, st, config, pending=True).item
+                    signal = ReportIn(sname, sms, False, 0, str(sp), pending=True)
+                    e = apply_one(table.get(sname), signal, st, config)
+                    if e.written and e.item is not None:
+                        table[sname] = e.item
                 elif ev[2] == EV_STATE:
                     state_change(ev)
                 elif ev[2] == EV_DETECT:

@@ -378,6 +378,27 @@ class BrokerRoute:
 
 
 @dataclass(frozen=True, slots=True)
+class Why:
+    """Why a broker's window is open: the report that set its end.
+
+    ``reason`` is the event log's word for what set it (detour.policy.events): ``isolation``
+    (a failed send), ``latency`` (a slow answer's tier, also when slow answers of enough
+    producers reached latencyQuorum), ``quorum`` (failures of enough producers reached
+    isolationQuorum), ``pending`` (in-flight signals of enough producers: a hang) or
+    ``probe`` (a probation probe failed). A merge keeps it with the window end it explains
+    (detour.merge).
+    """
+
+    reason: str
+    #: when the report's send completed (epoch ms, the store's clock): since when
+    since: int
+    #: the latency the report measured (ms): with the config's tiers, the window's tier
+    latency_ms: int
+    #: who set it: the producer (the token's name when tokens are on); "" when unnamed
+    by: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class FaultItem:
     """A broker's entry in the fault table (RocketMQ's FaultItem).
 
@@ -407,6 +428,11 @@ class FaultItem:
     #: when it last signalled (ms)); signalled 0: withdrawn, the producer's last completed
     #: send at the second value, so a signal arriving late for an earlier send is ignored
     pending: tuple[tuple[str, int, int], ...] = ()
+    #: why the window is open (the report that set its end); None when no window is open
+    why: Why | None = None
+    #: the stamp of the write that stored this item (0: never stored in a shared table): it
+    #: orders copies of the item in a merge (detour.merge) and is no part of what it says
+    stamp: int = field(default=0, compare=False)
 
     def is_available(self, now_ms: int) -> bool:
         return now_ms >= self.available_at

@@ -9,7 +9,7 @@ duplicated change can never overwrite a newer one (deletes leave tombstones).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from detour.model import Config, FaultItem, Route
@@ -25,6 +25,49 @@ class Snapshot:
     config_version: int
     routes: Mapping[str, Route]
     faults: Mapping[str, FaultItem]
+    #: the stamps of the config's and each route's write (detour.merge; 0: none)
+    config_stamp: int = 0
+    route_stamps: Mapping[str, int] = field(default_factory=dict)
+
+
+class Graves:
+    """Deletes this replica applied, with their stamps, kept for merges (detour.merge): a
+    table restored from a copy older than the delete gets the delete back, not the entry.
+
+    Bounded: each is kept ``ttl_ms`` (longer than any outage Detour rides out: the journal
+    keeps reports a day) and at most ``cap`` of them, the oldest dropped first.
+    """
+
+    TTL_MS = 7 * 86_400_000
+    CAP = 65_536
+
+    def __init__(self, ttl_ms: int = TTL_MS, cap: int = CAP) -> None:
+        self._ttl_ms, self._cap = ttl_ms, cap
+        #: name -> (the delete's stamp, when it was kept (ms)), oldest first
+        self._graves: dict[str, tuple[int, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._graves)
+
+    def add(self, name: str, stamp: int, now_ms: int) -> None:
+        if stamp <= 0:
+            return
+        self._graves.pop(name, None)
+        self._graves[name] = (stamp, now_ms)
+        self.expire(now_ms)
+
+    def expire(self, now_ms: int) -> None:
+        graves = self._graves
+        while graves:
+            oldest = next(iter(graves))
+            if len(graves) <= self._cap and graves[oldest][1] > now_ms - self._ttl_ms:
+                return
+            del graves[oldest]
+
+    def items(self, now_ms: int) -> list[tuple[str, int]]:
+        """(name, the delete's stamp) of every grave still kept."""
+        self.expire(now_ms)
+        return [(name, stamp) for name, (stamp, _) in self._graves.items()]
 
 
 ChangeKind = Literal["fault", "route", "config", "snapshot", "stop"]
@@ -97,7 +140,18 @@ class TableView:
         #: Store version at which ``config`` was written; reports carry it so a
         #: replica never applies tiers it has not seen yet.
         self.config_version = 0
+        #: The stamp of the config's write (0: the default, never written): what reports
+        #: name to the store, and what a merge compares (detour.merge).
+        self.config_stamp = 0
         self.routes: dict[str, Route] = {}
+        #: The stamp of each route's write (detour.merge).
+        self.route_stamps: dict[str, int] = {}
+        #: Deletes of routes and of fault items, kept for merges.
+        self.route_graves = Graves()
+        self.fault_graves = Graves()
+        #: Brokers whose item this replica decided alone while the store was unreachable
+        #: (``set_local_fault``), until the store's copy replaces it.
+        self.local: set[str] = set()
         self.faults: dict[str, FaultItem] = {}
         #: Highest version applied in sequence (gap detection for pushes).
         self.version = 0
@@ -187,7 +241,10 @@ class TableView:
         dead.add(name, version, self.version, versions)
 
     # -- changes -----------------------------------------------------------
-    def apply_fault(self, broker: str, item: FaultItem | None, version: int) -> None:
+    def apply_fault(
+        self, broker: str, item: FaultItem | None, version: int, stamp: int = 0
+    ) -> None:
+        """``stamp``: a delete's stamp (kept as a grave for merges)."""
         # The writer applies its own change, then receives its push: apply once.
         if version <= self._fault_v.get(broker, 0):
             return
@@ -195,41 +252,57 @@ class TableView:
         if item is None:
             self.faults.pop(broker, None)
             self.selector.forget_broker(broker)
+            self.fault_graves.add(broker, stamp, self.now_ms())
             self._notify("fault", broker, item, version)
             self._bury(self._fault_dead, self._fault_v, broker, version)
         else:
             self._fault_dead.pop(broker)
             self.faults[broker] = item
+            self.local.discard(broker)
             self._notify("fault", broker, item, version)
 
     def set_local_fault(self, item: FaultItem) -> None:
         """A window this replica decided while the store was unreachable.
 
         Its version is left alone, so the next snapshot (taken after the
-        journal is replayed) replaces it with the store's value.
+        journal is replayed) replaces it with the store's value. It is ``local`` until
+        then: a merge leaves it to the journal, which holds the reports that made it.
         """
         self.faults[item.broker_name] = item
+        self.local.add(item.broker_name)
         self._notify("fault", item.broker_name, item, 0)
 
-    def apply_route(self, topic: str, route: Route | None, version: int) -> None:
+    def drop_local_fault(self, broker: str) -> None:
+        """An item this replica dropped from its own copy to make room (its window had
+        ended) while the store was unreachable; the next snapshot settles it."""
+        self.local.discard(broker)
+        if self.faults.pop(broker, None) is not None:
+            self._notify("fault", broker, None, 0)
+
+    def apply_route(self, topic: str, route: Route | None, version: int, stamp: int = 0) -> None:
+        """``stamp``: the write's (a delete's is kept as a grave for merges)."""
         if version <= self._route_v.get(topic, 0):
             return
         self._route_v[topic] = version
         if route is None:
             self.routes.pop(topic, None)
+            self.route_stamps.pop(topic, None)
             self.selector.forget_topic(topic)
+            self.route_graves.add(topic, stamp, self.now_ms())
             self._notify("route", topic, route, version)
             self._bury(self._route_dead, self._route_v, topic, version)
         else:
             self._route_dead.pop(topic)
             self.routes[topic] = route
+            self.route_stamps[topic] = stamp
             self._notify("route", topic, route, version)
 
-    def apply_config(self, config: Config, version: int) -> None:
+    def apply_config(self, config: Config, version: int, stamp: int = 0) -> None:
         if version <= self.config_version:
             return
         self.config = config
         self.config_version = version
+        self.config_stamp = stamp
         self._notify("config", "", config, version)
 
     def replace(self, snap: Snapshot, reset: bool = False) -> None:
@@ -263,11 +336,19 @@ class TableView:
         for topic in self.routes.keys() - routes.keys():
             self.selector.forget_topic(topic)
         self.selector.forget_brokers(self.faults.keys() - faults.keys())
-        self.routes, self._route_v = routes, route_v
+        stamps = {t: snap.route_stamps.get(t, 0) for t in routes}
+        for topic in routes:
+            if route_v[topic] > snap.version:
+                stamps[topic] = self.route_stamps.get(topic, 0)
+        old_faults = self.faults
+        self.routes, self._route_v, self.route_stamps = routes, route_v, stamps
         self.faults, self._fault_v = faults, fault_v
+        # a local item stays local only where the view's own copy was kept
+        self.local = {b for b in self.local if b in faults and faults[b] is old_faults.get(b)}
         self._route_dead.retain(route_v)
         self._fault_dead.retain(fault_v)
         if snap.config_version >= self.config_version:
             self.config, self.config_version = snap.config, snap.config_version
+            self.config_stamp = snap.config_stamp
         self.version = max(self.version, snap.version)
         self._notify("snapshot", "", None, self.version)

@@ -18,6 +18,11 @@ computes, per broker and time window:
   leave the broker's window open. Counted as failures that would have been
   spared and successful sends that would have been diverted. First order only:
   the same reports are replayed, without the traffic a table would have moved.
+  Under the table Detour ran these are the sends that got through anyway (near 0);
+* the selects each table's windows moved to other brokers, which the log cannot
+  show (a moved send is logged under the broker it went to): estimated per send
+  as the share of the other brokers avoided when it was selected
+  (``moved_elsewhere``);
 
 and recommends a tier table from the observed latency distribution (the rule,
 also in docs/spark.md). RocketMQ's table reads: up to 100 ms is normal (tiers
@@ -40,12 +45,14 @@ shape and moves it to where this fleet's normal is, scale ``s = f * q99 / 100 ms
   thousands of sends per second even a 0.01 % tail opens windows all the time,
   and the replay measures exactly that.
 
-Outputs in ``--out``: ``report.md`` (tables), ``latency.png``, ``avoided.png``,
-``histogram.png`` (matplotlib, Agg backend), ``windows.csv`` and
+Outputs in ``--out``: ``report.md`` (tables), ``latency.png`` (percentiles and max of
+successful sends, failed sends on a band above, injected faults from ``--faults``),
+``avoided.png``, ``histogram.png`` (matplotlib, Agg backend), ``windows.csv`` and
 ``analysis.json`` (everything, machine-readable).
 
     python -m pipeline.analyze --log /tmp/latency.parquet --out /tmp/report \\
-        [--window 60] [--detour http://127.0.0.1:8080] [--tiers fast=50,100,200:0,0,5000]
+        [--window 60] [--detour http://127.0.0.1:8080] [--tiers fast=50,100,200:0,0,5000] \\
+        [--faults /tmp/faults.jsonl]
 
 ``--detour`` reads ``GET /config``: against a Detour with tokens, an admin token in
 ``DETOUR_TOKEN`` (or ``--token``).
@@ -99,6 +106,8 @@ DIVERT_BUDGET = 0.01
 MIN_AVOID_MS = 1000
 #: Successful sends below which q99 is a guess (the report says so).
 MIN_SAMPLES = 1000
+#: Where the report's command sends the config change when ``--detour`` names none.
+DEFAULT_DETOUR = "http://127.0.0.1:8080"
 #: Windows listed in report.md (windows.csv has them all).
 MAX_REPORT_ROWS = 60
 #: Window lengths (s) ``--window`` picks from when not given, and how many windows the
@@ -139,7 +148,8 @@ class TierTable:
         )
 
     def body(self) -> dict[str, Any]:
-        """The ``PUT /config`` body that installs this table."""
+        """The ``PATCH /config`` body that installs this table (a merge patch: the other
+        settings stay)."""
         return {
             "sendLatencyFaultEnable": True,
             "latencyMax": list(self.latency_max),
@@ -338,6 +348,61 @@ def replay(
     return windows
 
 
+def avoided_spans(
+    reports: Iterable[tuple[int, int, bool]], table: TierTable, start_ms: int, end_ms: int
+) -> list[tuple[int, int]]:
+    """One broker's avoided time under ``table``, as ``replay`` counts it: merged
+    ``[from, to)`` spans (epoch ms) within ``[start_ms, end_ms)``, in order."""
+    config = table.config()
+    rs = sorted(reports)
+    spans: list[tuple[int, int]] = []
+    end: int | None = None
+    for i, (at, latency, isolation) in enumerate(rs):
+        duration = strategy.report_duration(config, latency, isolation)
+        end = strategy.updated_available_at(end, at, duration, config.last_report_wins)
+        nxt = rs[i + 1][0] if i + 1 < len(rs) else end_ms
+        a, b = max(at, start_ms), min(end, nxt, end_ms)
+        if b <= a:
+            continue
+        if spans and spans[-1][1] >= a:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], b))
+        else:
+            spans.append((a, b))
+    return spans
+
+
+def in_spans(spans: Sequence[tuple[int, int]], t_ms: int) -> bool:
+    """Whether ``t_ms`` falls in one of ``spans`` (sorted, merged)."""
+    i = bisect.bisect_right(spans, (t_ms, math.inf)) - 1
+    return i >= 0 and spans[i][0] <= t_ms < spans[i][1]
+
+
+def moved_elsewhere(
+    sends: Iterable[tuple[str, int]],
+    spans: dict[str, list[tuple[int, int]]],
+    brokers: int,
+) -> float:
+    """How many sends the windows in ``spans`` kept off their brokers: sends that are
+    *not* in the log under the avoided broker, because they went elsewhere. Estimated from
+    the ones that are.
+
+    Each logged send ``(broker, selected_at)`` was one select; when ``k`` other brokers
+    of the ``brokers`` were avoided at that moment, round-robin without avoidance (every
+    broker the same number of queues) would have sent ``k / brokers`` of such selects to
+    them. Summed over sends. Not ``pipeline.produce``'s "avoided selections" (selects
+    whose walk passed over an avoided broker): one walk steps over all of a broker's
+    queues and moves the counter past them, so fewer selects cross an avoided broker than
+    would have landed on it.
+    """
+    if brokers <= 0:
+        return 0.0
+    total = 0
+    for broker, selected_at in sends:
+        total += sum(1 for b, s in spans.items()
+                     if b != broker and in_spans(s, selected_at))
+    return total / brokers
+
+
 def _replay_rows(
     broker: str,
     reports: Iterable[tuple[int, int, bool]],
@@ -373,6 +438,40 @@ def _totals(table: TierTable, rows: Sequence[Any]) -> dict[str, Any]:
 # -- the Spark job --------------------------------------------------------------------------
 
 
+def _moved_elsewhere_by_table(
+    spark: SparkSession,
+    df: DataFrame,
+    grouped: Any,
+    tables: Sequence[TierTable],
+    brokers: int,
+    start_ms: int,
+    end_ms: int,
+) -> dict[str, float]:
+    """``moved_elsewhere`` per table, over the whole log: each broker's avoided spans are
+    replayed where its reports are (one list of spans per broker and table comes back),
+    then every send is looked up against them in one pass."""
+    rows = grouped.flatMap(
+        lambda kv: [(t.name, kv[0], avoided_spans(kv[1], t, start_ms, end_ms)) for t in tables]
+    ).collect()
+    spans: dict[str, dict[str, list[tuple[int, int]]]] = {t.name: {} for t in tables}
+    for name, broker, s in rows:
+        if s:
+            spans[name][broker] = s
+    shared = spark.sparkContext.broadcast(spans)
+    names = [t.name for t in tables]
+
+    def one(r: Any) -> tuple[float, ...]:
+        send = [(str(r[0]), int(r[1]) - int(r[2]))]
+        return tuple(moved_elsewhere(send, shared.value[n], brokers) for n in names)
+
+    zero = tuple(0.0 for _ in names)
+    sums = df.select("broker", "at_ms", "latency_ms").rdd.map(one).fold(
+        zero, lambda x, y: tuple(a + b for a, b in zip(x, y, strict=True))
+    )
+    shared.unpersist()
+    return {n: round(v, 1) for n, v in zip(names, sums, strict=True)}
+
+
 @dataclass
 class Analysis:
     """Everything the report shows; ``windows``/``brokers``/``tables`` are lists of plain dicts."""
@@ -391,6 +490,10 @@ class Analysis:
     candidates: list[dict[str, Any]] = field(default_factory=list)
     histogram: list[tuple[int, int]] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
+    #: Faults injected during the run (``--faults``): ``{"at_ms", "action", "broker"}``.
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    #: The Detour the report's command changes the config of (``--detour``).
+    detour: str = DEFAULT_DETOUR
 
     def broker(self, name: str) -> dict[str, Any]:
         return next(b for b in self.brokers if b["broker"] == name)
@@ -443,16 +546,20 @@ def analyze(
     current: TierTable = ROCKETMQ,
     alternatives: Sequence[TierTable] = (),
     out: str | Path | None = None,
+    faults: Sequence[dict[str, Any]] = (),
+    detour: str = "",
 ) -> Analysis:
     """Analyse the latency log at ``log_path``; write the report to ``out`` when given.
 
     ``window_s``: the window length; None derives it from the log's span
-    (``auto_window_s``).
+    (``auto_window_s``). ``faults``: what was injected when (``read_faults``), marked on
+    the plots.
     """
     from pyspark.sql import functions as F
 
     ship_code(spark)
     df = load(spark, log_path).cache()
+    grouped: Any = None
     try:
         span = df.agg(F.count("*").alias("n"), F.min("at_ms").alias("a"),
                       F.max("at_ms").alias("b")).first()
@@ -486,7 +593,7 @@ def analyze(
                 tables.append(t)
         grouped = df.select("broker", "at_ms", "latency_ms", "isolation").rdd.map(
             lambda r: (r[0], (int(r[1]), int(r[2]), bool(r[3])))
-        ).groupByKey()
+        ).groupByKey().cache()
         replayed = spark.createDataFrame(
             grouped.flatMap(lambda kv: _replay_rows(kv[0], kv[1], tables, window_ms, start_ms,
                                                     end_ms)),
@@ -514,9 +621,17 @@ def analyze(
         totals = {t.name: _totals(t, [r for r in replayed if r["tier_table"] == t.name])
                   for t in tables}
         chosen = pick(candidates, totals, successes, baseline)
-        recommended = {**totals[chosen.name], "name": "recommended", "factor": chosen.name}
+        # What the log cannot show by itself: the selects each shown table's windows moved
+        # to other brokers (they are not in the log: they went elsewhere), estimated.
+        shown_tables = list({t.name: t for t in (current, ROCKETMQ, chosen, *alternatives)}
+                            .values())
+        moved = _moved_elsewhere_by_table(spark, df, grouped, shown_tables, len(brokers),
+                                          start_ms, end_ms)
+        recommended = {**totals[chosen.name], "name": "recommended", "factor": chosen.name,
+                       "moved_selects": moved[chosen.name]}
         shown = [current.name, ROCKETMQ.name, *(t.name for t in alternatives)]
-        table_rows = [totals[name] for name in dict.fromkeys(shown)]
+        table_rows = [{**totals[name], "moved_selects": moved[name]}
+                      for name in dict.fromkeys(shown)]
         table_rows.insert(2 if current.name != ROCKETMQ.name else 1, recommended)
 
         buckets = ok.groupBy(F.floor(F.log2(F.col("latency_ms") + 1)).alias("b")).count()
@@ -528,9 +643,13 @@ def analyze(
             recommendation={k: recommended[k] for k in ("name", "factor", *chosen.body())},
             candidates=[totals[c.name] for c in (baseline, *candidates)],
             histogram=histogram,
+            faults=[dict(f) for f in faults],
+            detour=(detour or DEFAULT_DETOUR).rstrip("/"),
         )
     finally:
         df.unpersist()
+        if grouped is not None:
+            grouped.unpersist()
     if out is not None:
         write_report(result, Path(out))
     return result
@@ -592,16 +711,31 @@ def markdown(a: Analysis) -> str:
         "",
         "## Tier tables replayed",
         "",
-        "Each report's select (at `at - latencyMs`) replayed against the windows the "
-        "earlier reports open under each table: the failures it would have spared and the "
-        "successful sends it would have sent elsewhere (first order: the same reports).",
+        "The log holds the sends that happened; a send Detour kept from an avoided broker "
+        "went to another one, so it is in the log under that broker, and nothing in the log "
+        "says it was moved. Two counts per table, then:",
+        "",
+        "- **moved elsewhere (est.)**: sends the table's windows kept off avoided brokers. "
+        "Each logged send's select (at `at - latencyMs`) counts the share of the brokers "
+        "avoided at that moment (replayed under the table) other than its own: the part of "
+        "it round-robin without avoidance would have sent to them. (`pipeline.produce`'s "
+        "avoided selections count something narrower: selects whose walk passed over an "
+        "avoided broker, about a third of these with 4 brokers and one avoided.)",
+        "- **sent into a window**: logged sends whose select fell in a window that earlier "
+        "reports opened under the table, split into failed and successful sends. Under the "
+        f"table Detour ran (`{a.current}`) they are the sends that got through anyway (a "
+        "select before the window reached its producer): near 0 is Detour working, not "
+        "Detour idle. Under another table they are what it would have spared (the failures) "
+        "and diverted (the successes), first order: the same sends replayed.",
         "",
         _md_table(
-            ["table", "latencyMax ms", "notAvailableDuration ms", "selects", "avoided",
-             "failures spared", "successes diverted", "avoided s (all brokers)"],
+            ["table", "latencyMax ms", "notAvailableDuration ms", "sends",
+             "moved elsewhere (est.)", "sent into a window", "of them failed",
+             "of them succeeded", "avoided s (all brokers)"],
             ([t["name"], ", ".join(map(str, t["latencyMax"])),
               ", ".join(map(str, t["notAvailableDuration"])), t["selects"],
-              t["avoided_selects"], t["avoided_failures"], t["avoided_ok"],
+              f"{t.get('moved_selects', 0):,.0f}", t["avoided_selects"],
+              t["avoided_failures"], t["avoided_ok"],
               f"{t['avoided_ms'] / 1000:.1f}"] for t in a.tables),
         ),
         "",
@@ -623,10 +757,12 @@ def markdown(a: Analysis) -> str:
         parts += [f"**Only {a.successes} successful sends: q99 is a guess; collect at "
                   f"least {MIN_SAMPLES} before applying this.**", ""]
     body = {k: v for k, v in rec.items() if k not in ("name", "factor")}
-    # PUT /config is an admin call: the token comes from DETOUR_TOKEN when it is set.
-    parts += ["```sh", "curl -X PUT http://127.0.0.1:8080/config "
+    # A merge patch: only the tiers change, every other setting stays as it is. An admin
+    # call: the token comes from DETOUR_TOKEN when it is set.
+    parts += ["```sh", f"curl -X PATCH {a.detour}/config "
               "${DETOUR_TOKEN:+-H \"Authorization: Bearer $DETOUR_TOKEN\"} \\",
-              "  -H 'content-type: application/json' \\", f"  -d '{json.dumps(body)}'", "```", "",
+              "  -H 'content-type: application/merge-patch+json' \\",
+              f"  -d '{json.dumps(body)}'", "```", "",
               "![latency](latency.png)", "", "![avoided](avoided.png)", "",
               "![histogram](histogram.png)", ""]
     return "\n".join(parts)
@@ -658,6 +794,121 @@ def avoided_bars(a: Analysis) -> dict[str, list[tuple[float, float, float]]]:
     return bars
 
 
+def read_faults(path: Path) -> list[dict[str, Any]]:
+    """The faults a run injected, from the JSON lines ``pipeline.brokers start --events``
+    writes (or its printed output: ``{"fault": {...}}`` lines; other lines are skipped):
+    ``{"at_ms", "action", "broker"}`` each, in time order."""
+    faults = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            body = json.loads(line)
+        except ValueError:
+            continue
+        event = body.get("fault", body) if isinstance(body, dict) else None
+        if isinstance(event, dict) and {"at_ms", "action", "broker"} <= set(event) \
+                and not event.get("error"):
+            faults.append({k: event[k] for k in ("at_ms", "action", "broker")})
+    return sorted(faults, key=lambda f: int(f["at_ms"]))
+
+
+@dataclass(frozen=True)
+class LatencySeries:
+    """One broker's marks in latency.png; x is seconds after the log's first report."""
+
+    #: (x, p50, p99, max) of each window with successful sends, at the window's middle
+    points: list[tuple[float, float, float, float]]
+    #: (x, failed sends) of each window with failures, successful sends or not
+    failures: list[tuple[float, int]]
+
+
+def latency_series(a: Analysis) -> dict[str, LatencySeries]:
+    """What latency.png draws per broker: percentiles where sends succeeded, and failures
+    where they failed, so a broker whose sends all fail has marks instead of a line that
+    just stops."""
+    span_s = (a.end_ms - a.start_ms) / 1000
+    window_s = a.window_ms / 1000
+    out = {}
+    for name in sorted({w["broker"] for w in a.windows}):
+        points, failures = [], []
+        for w in sorted((w for w in a.windows if w["broker"] == name),
+                        key=lambda w: int(w["window_start"])):
+            lo = (w["window_start"] - a.start_ms) / 1000
+            x = (max(0.0, lo) + min(span_s, lo + window_s)) / 2
+            if w["p99"] is not None:
+                points.append((x, float(w["p50"]), float(w["p99"]), float(w["max"])))
+            if w["isolations"]:
+                failures.append((x, int(w["isolations"])))
+        out[name] = LatencySeries(points, failures)
+    return out
+
+
+def fault_marks(a: Analysis) -> list[tuple[float, str]]:
+    """(x, label) of each injected fault inside the log's span, x seconds after its start."""
+    span_s = (a.end_ms - a.start_ms) / 1000
+    marks = []
+    for f in a.faults:
+        x = (int(f["at_ms"]) - a.start_ms) / 1000
+        if 0 <= x <= span_s:
+            marks.append((x, f"{f['action']} {f['broker']}"))
+    return marks
+
+
+def _mark_faults(ax: Any, a: Analysis, top: float) -> None:
+    for x, label in fault_marks(a):
+        ax.axvline(x, color="black", linestyle=":", linewidth=1, gid="fault")
+        ax.text(x, top, f" {label}", rotation=90, va="top", ha="right", fontsize=7,
+                gid="fault-label")
+
+
+def latency_figure(a: Analysis) -> Any:
+    """latency.png's figure: per broker p99 (line), p50 (dashed) and max (open triangles)
+    of successful sends per window; failed sends as crosses on a band above them, with
+    their count; injected faults as dotted vertical lines. The y range has room above
+    every mark, so none is clipped."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    span_s = (a.end_ms - a.start_ms) / 1000
+    window_s = a.window_ms / 1000
+    series = latency_series(a)
+    ceiling = max([1.0] + [p[3] for s in series.values() for p in s.points])
+    band = ceiling * 3  # failed sends: above every latency
+    top = ceiling * 20  # symlog: room above the band for its counts and the fault labels
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    for name, s in series.items():
+        xs = [p[0] for p in s.points]
+        line = ax.plot(xs, [p[2] for p in s.points], marker=".", label=f"{name} p99",
+                       clip_on=False)
+        color = line[0].get_color()
+        ax.plot(xs, [p[1] for p in s.points], linestyle="--", color=color, alpha=0.6,
+                label=f"{name} p50", clip_on=False)
+        ax.scatter(xs, [p[3] for p in s.points], marker="^", s=16, facecolors="none",
+                   edgecolors=color, clip_on=False, gid=f"max:{name}")
+        if s.failures:
+            ax.scatter([f[0] for f in s.failures], [band] * len(s.failures), marker="x",
+                       color=color, clip_on=False, gid=f"failures:{name}",
+                       label=f"{name} failed sends")
+            for x, n in s.failures:
+                ax.annotate(str(n), (x, band), textcoords="offset points", xytext=(0, 5),
+                            ha="center", fontsize=7, color=color)
+    ax.axhline(band, color="0.85", linewidth=0.8, zorder=0, gid="failure-band")
+    ax.text(0.005, band, "failed sends", ha="left", va="bottom", fontsize=7, color="0.4",
+            transform=ax.get_yaxis_transform())
+    _mark_faults(ax, a, top)
+    ax.set_xlim(0, max(span_s, window_s))
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_ylim(0, top)
+    ax.set_xlabel(f"seconds after {_iso(a.start_ms)} UTC ({window_s:g} s windows)")
+    ax.set_ylabel("latency of successful sends (ms)")
+    ax.set_title("Send latency per window (p99, p50 dashed, max triangles); failures; "
+                 "faults dotted", fontsize=10)
+    ax.legend(fontsize=7, ncol=3, loc="upper left", bbox_to_anchor=(0, -0.15))
+    fig.tight_layout()
+    return fig
+
+
 def plot(a: Analysis, out: Path) -> list[Path]:
     """latency.png, avoided.png, histogram.png (matplotlib, Agg: no display needed)."""
     import matplotlib
@@ -666,33 +917,13 @@ def plot(a: Analysis, out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     files = []
-    names = sorted({w["broker"] for w in a.windows})
     # Time on the x axis is seconds after the log's first report, every window drawn where
     # it lies, clipped to the log's span (the first and last windows are partial).
     span_s = (a.end_ms - a.start_ms) / 1000
     window_s = a.window_ms / 1000
-
-    def clipped(window_start: int) -> tuple[float, float]:
-        lo = (window_start - a.start_ms) / 1000
-        return max(0.0, lo), min(span_s, lo + window_s)
-
     xlabel = f"seconds after {_iso(a.start_ms)} UTC ({window_s:g} s windows)"
 
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    for name in names:
-        ws = [w for w in a.windows if w["broker"] == name and w["p99"] is not None]
-        xs = [sum(clipped(w["window_start"])) / 2 for w in ws]  # the window's middle
-        line = ax.plot(xs, [w["p99"] for w in ws], marker=".", label=f"{name} p99")
-        ax.plot(xs, [w["p50"] for w in ws], linestyle="--",
-                color=line[0].get_color(), alpha=0.6, label=f"{name} p50")
-    ax.set_xlim(0, max(span_s, window_s))
-    ax.set_yscale("symlog", linthresh=1)
-    ax.set_ylim(bottom=0)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("latency (ms)")
-    ax.set_title("Send latency per window (successful sends)")
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
+    fig = latency_figure(a)
     files.append(out / "latency.png")
     fig.savefig(files[-1], dpi=100)
     plt.close(fig)
@@ -701,11 +932,12 @@ def plot(a: Analysis, out: Path) -> list[Path]:
     for name, bars in avoided_bars(a).items():
         ax.bar([b[0] for b in bars], [b[2] for b in bars], width=[b[1] for b in bars],
                label=name, align="edge")
+    _mark_faults(ax, a, 100)
     ax.set_xlim(0, max(span_s, window_s))
     ax.set_ylim(0, 100)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("% of the window avoided")
-    ax.set_title(f"Time each broker was avoided ({a.current} tiers, replayed)")
+    ax.set_title(f"Time each broker was avoided ({a.current} tiers, replayed); faults dotted")
     ax.legend(fontsize=7)
     fig.tight_layout()
     files.append(out / "avoided.png")
@@ -771,6 +1003,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--config", type=Path, default=None, help="... or a config JSON file")
     p.add_argument("--tiers", action="append", default=[], metavar="NAME=L1,..:D1,..",
                    help="an alternative tier table to replay (repeatable)")
+    p.add_argument("--faults", type=Path, default=None,
+                   help="the run's injected faults, marked on the plots: the file "
+                        "`pipeline.brokers start --events` wrote")
     p.add_argument("--master", default=None)
     add_token_argument(p, "admin")
     args = p.parse_args(argv)
@@ -783,7 +1018,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     alternatives = [TierTable.parse(t) for t in args.tiers]
     spark = spark_session("detour-analyze", args.master, {"spark.ui.showConsoleProgress": "false"})
     try:
-        a = analyze(spark, args.log, args.window, current, alternatives, args.out)
+        faults = read_faults(args.faults) if args.faults else []
+        a = analyze(spark, args.log, args.window, current, alternatives, args.out, faults,
+                    args.detour or "")
         print(markdown(a))
         print(f"report: {Path(args.out) / 'report.md'}")
     finally:

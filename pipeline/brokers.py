@@ -596,6 +596,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="keep Detour's fault items for these broker names (by default they "
                         "are dropped: they were an earlier fleet's)")
     s.add_argument("--dir", type=Path, default=None, help="data dirs (default: a temp dir)")
+    s.add_argument("--events", type=Path, default=None,
+                   help="also append each fault as it fires to this file, one JSON line "
+                        "(pipeline.analyze --faults marks them on its plots)")
     s.add_argument("--for", dest="for_s", type=float, default=None,
                    help="stop after this many seconds (default: until Ctrl-C)")
     add_token_argument(s, "admin")
@@ -619,8 +622,12 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
                            forget=not args.keep_faults)
 
         def show(event: FaultEvent) -> None:
-            out(json.dumps({"fault": asdict(event)}))
+            line = json.dumps({"fault": asdict(event)})
+            out(line)
             sys.stdout.flush()
+            if args.events is not None:
+                with open(args.events, "a", encoding="utf-8") as f:
+                    f.write(line + "\n")
 
         runner = fleet.faults(args.fault, on_event=show)
         out(json.dumps(fleet.describe()))

@@ -234,7 +234,8 @@ def send_partition(
             failed_so_far += len(failed)
             if last is not None:
                 avoiding = tuple(last.avoided_brokers)
-            sender.update(sent, failed_so_far, avoiding)
+            sent_ms = time.time_ns() // 1_000_000
+            sender.update(sent, failed_so_far, avoiding, span_ms=(started // 1_000_000, sent_ms))
             yield (
                 rid, status,
                 None if last is None else last.broker_name,
@@ -243,7 +244,7 @@ def send_partition(
                 sum(1 for a in attempts if a.queue.avoided_brokers),
                 None if last is None else str(last.decision),
                 None if last is None else bool(last.local),
-                latency, started // 1_000_000, time.time_ns() // 1_000_000,
+                latency, started // 1_000_000, sent_ms,
                 producer, index, error,
             )
     finally:

@@ -48,6 +48,9 @@ FRESH_S = 3.0
 RATE_WINDOW_S = 5.0
 #: The largest datagram read.
 MAX_DATAGRAM = 8192
+#: A line whose counts have not changed is printed again only after this many seconds
+#: (a sign of life while tasks start or stall), never at every tick.
+HEARTBEAT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,9 @@ class ProgressSender:
         self.every_s = every_s
         self._next = 0.0
         self._avoided: set[str] = set()
+        #: Epoch ms of the first unit's start and the last one's end (sent when given).
+        self._first_ms: int | None = None
+        self._last_ms: int | None = None
         self._sock: socket.socket | None = None
         if address is not None:
             try:
@@ -97,11 +103,20 @@ class ProgressSender:
         avoided: Iterable[str] = (),
         total: int | None = None,
         final: bool = False,
+        span_ms: tuple[int, int] | None = None,
     ) -> None:
-        """The task's counters so far; sent now if ``every_s`` has passed or ``final``."""
+        """The task's counters so far; sent now if ``every_s`` has passed or ``final``.
+
+        ``span_ms``: the epoch ms the unit just done started and ended (a record's
+        ``started_at`` and ``sent_at``): the task's first start and last end are sent,
+        so the driver's rate is over the time spent sending, as the job's summary is."""
         if self._sock is None or self.address is None:
             return
         self._avoided.update(avoided)
+        if span_ms is not None:
+            first, last = span_ms
+            self._first_ms = first if self._first_ms is None else min(self._first_ms, first)
+            self._last_ms = last if self._last_ms is None else max(self._last_ms, last)
         now = time.monotonic()
         if not final and now < self._next:
             return
@@ -109,6 +124,7 @@ class ProgressSender:
         body = {
             "k": self.address.key, "p": self.partition, "a": self.attempt, "n": done,
             "f": failed, "v": sorted(self._avoided), "t": total, "d": final,
+            "s": self._first_ms, "e": self._last_ms,
         }
         self._avoided.clear()
         try:
@@ -143,6 +159,13 @@ class Snapshot:
     elapsed_s: float
     tasks_done: int | None = None
     tasks: int | None = None
+    #: From the first unit's start to the last one's end over every task (None when the
+    #: tasks do not say): the summary's denominator.
+    sending_s: float | None = None
+
+    def shown(self) -> tuple[object, ...]:
+        """What a line says apart from rates and times: a line is printed when it changes."""
+        return (self.done, self.failed, self.avoided, self.total, self.tasks_done, self.tasks)
 
 
 @dataclass
@@ -154,6 +177,8 @@ class _Part:
     total: int | None
     final: bool
     seen: float
+    first_ms: int | None = None
+    last_ms: int | None = None
 
 
 class Progress:
@@ -195,6 +220,9 @@ class Progress:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._started = clock()
+        #: What the last periodic line showed (Snapshot.shown) and when.
+        self._shown: tuple[object, ...] | None = None
+        self._shown_at = 0.0
         self.lines: list[str] = []  # every line printed, for the caller's log or a test
         bind, advertised = _addresses(sc, host)
         self._sock = socket.socket(_family(bind), socket.SOCK_DGRAM)
@@ -214,7 +242,9 @@ class Progress:
             p, a = int(body["p"]), int(body["a"])
             part = _Part(a, int(body["n"]), int(body["f"]), tuple(str(b) for b in body["v"]),
                          None if body.get("t") is None else int(body["t"]), bool(body["d"]),
-                         self._clock())
+                         self._clock(),
+                         None if body.get("s") is None else int(body["s"]),
+                         None if body.get("e") is None else int(body["e"]))
         except (ValueError, KeyError, TypeError):
             return False
         with self._lock:
@@ -250,15 +280,24 @@ class Progress:
         if total is None and self.parts is not None and len(parts) >= self.parts \
                 and all(p.total is not None for p in parts):
             total = sum(p.total or 0 for p in parts)
-        self._history.append((now, done))
+        firsts = [p.first_ms for p in parts if p.first_ms is not None]
+        lasts = [p.last_ms for p in parts if p.last_ms is not None]
+        sending_s = (max(lasts) - min(firsts)) / 1000 if firsts and lasts else None
+        # The rate over the last RATE_WINDOW_S, from the first unit done on: the seconds
+        # before it (Spark starting its tasks) are not time spent sending.
+        if done > 0:
+            self._history.append((now, done))
         while len(self._history) > 2 and now - self._history[1][0] >= RATE_WINDOW_S:
             self._history.popleft()
-        t0, d0 = self._history[0]
-        rate = (done - d0) / (now - t0) if now > t0 else 0.0
+        if len(self._history) >= 2 and now > self._history[0][0]:
+            t0, d0 = self._history[0]
+            rate = (done - d0) / (now - t0)
+        else:
+            rate = done / max(0.001, sending_s) if sending_s is not None and done else 0.0
         eta = (max(0, total - done) / rate) if total is not None and rate > 0 else None
         tasks_done, tasks = self._tasks()
         return Snapshot(done, failed, tuple(avoided), total, rate, eta, now - self._started,
-                        tasks_done, tasks)
+                        tasks_done, tasks, sending_s)
 
     def _tasks(self) -> tuple[int | None, int | None]:
         """Tasks done and in all, over the active stages (the status tracker; None when idle)."""
@@ -279,9 +318,20 @@ class Progress:
                  + (f"/{s.total:,}" if s.total is not None else "") + f" {self.unit}"]
         if s.total:
             parts[0] += f" ({min(100.0, 100.0 * s.done / s.total):.0f} %)"
-        if final:
+        if final and s.sending_s is not None:
+            # The job summary's figure: units / (last end - first start), at least 1 ms.
+            overall = s.done / max(0.001, s.sending_s)
+            parts.append(f"{overall:,.0f}/s over {s.sending_s:.1f} s sending "
+                         f"({s.elapsed_s:.1f} s in all)")
+        elif final:
             overall = s.done / s.elapsed_s if s.elapsed_s > 0 else 0.0
             parts.append(f"{overall:,.0f}/s over {s.elapsed_s:.1f} s")
+        elif s.done == 0:
+            # Spark is still starting the tasks: no rate, no ETA yet.
+            parts.append(f"waiting for the first {self.unit} ({s.elapsed_s:.0f} s)")
+            if s.tasks is not None:
+                parts.append(f"tasks {s.tasks_done}/{s.tasks}")
+            return " · ".join(parts)
         else:
             parts.append(f"{s.rate:,.0f}/s")
         if self.failures is not None:
@@ -308,22 +358,42 @@ class Progress:
         """A line now, between the job's phases (so no stretch of the run is silent)."""
         self._emit(f"{self.label}: {what}", final=True)
 
+    def tick(self) -> str | None:
+        """The periodic line, or None when it would say what the last one said (the same
+        counts, tasks and brokers; before the first unit, nothing yet) and less than
+        ``HEARTBEAT_S`` has passed since: a log then holds one "0/10,000" line at most,
+        not one per tick while Spark starts its tasks."""
+        s = self.snapshot()
+        now = self._clock()
+        if self._shown is not None and s.shown() == self._shown \
+                and now - self._shown_at < HEARTBEAT_S:
+            return None
+        if self._shown is None and s.done == 0 and s.elapsed_s < HEARTBEAT_S:
+            return None  # the "sending" line said it has started; nothing to add yet
+        self._shown, self._shown_at = s.shown(), now
+        return self.line(s)
+
     def _print(self) -> None:
         wait = min(self.every_s, TTY_EVERY_S)  # a first line soon, then every every_s
         while not self._stop.wait(wait):
-            self._emit(self.line(self.snapshot()))
+            text = self.tick()
+            if text is not None:
+                self._emit(text)
             wait = self.every_s
 
     # -- lifetime ----------------------------------------------------------------------
 
     def __enter__(self) -> Progress:
         self._started = self._clock()
-        self._history.append((self._started, 0))
         for target in (self._listen, self._print):
             t = threading.Thread(target=target, name=f"progress-{target.__name__}", daemon=True)
             t.start()
             self._threads.append(t)
         return self
+
+    def close(self) -> None:
+        """Close the socket of a line that was never entered (nothing is printed)."""
+        self._sock.close()
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import uvicorn
 
+from service.api.metrics_listener import metrics_refusal
 from service.auth import check_exposure, load_tokens
 from service.settings import Settings
 from service.store import with_redis_password
@@ -37,6 +38,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--tokens-file", help="YAML/JSON tokens file (docs/security.md; env DETOUR_TOKENS_FILE)"
+    )
+    p.add_argument(
+        "--metrics-host",
+        help="also serve GET /metrics alone on this address, e.g. the pod IP "
+        "(env DETOUR_METRICS_HOST; default: off)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        help="port of that listener (default 9188; env DETOUR_METRICS_PORT)",
     )
     p.add_argument(
         "--allow-open",
@@ -102,6 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "log_level",
         "tokens_file",
         "allow_open",
+        "metrics_host",
+        "metrics_port",
     ):
         value = getattr(args, name)
         if value is not None:
@@ -116,7 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"detour: {exc}", file=sys.stderr)
         return 2
-    refusal = check_exposure(settings, tokens)
+    try:
+        refusal = check_exposure(settings, tokens) or metrics_refusal(settings, tokens)
+    except ValueError as exc:  # the metrics tokens file
+        refusal = str(exc)
     if refusal:
         print(f"detour: {refusal}", file=sys.stderr)
         return 2

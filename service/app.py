@@ -18,6 +18,7 @@ from service import detector
 from service.api import admin, events, health, reports, routes, select, status, stream
 from service.api.contract import include
 from service.api.errors import install_error_handlers
+from service.api.metrics_listener import metrics_refusal, open_metrics_listener
 from service.api.telemetry import prepare_namespaces
 from service.auth import TokenTable, load_tokens
 from service.edge.bounds import bound_names, install_bounds
@@ -83,11 +84,14 @@ def create_app(settings: Settings | None = None, tokens: TokenTable | None = Non
     or when the Redis password file cannot be read)."""
     settings = with_redis_password(settings or Settings())
     tokens = load_tokens(settings) if tokens is None else tokens
+    refusal = metrics_refusal(settings, tokens)
+    if refusal:
+        raise ValueError(refusal)
     namespaces = tokens.namespaces if tokens else [settings.namespace]
     edge: Edge | None = None
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[State]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[State]:
         prepare_namespaces(namespaces)
         stores: dict[str, FaultStore] = {}
         try:
@@ -122,10 +126,15 @@ def create_app(settings: Settings | None = None, tokens: TokenTable | None = Non
         # The active detector runs beside each namespace's table (off until the config
         # enables it; one replica at a time checks, by a lease in the store).
         detectors = [asyncio.create_task(detector.run(s)) for s in stores.values()]
+        scrapes = None
         try:
             assert edge is not None
+            # GET /metrics on an address of its own (the sidecar's pod IP), when configured.
+            scrapes = await open_metrics_listener(settings, tokens, app.state.exposition, stores)
             yield {"store": stores[namespaces[0]], "stores": stores, "edge": edge}
         finally:
+            if scrapes is not None:
+                await scrapes.close()
             for task in detectors:
                 task.cancel()
             await asyncio.gather(*detectors, return_exceptions=True)

@@ -26,6 +26,7 @@ import argparse
 import hashlib
 import hmac
 import json
+import os
 import re
 import secrets
 import sys
@@ -132,14 +133,17 @@ def is_loopback(host: str) -> bool:
 class TokenTable:
     """The configured tokens; ``lookup`` turns a presented token into a Principal."""
 
-    def __init__(self, entries: Sequence[TokenEntry]) -> None:
+    def __init__(self, entries: Sequence[TokenEntry], serves_namespaces: bool = True) -> None:
+        """``serves_namespaces``: these tokens also say which namespaces the process serves,
+        so at least one must name one; False for tokens that only scrape (the metrics
+        listener's, service/api/metrics_listener.py), where ``*`` alone is the usual."""
         names = [e.name for e in entries]
         digests = [e.sha256 for e in entries]
         if len(set(names)) != len(names):
             raise ValueError("tokens: every name must be unique (it is the reporter identity)")
         if len(set(digests)) != len(digests):
             raise ValueError("tokens: the same token is listed twice")
-        if entries and all(e.namespace == ALL_NAMESPACES for e in entries):
+        if serves_namespaces and entries and all(e.namespace == ALL_NAMESPACES for e in entries):
             raise ValueError("tokens: at least one token must name a namespace (not '*')")
         self._entries = tuple(
             (bytes.fromhex(e.sha256), Principal(e.name, e.role, e.namespace)) for e in entries
@@ -161,21 +165,24 @@ class TokenTable:
         return found
 
 
-def parse_tokens(text: str, source: str) -> TokenTable:
-    """Read YAML or JSON: ``{"tokens": [...]}`` or the bare list. Raises ValueError."""
+def parse_tokens(text: str, source: str, serves_namespaces: bool = True) -> TokenTable:
+    """Read YAML or JSON: ``{"tokens": [...]}``, the bare list, or one entry as
+    ``service.auth new`` prints it. Raises ValueError."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ValueError(f"{source}: not YAML or JSON: {exc}") from None
     if isinstance(data, list):
         data = {"tokens": data}
+    elif isinstance(data, dict) and "sha256" in data:
+        data = {"tokens": [data]}
     try:
         parsed = TokensFile.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise ValueError(f"{source}: {where}: {first['msg']}") from None
-    return TokenTable(parsed.tokens)
+    return TokenTable(parsed.tokens, serves_namespaces)
 
 
 def load_tokens(settings: Settings) -> TokenTable:
@@ -209,6 +216,15 @@ def new_token() -> str:
     return "dtr_" + secrets.token_urlsafe(32)
 
 
+def _write_secret(path: Path, token: str) -> None:
+    """The token alone, without a newline (a Secret made from the file holds exactly the
+    token), readable by its owner only from its creation. An existing file is replaced."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(token)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m service.auth", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -216,6 +232,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     new.add_argument("--name", required=True)
     new.add_argument("--role", choices=[r.value for r in Role], required=True)
     new.add_argument("--namespace", default="default")
+    new.add_argument(
+        "--token-file",
+        type=Path,
+        help="write the token alone to this file (mode 0600; e.g. the file a Prometheus "
+        "scrape config reads) instead of printing it",
+    )
     sub.add_parser("hash", help="read a token on stdin, print its sha256 for the tokens file")
     args = p.parse_args(argv)
     if args.command == "hash":
@@ -225,7 +247,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     entry = TokenEntry(
         name=args.name, sha256=hash_token(token), role=args.role, namespace=args.namespace
     )
-    print(f"token (give it to the client, it is not stored): {token}", file=sys.stderr)
+    if args.token_file is not None:
+        _write_secret(args.token_file, token)
+        print(f"token written to {args.token_file} (it is not stored elsewhere)", file=sys.stderr)
+    else:
+        print(f"token (give it to the client, it is not stored): {token}", file=sys.stderr)
     print(json.dumps(entry.model_dump(mode="json")))
     return 0
 

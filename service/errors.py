@@ -3,6 +3,7 @@
     DetourError                 base; carries an HTTP status and a stable code
     ├── NotFound                404 NOT_FOUND: no route for the topic, no such fault item
     ├── TableFull               409 TABLE_FULL: a new broker, and the table is full
+    ├── ReportIdReused          422 REPORT_ID_REUSED: a reportId seen with other content
     ├── StoreUnavailable        503 STORE_UNAVAILABLE: Redis did not answer
     └── Busy                    503 SYSTEM_BUSY: a namespace's batch waited too long for
                                 its turn (the shedder's own refusals are the edge's)
@@ -52,6 +53,24 @@ class TableFull(DetourError):
             field="brokerName",
         )
         self.namespace = namespace
+
+
+class ReportIdReused(DetourError):
+    """A report carries a ``reportId`` its scope (the token, or the open deployment) already
+    used for a report with other content: the whole request changed nothing. As with an
+    idempotency key reused with other parameters (IETF's Idempotency-Key draft: 422)."""
+
+    status = 422
+    code = "REPORT_ID_REUSED"
+
+    def __init__(self, report_id: str, index: int) -> None:
+        super().__init__(
+            f"reportId {report_id!r} was used for a report with other content in the last 15 "
+            "minutes: a report id names one report",
+            field="reportId",
+        )
+        self.report_id = report_id
+        self.index = index
 
 
 class StoreUnavailable(DetourError):

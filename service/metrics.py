@@ -130,6 +130,14 @@ EVENTS = Counter(
     "quorum; reason isolation, latency, quorum, success (lastReportWins) or operator.",
     ["namespace", "kind", "reason"],
 )
+ISOLATION_WINDOWS = Counter(
+    "detour_isolation_windows_total",
+    "Avoidance windows a failure opened or extended, by broker and reason: isolation (a "
+    "failed send), quorum (failures reached isolationQuorum), probe (a probation probe "
+    "failed) or pending (in-flight signals reached pendingQuorum: a hang). What the "
+    "DetourBrokerIsolated alert names.",
+    ["namespace", "broker", "reason"],
+)
 PROBES = Counter(
     "detour_probes_total",
     "Probation probes (probeOnExpiry): sent (a select was given a broker whose window "
@@ -180,14 +188,16 @@ STREAMS_DROPPED = Counter(
 RESYNCS = Counter("detour_view_resyncs_total", "Full resyncs of this replica's table copy.")
 RESEEDS = Counter(
     "detour_store_reseeds_total",
-    "Times this replica re-seeded a Redis table that had lost data (emptied, flushed, or a "
-    "failover to a replica that missed writes), by what gave the loss away.",
+    "Times this replica merged what it holds into a Redis table that may have lost or rolled "
+    "back data, by the sign that led to it: empty (no epoch), epoch (another table), behind "
+    "(a mark, version or stamp went back), restart (the server lost this replica's mark), "
+    "failover (the Sentinel master moved), merge (another replica announced one).",
     ["cause"],
 )
 RESEEDED = Counter(
     "detour_store_reseeded_total",
-    "Entries this replica wrote back into a Redis table that had lost them, by kind "
-    "(config, route, window).",
+    "Entries a merge of this replica wrote into the Redis table, by kind (config, route, "
+    "window, delete).",
     ["kind"],
 )
 UNRECOVERABLE = Counter(
@@ -226,9 +236,9 @@ JOURNAL_REPLAYED = Counter(
 )
 
 # Series that exist from the start, so rate() and increase() see their first event.
-for _cause in ("empty", "epoch", "behind", "failover"):
+for _cause in ("empty", "epoch", "behind", "restart", "failover", "merge"):
     RESEEDS.labels(_cause)
-for _kind in ("config", "route", "window"):
+for _kind in ("config", "route", "window", "delete"):
     RESEEDED.labels(_kind)
 for _what in ("latency_log", "events"):
     UNRECOVERABLE.labels(_what)

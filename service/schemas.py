@@ -129,27 +129,46 @@ class _ConfigRules(Body):
         return v
 
 
-def _config_field(f: ConfigField) -> tuple[Any, Any]:
-    """A pydantic (type, Field) for one Config field, from its declaration in detour.model."""
+def _config_type(f: ConfigField) -> Any:
+    """The pydantic type of one Config field, from its declaration in detour.model."""
+    if f.kind is tuple:
+        return list[Annotated[int, Field(ge=f.ge, le=f.le), BeforeValidator(_whole)]]
+    kind: Any = Literal.__getitem__(f.choices) if f.choices else f.kind
+    return WholeInt if kind is int else kind
+
+
+def _config_field(f: ConfigField, *, required: bool = False) -> tuple[Any, Any]:
+    """A pydantic (type, Field) for one Config field: with its default (``GET /config``'s
+    body), or ``required`` (``PUT /config``, a whole config)."""
+    limits: dict[str, Any] = (
+        {"min_length": 1, "max_length": f.max_items}
+        if f.kind is tuple
+        else {"ge": f.ge, "le": f.le}
+    )
+    example = list(f.default) if f.kind is tuple else f.default
+    common = {"alias": f.wire, "description": f.description, "examples": [example], **limits}
+    if required:
+        return _config_type(f), Field(..., **common)
     if f.kind is tuple:
         default = list(f.default)
-        entries = list[Annotated[int, Field(ge=f.ge, le=f.le), BeforeValidator(_whole)]]
-        return entries, Field(
-            default_factory=lambda: list(default),
-            # The rules across the lists hold for a default too (latencyMax alone, of
-            # another length than the default notAvailableDuration, is a 422, not a 500).
-            validate_default=True,
-            min_length=1,
-            max_length=f.max_items,
-            alias=f.wire,
-            description=f.description,
-            examples=[default],
+        # The rules across the lists hold for a default too (latencyMax alone, of another
+        # length than the default notAvailableDuration, is a 422, not a 500).
+        return _config_type(f), Field(
+            default_factory=lambda: list(default), validate_default=True, **common
         )
-    kind: Any = Literal.__getitem__(f.choices) if f.choices else f.kind
-    if kind is int:
-        kind = WholeInt
-    return kind, Field(
-        f.default, ge=f.ge, le=f.le, alias=f.wire, description=f.description, examples=[f.default]
+    return _config_type(f), Field(f.default, **common)
+
+
+def _patch_field(f: ConfigField) -> tuple[Any, Any]:
+    """One field of a merge patch: absent (unchanged), a value, or null (its default)."""
+    example = list(f.default) if f.kind is tuple else f.default
+    limits: dict[str, Any] = (
+        {"min_length": 1, "max_length": f.max_items}
+        if f.kind is tuple
+        else {"ge": f.ge, "le": f.le}
+    )
+    return _config_type(f) | None, Field(
+        None, alias=f.wire, description=f.description, examples=[example], **limits
     )
 
 
@@ -157,14 +176,33 @@ def _config_field(f: ConfigField) -> tuple[Any, Any]:
 # OpenAPI document the whole model.
 if TYPE_CHECKING:
     ConfigBody = _ConfigRules
+    ConfigReplace = _ConfigRules
+    ConfigPatch = Body
 else:
     ConfigBody = create_model(
         "ConfigBody",
         __base__=_ConfigRules,
         __module__=__name__,
-        __doc__="The fault strategy's settings, one per deployment. Omitted fields take "
-        "their defaults.",
+        __doc__="The fault strategy's settings, one per deployment.",
         **{f.name: _config_field(f) for f in CONFIG_FIELDS},
+    )
+    ConfigReplace = create_model(
+        "ConfigReplace",
+        __base__=_ConfigRules,
+        __module__=__name__,
+        __doc__="A whole config for `PUT /config`: every field, none left out (a partial "
+        "body would silently put the others back to their defaults, so it is refused with "
+        "422 naming what is missing; `PATCH /config` changes only what it names).",
+        **{f.name: _config_field(f, required=True) for f in CONFIG_FIELDS},
+    )
+    ConfigPatch = create_model(
+        "ConfigPatch",
+        __base__=Body,
+        __module__=__name__,
+        __doc__="A JSON merge patch of the config (RFC 7396, `application/merge-patch+json`): "
+        "the fields named change, the others stay as they are; `null` puts a field back to "
+        "its default. The result must be a valid config (422 naming the field otherwise).",
+        **{f.name: _patch_field(f) for f in CONFIG_FIELDS},
     )
 
 
@@ -285,7 +323,13 @@ class SelectResponse(Body):
     )
     avoided_brokers: list[str] = Field(
         description="Brokers this select passed over because their window is open, in the "
-        "order met; never the returned broker.",
+        "order met; never the returned broker. Only what this one select's round-robin walk "
+        "crossed, not every avoided broker: a walk that starts past an avoided broker's "
+        "queues crosses none, and a crossing moves the topic's counter past them, so while "
+        "one broker is avoided most answers say `[]` and some name it (4 brokers with the "
+        "same queues, one avoided: one select in 12). That flip is expected. Which brokers "
+        "are avoided now: `GET /fault-items` (`available: false`) or the "
+        "`detour_broker_avoided` gauge.",
         examples=[["broker-b"]],
     )
     degraded: bool = Field(
@@ -423,6 +467,36 @@ class ReportResponse(Body):
         "replayed, dated from now, when Redis is back.",
         examples=[False],
     )
+    duplicate: bool = Field(
+        False,
+        description="The report's `reportId` was applied already (within 15 minutes, in its "
+        "token's scope): nothing changed, and the answer is the one the first report got.",
+        examples=[False],
+    )
+
+
+class WhyOut(Body):
+    """Why a broker's window is open: the report that set its end."""
+
+    reason: Literal["isolation", "latency", "quorum", "pending", "probe"] = Field(
+        description="What set it: `isolation` (a failed send), `latency` (a slow answer's "
+        "tier, also once slow answers of enough producers reached `latencyQuorum`), `quorum` "
+        "(failures of enough producers reached `isolationQuorum`), `pending` (in-flight "
+        "signals of enough producers: a hang) or `probe` (a probation probe failed).",
+        examples=["isolation"],
+    )
+    since: EpochMs = Field(
+        description="When that report's send completed (epoch ms).", examples=[1763791234567]
+    )
+    latency_ms: int = Field(
+        description="The latency it measured (ms): with latencyMax, the window's tier.",
+        examples=[3001],
+    )
+    by: str = Field(
+        description="Who set it: the producer, or the token's name when tokens are on; "
+        "empty when the report named none.",
+        examples=["spark-executor-3"],
+    )
 
 
 class FaultItemOut(Body):
@@ -439,6 +513,11 @@ class FaultItemOut(Body):
     reachable: bool | None = Field(
         description="The active detector's last reading (a TCP connect to the broker's address "
         "succeeded); null when never checked.",
+        examples=[None],
+    )
+    why: WhyOut | None = Field(
+        description="Why the window is open (the report that set its end); null when the "
+        "broker is available.",
         examples=[None],
     )
 

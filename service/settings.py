@@ -135,6 +135,16 @@ class Settings(BaseSettings):
     #: rate: a scrape sooner after the last rendering waits for (and shares) the next one,
     #: so it never gets a text older than itself (0: every scrape renders).
     metrics_cache_s: float = Field(1.0, ge=0, le=60)
+    #: A second listener serving ``GET /metrics`` only (service/api/metrics_listener.py):
+    #: the sidecar's, on the pod IP while the main listener stays on loopback. None: off.
+    metrics_host: str | None = None
+    #: Its port (0: any free port, for tests). Not 9464, the OpenTelemetry exporter's, which
+    #: a producer in the same pod (one network namespace) may well use.
+    metrics_port: int = Field(9188, ge=0, le=65535)
+    #: Tokens that may scrape it (the tokens-file format; ``metrics`` or ``admin`` roles).
+    #: None: the main listener's tokens; with neither, a non-loopback ``metrics_host``
+    #: refuses to start unless ``allow_open``.
+    metrics_tokens_file: str | None = None
     #: Broker names that get series of their own on this process's counters (first come);
     #: later names count under ``broker="_other"``. The table's gauges list as many
     #: brokers per namespace, avoided ones first.

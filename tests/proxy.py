@@ -24,6 +24,12 @@ class DelayProxy:
         #: hold the very first reply (of any connection) this long, once: a cold first
         #: answer (connection set-up, a cache warming) that only one client meets
         self.hold_first_s = 0.0
+        #: hold, this long and once, the reply to the first request that contains
+        #: ``hold_reply_to`` (a report of one broker, say): a late reply to one call only,
+        #: whatever else the client's other connections do meanwhile
+        self.hold_reply_to: bytes | None = None
+        self.hold_reply_s = 0.0
+        self._armed: set[int] = set()
         #: replies that were held back (a test asserts the fault it caused happened)
         self.held = 0
         self._lock = threading.Lock()
@@ -55,10 +61,12 @@ class DelayProxy:
             client.settimeout(None)
             with self._lock:
                 self._sockets += [client, upstream]
-            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(client, upstream, False, id(client)),
+                             daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, True, id(client)),
+                             daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, replies: bool) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, replies: bool, conn: int) -> None:
         try:
             while not self._stop.is_set():
                 data = src.recv(65536)
@@ -69,6 +77,14 @@ class DelayProxy:
                     with self._lock:
                         first, self.hold_first_s = self.hold_first_s, 0.0
                     hold = max(hold, first)
+                if not replies and self.hold_reply_to is not None and self.hold_reply_to in data:
+                    with self._lock:
+                        self.hold_reply_to = None
+                        self._armed.add(conn)
+                if replies and conn in self._armed:
+                    with self._lock:
+                        self._armed.discard(conn)
+                    hold = max(hold, self.hold_reply_s)
                 if hold > 0:
                     with self._lock:
                         self.held += 1

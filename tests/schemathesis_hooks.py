@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import re
+import uuid
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -13,6 +15,13 @@ from schemathesis.generation.modes import GenerationMode
 from service.schemas import NAME_PATTERN
 
 _NAME = re.compile(NAME_PATTERN)
+#: Fresh report ids: a reportId names one report, so the same id with other content is
+#: refused (422 REPORT_ID_REUSED), a rule of the service's state that no schema can express.
+#: Generated bodies reuse the contract's example id with other content; each case gets ids
+#: of its own instead.
+_IDS = itertools.count()
+#: schemathesis may run several workers, each importing these hooks: ids of each its own
+_RUN = uuid.uuid4().hex[:12]
 
 
 def as_path_segment(value: str) -> str:
@@ -36,6 +45,15 @@ def prepare(case: Any) -> None:
     # contract's examples): tests send traffic to 127.0.0.1 only.
     if case.operation.path == "/config" and isinstance(case.body, dict):
         case.body["detectorEnable"] = False
+    body = case.meta.components.get(ParameterLocation.BODY) if case.meta else None
+    positive = body is None or body.mode is not GenerationMode.NEGATIVE
+    if positive and case.operation.path.startswith("/report-latency") and isinstance(
+        case.body, dict
+    ):
+        items = case.body.get("reports", [case.body])
+        for item in items if isinstance(items, list) else ():
+            if isinstance(item, dict) and isinstance(item.get("reportId"), str):
+                item["reportId"] = f"st-{_RUN}-{next(_IDS)}"
     path = case.meta.components.get(ParameterLocation.PATH) if case.meta else None
     if path is not None and path.mode is GenerationMode.NEGATIVE:
         return  # an invalid name on purpose: it must reach the service as generated

@@ -131,7 +131,7 @@ def test_producer_role_may_select_and_report_only(app_client: TestClient) -> Non
     assert app_client.post("/report-latency:batch", json=batch, headers=p).status_code == 200
     before = app_client.get("/fault-items", headers=auth("admin-a")).json()["items"]
     for method, path, body in (
-        ("PUT", "/config", {}),
+        ("PATCH", "/config", {}),
         ("PUT", "/routes/t", {"brokers": [{"brokerName": "z", "writeQueueNums": 1}]}),
         ("DELETE", "/routes/t", None),
         ("GET", "/fault-items", None),
@@ -154,7 +154,7 @@ def test_producer_role_may_select_and_report_only(app_client: TestClient) -> Non
 def test_namespaces_are_separate_tables(app_client: TestClient) -> None:
     a, b = auth("admin-a"), auth("admin-b")
     assert app_client.put("/routes/t", json=ROUTE, headers=a).status_code == 200
-    assert app_client.put("/config", json={"lastReportWins": True}, headers=a).status_code == 200
+    assert app_client.patch("/config", json={"lastReportWins": True}, headers=a).status_code == 200
     r = app_client.post("/report-latency", json={"brokerName": "x", "latencyMs": 0,
                                                  "isolation": True}, headers=auth("prod-a"))
     assert r.json()["notAvailableDurationMs"] == 600000
@@ -185,7 +185,7 @@ def test_cross_namespace_attempts_are_refused_and_change_nothing(app_client: Tes
         for method, path, body in (
             ("POST", "/report-latency", {"brokerName": "x", "latencyMs": 0, "isolation": True}),
             ("PUT", "/routes/t", {"brokers": [{"brokerName": "evil", "writeQueueNums": 1}]}),
-            ("PUT", "/config", {"sendLatencyFaultEnable": False}),
+            ("PATCH", "/config", {"sendLatencyFaultEnable": False}),
             ("DELETE", "/routes/t", None),
             ("POST", "/select", {"topic": "t"}),
         ):
@@ -295,6 +295,27 @@ def test_bad_tokens_file_stops_the_start(tmp_path: Path) -> None:
     assert r.returncode == 2 and "tokens.0.sha256" in r.stderr
 
 
+@pytest.mark.integration
+def test_token_cli_writes_the_token_to_a_file_only_its_owner_reads(tmp_path: Path) -> None:
+    """`--token-file`: the token alone in a 0600 file (what a scrape config or a Secret
+    reads), not on stderr; the printed entry is its digest."""
+    path = tmp_path / "detour-metrics-token"
+    path.write_text("old")
+    out = subprocess.run(
+        [sys.executable, "-m", "service.auth", "new", "--name", "prometheus", "--role",
+         "metrics", "--namespace", "*", "--token-file", str(path)],
+        capture_output=True, text=True, timeout=60, check=True, cwd=ROOT)
+    token = path.read_text()
+    assert token.startswith("dtr_") and token == token.strip()
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert token not in out.stderr and str(path) in out.stderr
+    entry = json.loads(out.stdout)
+    assert entry["sha256"] == hash_token(token) and entry["role"] == "metrics"
+    assert parse_tokens(json.dumps([entry, {"name": "p", "sha256": "0" * 64,
+                                            "role": "producer", "namespace": "a"}]),
+                        "x").lookup(token) is not None
+
+
 @pytest.mark.e2e
 def test_token_cli_and_sdk_against_the_live_service(tmp_path: Path) -> None:
     made = {}
@@ -324,3 +345,19 @@ def test_token_cli_and_sdk_against_the_live_service(tmp_path: Path) -> None:
                 pytest.raises(Exception) as err:
             client.select("t")
         assert "401" in str(err.value) or "UNAUTHORIZED" in str(err.value)
+
+
+@pytest.mark.unit
+def test_a_tokens_file_of_one_printed_entry_and_scrape_only_tokens() -> None:
+    """`service.auth new` prints one entry: a file holding it alone is a tokens file. Tokens
+    that only scrape (the metrics listener's) may all be for `*`; tokens that also say which
+    namespaces a process serves may not."""
+    entry = {"name": "prometheus", "sha256": hash_token("tok"), "role": "metrics",
+             "namespace": "*"}
+    with pytest.raises(ValueError, match="at least one token must name a namespace"):
+        parse_tokens(json.dumps(entry), "x")
+    table = parse_tokens(json.dumps(entry), "x", serves_namespaces=False)
+    principal = table.lookup("tok")
+    assert principal is not None and principal.scrape_namespaces() is None
+    assert table.lookup("other") is None
+    assert table.namespaces == []

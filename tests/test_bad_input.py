@@ -20,6 +20,7 @@ no body, anything else is sent as JSON.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -106,7 +107,7 @@ def seed(client: TestClient) -> State:
     Returns the state that must then read back (what ``snapshot`` gives): every test
     compares against it after its bad requests, so a change made by any of them shows.
     """
-    assert client.put("/config", json=SEED_CONFIG).status_code == 200
+    assert client.put("/config", json={**DEFAULT_CONFIG, **SEED_CONFIG}).status_code == 200
     assert client.put(f"/routes/{TOPIC}", json=SEED_ROUTE).status_code == 200
     r = client.post("/report-latency", json={"brokerName": "broker-a", "latencyMs": 600})
     assert r.status_code == 200 and r.json()["notAvailableDurationMs"] == 30000, r.text
@@ -333,7 +334,8 @@ ROUTE_PATH_METHOD_CASES = [
 
 
 def cfg(**fields: Any) -> dict[str, Any]:
-    return {**SEED_CONFIG, **fields}
+    """A whole config (PUT takes no less) with ``fields`` changed."""
+    return {**DEFAULT_CONFIG, **SEED_CONFIG, **fields}
 
 
 def tiers(lm: list[Any], nad: list[Any] | None = None) -> dict[str, Any]:
@@ -344,7 +346,7 @@ CONFIG_CASES = [
     pytest.param(tiers([50, 100, 550], [0, 0]), "notAvailableDuration", id="lengths-3-vs-2"),
     pytest.param(tiers([50, 100], [0, 0, 30000]), "notAvailableDuration", id="lengths-2-vs-3"),
     pytest.param(
-        {"notAvailableDuration": [0]}, "notAvailableDuration", id="lengths-default-latency-max"
+        cfg(notAvailableDuration=[0]), "notAvailableDuration", id="lengths-seeded-latency-max"
     ),
     pytest.param(tiers([100, 100]), "latencyMax", id="latency-max-equal"),
     pytest.param(tiers([50, 550, 100]), "latencyMax", id="latency-max-decreasing"),
@@ -494,6 +496,33 @@ def test_delete_fault_item_rejects(
 @pytest.mark.parametrize(("body", "field"), CONFIG_CASES)
 def test_put_config_rejects(seeded: TestClient, seeded_state: State, body: Any, field: str) -> None:
     assert_error(send(seeded, "PUT", "/config", body), 422, VE, field)
+    assert snapshot(seeded) == seeded_state
+
+
+@pytest.mark.parametrize(("body", "field"), CONFIG_CASES)
+def test_patch_config_rejects(
+    seeded: TestClient, seeded_state: State, body: Any, field: str
+) -> None:
+    """The same bad values, as merge patches naming just them (and a field a patch must not
+    name: an unknown one)."""
+    whole = cfg()
+    named = {k: v for k, v in body.items()
+             if k not in whole or json.dumps(v) != json.dumps(whole[k]) or k in field}
+    assert_error(send(seeded, "PATCH", "/config", named), 422, VE, field)
+    assert snapshot(seeded) == seeded_state
+
+
+@pytest.mark.parametrize("left_out", [["rampMs"], ["latencyMax", "notAvailableDuration"],
+                                      list(DEFAULT_CONFIG)])
+def test_put_config_that_leaves_fields_out_is_refused_naming_them(
+    seeded: TestClient, seeded_state: State, left_out: list[str]
+) -> None:
+    """A PUT is a whole config: one that leaves fields out would put them back to their
+    defaults, so it is refused, naming every one."""
+    body = {k: v for k, v in cfg().items() if k not in left_out}
+    r = send(seeded, "PUT", "/config", body)
+    assert_error(r, 422, VE, left_out[0])
+    assert all(name in r.json()["message"] for name in left_out)
     assert snapshot(seeded) == seeded_state
 
 

@@ -170,7 +170,7 @@ def test_extend_rule_keeps_an_isolation(client: TestClient) -> None:
 
 
 def test_last_report_wins_clears_an_isolation(client: TestClient) -> None:
-    assert client.put("/config", json={"lastReportWins": True}).status_code == 200
+    assert client.patch("/config", json={"lastReportWins": True}).status_code == 200
     report(client, "a", 10, isolation=True)
     before = store_now(client)
     out = report(client, "a", 10)
@@ -180,7 +180,7 @@ def test_last_report_wins_clears_an_isolation(client: TestClient) -> None:
 
 def test_window_ends_and_broker_returns(client: TestClient) -> None:
     # 2 s: long enough that the four selects below come before the end on a busy machine.
-    client.put("/config", json={"latencyMax": [0, 100], "notAvailableDuration": [0, 2000]})
+    client.patch("/config", json={"latencyMax": [0, 100], "notAvailableDuration": [0, 2000]})
     put_route(client, "t", {"a": 1, "b": 1})
     report(client, "a", 150)
     assert {select(client, "t")["brokerName"] for _ in range(4)} == {"b"}
@@ -248,7 +248,7 @@ def test_single_broker_all_avoided_still_answers(client: TestClient) -> None:
 def test_avoidance_off_is_plain_round_robin(client: TestClient) -> None:
     put_route(client, "t", {"a": 2, "b": 2})
     end = report(client, "a", 0, isolation=True)["availableAt"]
-    assert client.put("/config", json={"sendLatencyFaultEnable": False}).status_code == 200
+    assert client.patch("/config", json={"sendLatencyFaultEnable": False}).status_code == 200
     picks = [select(client, "t") for _ in range(8)]
     assert {p["decision"] for p in picks} == {"round_robin"}
     assert {p["brokerName"] for p in picks} == {"a", "b"}
@@ -266,16 +266,22 @@ def test_avoidance_off_is_plain_round_robin(client: TestClient) -> None:
 # -- config and fault items --------------------------------------------------------
 
 
-def test_config_defaults_and_replace(client: TestClient) -> None:
+def test_config_defaults_patch_and_replace(client: TestClient) -> None:
     assert client.get("/config").json() == DEFAULT_CONFIG
     custom = {"latencyMax": [10, 20], "notAvailableDuration": [5, 6], "isolationLatencyMs": 25}
-    out = client.put("/config", json=custom).json()
+    out = client.patch("/config", json=custom).json()
     assert out == {**DEFAULT_CONFIG, **custom}
     assert client.get("/config").json() == out
     assert report(client, "a", 0, isolation=True)["notAvailableDurationMs"] == 6
-    # PUT replaces: what is omitted goes back to its default.
-    assert client.put("/config", json={"lastReportWins": True}).json() == {
-        **DEFAULT_CONFIG, "lastReportWins": True}
+    # PATCH changes what it names, nothing else; null puts a field back to its default
+    merge_patch = {"Content-Type": "application/merge-patch+json"}
+    after = client.patch("/config", json={"lastReportWins": True, "isolationLatencyMs": None},
+                         headers=merge_patch).json()
+    assert after == {**out, "lastReportWins": True, "isolationLatencyMs": 30000}
+    # PUT replaces the whole config, and takes nothing less
+    assert client.put("/config", json={"lastReportWins": False}).status_code == 422
+    assert client.get("/config").json() == after
+    assert client.put("/config", json=DEFAULT_CONFIG).json() == DEFAULT_CONFIG
 
 
 def test_operator_restores_a_broker(client: TestClient) -> None:
@@ -365,7 +371,7 @@ def test_latency_log_records_every_report_in_order(every_report: TestClient) -> 
         {"brokerName": "b", "latencyMs": 30, "isolation": True, "ageMs": 5000},
         {"brokerName": "a", "latencyMs": 40},
     ]})
-    client.put("/config", json={"sendLatencyFaultEnable": False})
+    client.patch("/config", json={"sendLatencyFaultEnable": False})
     client.post("/report-latency", json={"brokerName": "c", "latencyMs": 1})
     page = client.get("/latency-log", params={"limit": 2}).json()
     rest = client.get("/latency-log", params={"after": page["next"]}).json()
@@ -392,3 +398,22 @@ def test_json_bodies_are_served(client: TestClient, content_type: str) -> None:
     assert r.status_code == 200, r.text
     r = client.post("/select", content=b'{"topic":"t"}', headers=headers)
     assert r.status_code == 200 and r.json()["brokerName"] == "a"
+
+
+def test_avoided_brokers_names_what_this_select_crossed_not_every_avoided_broker(
+    client: TestClient,
+) -> None:
+    """`avoidedBrokers` flips between [] and ["broker-a"] while broker-a stays avoided: a
+    select lists it only when its walk crosses broker-a's queues, and the crossing moves the
+    counter past them. 4 brokers of 4 queues, one avoided: exactly one select in every 12
+    (openapi.yaml and docs/clients.md say so)."""
+    put_route(client, "flip", {f"broker-{c}": 4 for c in "abcd"})
+    report(client, "broker-a", 0, isolation=True)
+    answers = [select(client, "flip") for _ in range(120)]
+    assert all(a["brokerName"] != "broker-a" for a in answers)
+    lists = [a["avoidedBrokers"] for a in answers]
+    assert {tuple(x) for x in lists} == {(), ("broker-a",)}
+    assert lists.count(["broker-a"]) == 10
+    assert items(client)["broker-a"]["available"] is False  # where every window is listed
+    doc = client.get("/openapi.json").json()["components"]["schemas"]["SelectResponse"]
+    assert "one select in 12" in doc["properties"]["avoidedBrokers"]["description"]

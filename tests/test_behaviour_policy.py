@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 
 def configure(client: TestClient, **fields: Any) -> dict[str, Any]:
-    r = client.put("/config", json=fields)
+    r = client.patch("/config", json=fields)
     assert r.status_code == 200, r.text
     return dict(r.json())
 
@@ -230,7 +230,7 @@ def test_jitter_lengthens_isolation_windows(client: TestClient) -> None:
 def test_bad_policy_config_is_422_naming_the_field(
     client: TestClient, field: str, value: object
 ) -> None:
-    r = client.put("/config", json={field: value})
+    r = client.patch("/config", json={field: value})
     assert r.status_code == 422 and r.json()["field"] == field, r.text
     assert client.get("/config").json() == DEFAULT_CONFIG
 
@@ -405,7 +405,7 @@ def test_with_tokens_the_quorum_counts_tokens_not_producer_ids(settings: Setting
         return int(r.json()["notAvailableDurationMs"])
 
     with TestClient(create_app(settings, table)) as client:
-        assert client.put("/config", headers=h("admin"), json={"isolationQuorum": 2}).is_success
+        assert client.patch("/config", headers=h("admin"), json={"isolationQuorum": 2}).is_success
         client.put("/routes/t", headers=h("admin"), json={"brokers": [
             {"brokerName": "a", "writeQueueNums": 1}, {"brokerName": "b", "writeQueueNums": 1}]})
         # One token cannot make a quorum by inventing producer ids...
@@ -424,7 +424,7 @@ def test_with_tokens_the_quorum_counts_tokens_not_producer_ids(settings: Setting
 
 def test_integer_valued_numbers_are_integers(client: TestClient) -> None:
     """``100.0`` is the integer 100, as JSON Schema's ``integer`` says; a fraction is not."""
-    r = client.put("/config", json={"enforcementPercent": 100.0, "isolationQuorum": 2.0,
+    r = client.patch("/config", json={"enforcementPercent": 100.0, "isolationQuorum": 2.0,
                                     "latencyMax": [50.0, 100], "notAvailableDuration": [0, 1e3]})
     assert r.status_code == 200, r.text
     body = r.json()
@@ -436,6 +436,6 @@ def test_integer_valued_numbers_are_integers(client: TestClient) -> None:
 def test_a_tier_list_of_another_length_than_the_default_windows_is_422(
     client: TestClient,
 ) -> None:
-    r = client.put("/config", json={"latencyMax": [39]})
+    r = client.patch("/config", json={"latencyMax": [39]})
     assert r.status_code == 422 and r.json()["field"] == "notAvailableDuration", r.text
     assert client.get("/config").json() == DEFAULT_CONFIG

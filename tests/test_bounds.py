@@ -1,4 +1,4 @@
-"""Streams, scrapes and names: a live Detour bounds each, and another tenant never notices.
+"""Streams, scrapes and connections: a live Detour bounds each, and another tenant never notices.
 
 Every test runs ``python -m service`` as its own process on 127.0.0.1 and measures it
 from outside: status codes, the server's RSS (``/proc/<pid>/status``) and CPU time
@@ -17,7 +17,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -398,113 +397,3 @@ def test_a_reconnect_loop_costs_little_and_another_tenant_never_notices(
         # The snapshot is rendered once per table change and shared by every connect,
         # not once per connect: 40-55 ms of CPU each before.
         assert cpu_per_connect < 0.015, f"{cpu_per_connect * 1000:.1f} ms of CPU per connect"
-
-
-# ---------------------------------------------------------------------------------- names
-def _pipelined(port: int, requests: list[bytes]) -> list[int]:
-    """Send ``requests`` down one connection at once; the statuses, in order."""
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-        s.sendall(b"".join(requests))
-        statuses: list[int] = []
-        buf = b""
-        while len(statuses) < len(requests):
-            head_end = buf.find(b"\r\n\r\n")
-            if head_end < 0:
-                chunk = s.recv(1 << 20)
-                assert chunk, f"closed after {len(statuses)} responses"
-                buf += chunk
-                continue
-            head = buf[:head_end].decode("latin-1")
-            length = next(int(line.split(":", 1)[1]) for line in head.split("\r\n")
-                          if line.lower().startswith("content-length:"))
-            if len(buf) < head_end + 4 + length:
-                chunk = s.recv(1 << 20)
-                assert chunk
-                buf += chunk
-                continue
-            statuses.append(int(head.split(" ", 2)[1]))
-            buf = buf[head_end + 4 + length:]
-        return statuses
-
-
-def _all_served(port: int, requests: list[bytes], again: frozenset[int] = frozenset({503})
-                ) -> None:
-    """Pipeline ``requests``; send again any refused with a status in ``again`` until all
-    are 200. What these tests measure is memory, not shedding: a busy machine may shed a
-    few (503); a table full of windows that end this very millisecond refuses (409)."""
-    pending = requests
-    for _ in range(20):
-        statuses = _pipelined(port, pending)
-        assert set(statuses) <= {200} | again, statuses
-        pending = [r for r, status in zip(pending, statuses, strict=True) if status in again]
-        if not pending:
-            return
-        time.sleep(1.2)  # shedding lasts a second past the last refusal
-    raise AssertionError(f"{len(pending)} requests still refused")
-
-
-def _post(path: str, body: object) -> bytes:
-    data = json.dumps(body).encode()
-    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\n\r\n").encode() + data
-
-
-class OpenService(ServiceProcess):
-    store_kind = "memory"
-
-
-@pytest.fixture
-def open_service(request: pytest.FixtureRequest) -> Iterator[OpenService]:
-    """An open Detour (loopback, no tokens) on the parametrized store; the latency log (a
-    bound of its own, DETOUR_LATENCY_LOG_MAX) kept small so it does not hide the rest."""
-    env = {"DETOUR_LATENCY_LOG_MAX": "1000", "DETOUR_MAX_TOPIC_COUNTERS": "10000"}
-    redis_url = request.getfixturevalue("redis_url") if request.param == "redis" else None
-    with OpenService(redis_url=redis_url, env=env) as svc:
-        svc.store_kind = request.param
-        yield svc
-
-
-@pytest.mark.parametrize("open_service", ["memory", "redis"], indirect=True)
-def test_inline_topics_do_not_grow_memory(open_service: OpenService) -> None:
-    svc = open_service
-
-    def topics(start: int, n: int) -> None:
-        for base in range(start, start + n, 200):
-            _all_served(svc.port, [
-                _post("/select", {"topic": f"inline-{i}", "queues": [
-                    {"brokerName": "x", "queueId": 0}, {"brokerName": "y", "queueId": 1}]})
-                for i in range(base, base + 200)])
-
-    topics(0, 15_000)  # past the 10,000 counters kept: the allocator's working set
-    before = rss_kb(svc.proc.pid)
-    topics(15_000, 50_000)
-    after = rss_kb(svc.proc.pid)
-    # Unbounded, 50k counters were +12 MB; bounded, nothing is left per topic.
-    assert after - before < 3 * 1024, f"+{(after - before) / 1024:.1f} MB for 50k topics"
-
-
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("open_service", ["memory", "redis"], indirect=True)
-def test_many_broker_names_do_not_grow_memory(open_service: OpenService) -> None:
-    svc = open_service
-
-    def names(start: int, n: int) -> None:
-        batches = [_post("/report-latency:batch", {"reports": [
-            {"brokerName": f"b-{i}", "latencyMs": 0} for i in range(base, base + 1000)]})
-            for base in range(start, start + n, 1000)]
-        for i in range(0, len(batches), 10):
-            _all_served(svc.port, batches[i:i + 10], frozenset({409, 503}))
-
-    # Past the table's 10,000 items, 10,000 scores kept and 1,000 broker series.
-    names(0, 50_000)
-    before = rss_kb(svc.proc.pid)
-    # 300k more names on the memory store; 100k on Redis (its script is slower, and 100k
-    # names were +40 MB there too).
-    measured = 300_000 if svc.store_kind == "memory" else 100_000
-    names(50_000, measured)
-    after = rss_kb(svc.proc.pid)
-    with httpx.Client(base_url=svc.url, timeout=30) as http:
-        items = http.get("/fault-items").json()["items"]
-    assert len(items) <= 10_000
-    # Unbounded, 100k names were +40 MB (evicted brokers' versions and scores kept).
-    assert after - before < 5 * 1024, f"+{(after - before) / 1024:.1f} MB for {measured} names"

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from detour.client import AsyncDetourClient, DetourClient, SelectedQueue
+from detour.model import Config
 from tests.procs import ServiceProcess, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -33,7 +34,8 @@ def admin(service: ServiceProcess) -> Iterator[httpx.Client]:
 def setup_table(
     admin: httpx.Client, config: dict[str, Any], topic: str, brokers: list[str]
 ) -> None:
-    admin.put("/config", json=config).raise_for_status()
+    # a whole config (the service is the module's: nothing of an earlier test's stays)
+    admin.put("/config", json={**Config().to_wire(), **config}).raise_for_status()
     body = {"brokers": [{"brokerName": b, "writeQueueNums": 4} for b in brokers]}
     admin.put(f"/routes/{topic}", json=body).raise_for_status()
 

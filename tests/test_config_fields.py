@@ -140,7 +140,11 @@ def _outside(f: ConfigField) -> list[tuple[Any, str]]:
 def test_each_fields_rules_hold_in_the_api_and_the_model(f: ConfigField) -> None:
     with TestClient(create_app(Settings())) as c:
         for value, path in _outside(f):
-            r = c.put("/config", json={f.wire: value})
+            r = c.patch("/config", json={f.wire: value})
+            assert r.status_code == 422, (value, r.text)
+            assert r.json()["field"] == path
+            # a whole config with the same value: the same refusal
+            r = c.put("/config", json={**Config().to_wire(), f.wire: value})
             assert r.status_code == 422, (value, r.text)
             assert r.json()["field"] == path
             if f.kind is not bool:

@@ -57,6 +57,7 @@ KUSTOMIZATIONS = ["overlays/shared", "overlays/sidecar", "observability"]
 CRD_KINDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
 }
 WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job", "Pod"}
 #: Above this, client-side `kubectl apply` cannot store the last-applied annotation.
@@ -482,6 +483,26 @@ def _check_crd_object(obj: dict[str, Any]) -> None:
             assert isinstance(ep["port"], str) and ep["path"].startswith("/")
             for key in ("interval", "scrapeTimeout"):
                 assert re.fullmatch(r"\d+(ms|s|m|h)", ep[key]), ep
+    elif obj["kind"] == "PodMonitor":
+        assert set(spec) <= {
+            "jobLabel",
+            "selector",
+            "podMetricsEndpoints",
+            "namespaceSelector",
+            "podTargetLabels",
+            "sampleLimit",
+        }, set(spec)
+        assert spec["selector"]["matchLabels"], "a PodMonitor without a selector scrapes all"
+        assert spec["podMetricsEndpoints"]
+        for ep in spec["podMetricsEndpoints"]:
+            assert set(ep) <= {"port", "path", "interval", "scrapeTimeout", "authorization",
+                               "relabelings", "metricRelabelings", "scheme"}, set(ep)
+            assert isinstance(ep["port"], str) and ep["path"].startswith("/")
+            for key in ("interval", "scrapeTimeout"):
+                assert re.fullmatch(r"\d+(ms|s|m|h)", ep[key]), ep
+            for r in ep.get("relabelings", []):
+                assert set(r) <= {"sourceLabels", "targetLabel", "replacement", "regex",
+                                  "action", "separator"}, r
     else:
         groups = spec["groups"]
         assert groups and all(g["name"] and g["rules"] for g in groups)
@@ -620,6 +641,24 @@ def test_shared_overlay_is_one_autoscaled_service_on_redis() -> None:
     grace = deploy["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert pre_stop[0] == "sleep"
     assert int(pre_stop[1]) + int(config["DETOUR_SHUTDOWN_GRACE_S"]) < grace
+
+
+def test_one_cpu_request_for_a_shared_replica() -> None:
+    """The base, the shared overlay, the sidecar overlay's central replica and the chart
+    request one figure, the one the autoscaler's target and docs/deploy.md are based on."""
+    requests = {}
+    for where in ("base", "overlays/shared", "overlays/sidecar"):
+        (container,) = _one(_render(where), "Deployment", "detour")["spec"]["template"][
+            "spec"]["containers"]
+        requests[where] = container["resources"]["requests"]["cpu"]
+    chart = yaml.safe_load((ROOT / "helm/detour/values.yaml").read_text(encoding="utf-8"))
+    requests["chart"] = chart["resources"]["requests"]["cpu"]
+    assert set(requests.values()) == {"500m"}, requests
+    hpa = _one(_render("overlays/shared"), "HorizontalPodAutoscaler", "detour")
+    target = hpa["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"]
+    assert target == chart["autoscaling"]["targetCPUUtilizationPercentage"] == 70
+    sizing = DOC.read_text(encoding="utf-8").split("\n## Sizing", 1)[1].split("\n## ", 1)[0]
+    assert "500m" in sizing and "250m" not in DOC.read_text(encoding="utf-8")
 
 
 def test_redis_keeps_the_table_on_a_volume_with_aof() -> None:
@@ -816,6 +855,54 @@ def test_sidecar_overlay_puts_detour_beside_the_producer() -> None:
     assert _one(docs, "StatefulSet", "detour-redis")
 
 
+def test_sidecar_metrics_are_scraped_on_the_pod_ip_with_a_token() -> None:
+    """The sidecar's metrics listener: on the pod IP (the main listener stays on loopback),
+    its port named as the PodMonitor scrapes it, the PodMonitor selecting exactly the
+    producer pods, with the Secret's token, as job="detour"; the sidecar mounts only the
+    token's digest entry, from the same Secret."""
+    docs = _render("overlays/sidecar")
+    producer = _one(docs, "Deployment", "example-producer")
+    pod = producer["spec"]["template"]
+    (sidecar,) = pod["spec"]["initContainers"]
+    env = _env(sidecar)
+    assert _flag(sidecar["args"], "host") == "127.0.0.1"
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env["DETOUR_METRICS_HOST"]["value"] == "$(POD_IP)"
+    names = [e["name"] for e in sidecar["env"]]
+    assert names.index("POD_IP") < names.index("DETOUR_METRICS_HOST"), "$(POD_IP) expands"
+    (port,) = sidecar["ports"]
+    assert port["containerPort"] == int(env["DETOUR_METRICS_PORT"]["value"])
+    assert port["containerPort"] != int(_flag(sidecar["args"], "port") or 0)
+    Settings.model_validate({"metrics_host": "10.0.0.7",
+                             "metrics_port": env["DETOUR_METRICS_PORT"]["value"]})
+
+    monitor = _one(docs, "PodMonitor", "detour-sidecars")
+    assert monitor["metadata"]["namespace"] == producer["metadata"]["namespace"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    central = _one(docs, "Deployment", "detour")["spec"]["template"]["metadata"]["labels"]
+    assert not monitor["spec"]["selector"]["matchLabels"].items() <= central.items()
+    (ep,) = monitor["spec"]["podMetricsEndpoints"]
+    assert ep["port"] == port["name"] and ep["path"] == "/metrics"
+    assert {"targetLabel": "job", "replacement": "detour"} in ep["relabelings"]
+    assert 'job="detour"' in RULES.read_text(encoding="utf-8")
+    # One Secret: Prometheus reads its `token`, the sidecar mounts only `tokens.yaml` (the
+    # digest entry), where DETOUR_METRICS_TOKENS_FILE points.
+    secret = ep["authorization"]["credentials"]
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    mounts = {m["name"]: m for m in sidecar["volumeMounts"]}
+    (vol,) = [v for v in volumes.values()
+              if v.get("secret", {}).get("secretName") == secret["name"]]
+    (item,) = vol["secret"]["items"]
+    assert item["key"] != secret["key"] and not vol["secret"].get("optional", False)
+    assert mounts[vol["name"]]["readOnly"] is True
+    path = Path(mounts[vol["name"]]["mountPath"]) / item["path"]
+    assert env["DETOUR_METRICS_TOKENS_FILE"]["value"] == str(path)
+    # The ServiceMonitor of the shared service reads the same Secret's token.
+    service_monitor = _one(_render("observability"), "ServiceMonitor", "detour")
+    (sm_ep,) = service_monitor["spec"]["endpoints"]
+    assert sm_ep["authorization"]["credentials"] == secret
+
+
 def test_observability_configmaps_are_the_repository_files() -> None:
     docs = _render("observability")
     dashboard = _one(docs, "ConfigMap", "detour-grafana-dashboard")
@@ -860,6 +947,50 @@ def test_readme_and_deploy_doc_point_at_what_exists() -> None:
     service = _one(_render("overlays/shared"), "Service", "detour")
     ns, port = service["metadata"]["namespace"], service["spec"]["ports"][0]["port"]
     assert f"http://detour.{ns}.svc.cluster.local:{port}" in doc
+
+
+def test_the_monitoring_secret_in_the_doc_is_what_the_monitors_read(tmp_path: Path) -> None:
+    """docs/deploy.md's "Monitoring" block, run as written but with `kubectl create` as a
+    client-side dry run (no cluster here) and `kubectl apply` left out: the token is made,
+    and the Secret holds the token under the key Prometheus reads and its entry, which
+    Detour accepts as a tokens file, under the key the sidecars mount."""
+    from service.auth import parse_tokens
+
+    doc = DOC.read_text(encoding="utf-8")
+    section = doc.split("\n## Monitoring", 1)[1]
+    m = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert m, "docs/deploy.md lost its Monitoring block"
+    lines = m.group(1).replace("\\\n", " ").splitlines()
+    assert any("kubectl apply -k deploy/observability" in line for line in lines)
+    commands = []
+    for line in lines:
+        command = line.split("#", 1)[0].strip()
+        if command.startswith("kubectl apply"):
+            continue
+        if command.startswith("kubectl") and " create " in command:
+            command += " --dry-run=client -o json"
+        commands.append(command)
+    (tmp_path / ".venv").symlink_to(ROOT / ".venv")
+    out = subprocess.run(["bash", "-euo", "pipefail", "-c", "\n".join(commands)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    secret = json.loads(out.stdout)
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    monitor = _one(_render("observability"), "ServiceMonitor", "detour")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    ref = endpoint["authorization"]["credentials"]
+    assert secret["metadata"] == {"name": ref["name"], "namespace": "detour",
+                                  "creationTimestamp": None}
+    token = data[ref["key"]]
+    assert token.startswith("dtr_") and token == token.strip()
+    sidecar_docs = _render("overlays/sidecar")
+    pod = _one(sidecar_docs, "Deployment", "example-producer")["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v.get("secret", {}).get("secretName") == ref["name"]]
+    (item,) = volume["secret"]["items"]
+    table = parse_tokens(data[item["key"]], "the Secret's entry", serves_namespaces=False)
+    principal = table.lookup(token)
+    assert principal is not None and principal.may("GET", "/metrics")
+    assert principal.scrape_namespaces() is None  # every namespace's series
 
 
 def test_the_external_redis_overlay_in_the_doc_renders(tmp_path: Path) -> None:

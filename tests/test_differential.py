@@ -25,7 +25,7 @@ from detour.model import CONFIG_FIELDS, BrokerRoute, Config, FaultItem, Route
 from detour.view import TableView
 from service.api.render import config_out, fault_event, route_out
 from service.store.base import ReportIn
-from service.store.local import report_locally
+from service.store.local import apply_locally
 
 pytestmark = pytest.mark.unit
 
@@ -220,11 +220,14 @@ def test_a_report_applied_by_the_sdk_is_the_services(
     for b, item in faults.items():
         service.apply_fault(b, item, 1)
     voter = r["producer"] or ""
-    report_locally(
+    apply_locally(
         service,
-        ReportIn(broker, latency, isolation, 0, voter, None, voter),
+        [ReportIn(broker, latency, isolation, 0, voter, None, voter)],
         NOW,
+        10_000,
+        lambda b: service.apply_fault(b, None, 2),
         lambda item: service.apply_fault(item.broker_name, item, 2),
+        "default",
     )
 
     sdk = LocalTable(lambda: NOW, r["producer"])

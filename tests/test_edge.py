@@ -279,8 +279,8 @@ def test_bodies_that_are_not_json_are_415(svc: ServiceProcess, content_type: str
         assert r.status_code == 415, r.text
         assert r.json() == {"error": "UNSUPPORTED_MEDIA_TYPE", "field": "Content-Type",
                             "message": r.json()["message"]}
-    r = httpx.put(svc.url + "/config", content=b'{"sendLatencyFaultEnable":false}',
-                  headers=headers, timeout=10)
+    r = httpx.patch(svc.url + "/config", content=b'{"sendLatencyFaultEnable":false}',
+                    headers=headers, timeout=10)
     assert r.status_code == 415
     assert fault_items(svc.url) == before
     assert httpx.get(svc.url + "/config", timeout=10).json()["sendLatencyFaultEnable"] is True
@@ -299,7 +299,7 @@ def test_a_repeated_json_key_is_422_naming_it(
     svc: ServiceProcess, path: str, body: bytes, field: str
 ) -> None:
     before = fault_items(svc.url)
-    method = "PUT" if path == "/config" else "POST"
+    method = "PATCH" if path == "/config" else "POST"
     r = httpx.request(method, svc.url + path, content=body,
                       headers={"content-type": "application/json"}, timeout=10)
     assert r.status_code == 422, r.text
@@ -319,7 +319,8 @@ def raw_request(port: int, host: bytes, method: bytes, path: bytes, body: bytes 
 def test_a_foreign_host_name_is_421_and_changes_nothing(svc: ServiceProcess) -> None:
     """DNS rebinding: a page whose name resolves to 127.0.0.1 sends its own name."""
     off = b'{"sendLatencyFaultEnable":false}'
-    answer = raw_request(svc.port, b"rebind.example.com:%d" % svc.port, b"PUT", b"/config", off)
+    answer = raw_request(svc.port, b"rebind.example.com:%d" % svc.port, b"PATCH", b"/config",
+                         off)
     assert answer.startswith(b"HTTP/1.1 421 "), answer[:200]
     body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
     assert body["error"] == "HOST_NOT_ALLOWED" and body["field"] == "Host"

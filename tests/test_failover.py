@@ -13,6 +13,7 @@ import httpx
 import pytest
 import redis
 
+from service.store import codec
 from tests.procs import RedisServer, ServiceProcess, end_process, free_port, wait_until
 from tests.proxy import DelayProxy
 
@@ -93,8 +94,9 @@ def test_failover_to_a_replica_that_missed_writes_loses_nothing_a_replica_holds(
                     "degraded"] is False, 30, "recovered", interval_s=0.05)
                 faults = r.hgetall(f"{PREFIX}:faults")
                 for m in missed:
-                    assert int(faults[m["brokerName"]].split(",")[1]) == m["availableAt"]
-                assert int(faults["a"].split(",")[1]) == seen["availableAt"]
+                    item = codec.decode_fault("", faults[m["brokerName"]])
+                    assert item.available_at == m["availableAt"]
+                assert codec.decode_fault("a", faults["a"]).available_at == seen["availableAt"]
                 assert {"t", "u"} <= set(r.hkeys(f"{PREFIX}:routes"))
             items = {i["brokerName"] for i in c.get("/fault-items").json()["items"]}
             assert {"a", "m0", "m4"} <= items

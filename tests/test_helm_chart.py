@@ -110,6 +110,25 @@ def test_chart_metadata() -> None:
         assert (TEMPLATES / required).is_file(), required
 
 
+def test_the_chart_carries_the_projects_licence() -> None:
+    """One licence everywhere: pyproject.toml, the image label, the chart's annotation and
+    the LICENSE text (Apache-2.0, Debian's copy of it where the machine has one)."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text(encoding="utf-8"))
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    dockerfile = (ROOT / "Dockerfile").read_text(encoding="utf-8")
+    (label,) = re.findall(r'org\.opencontainers\.image\.licenses="([^"]+)"', dockerfile)
+    assert project["license"] == label == chart["annotations"]["artifacthub.io/license"] \
+        == "Apache-2.0"
+    text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    debian = Path("/usr/share/common-licenses/Apache-2.0")
+    if debian.is_file():
+        assert text == debian.read_text(encoding="utf-8")
+    # `helm package` stores the licence with the chart (a link, so it cannot drift).
+    shipped = CHART / "LICENSE"
+    assert shipped.is_symlink() and shipped.resolve() == (ROOT / "LICENSE").resolve()
+
+
 # --------------------------------------------------------------------------------- values
 def test_values_are_valid_against_the_schema() -> None:
     validator = _validator()

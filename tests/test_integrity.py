@@ -14,6 +14,9 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.settings import Settings
+from service.store import codec
+from service.store.merge import Candidates, calls
+from tests import lua
 from tests.procs import RedisServer, ServiceProcess, wait_until
 from tests.proxy import DelayProxy
 
@@ -35,7 +38,7 @@ def metric(url: str, line_start: str) -> float:
 
 def reseed_count(url: str) -> float:
     return sum(metric(url, f'detour_store_reseeds_total{{cause="{c}"}}')
-               for c in ("empty", "epoch", "behind", "failover"))
+               for c in ("empty", "epoch", "behind", "restart", "failover", "merge"))
 
 
 def table(url: str) -> dict[str, dict[str, Any]]:
@@ -82,7 +85,7 @@ def test_empty_restart_keeps_routes_windows_and_config(server: RedisServer,
         urls = [s.url for s in svcs]
         with httpx.Client(base_url=urls[0], timeout=10) as c:
             assert c.put("/routes/t", json=ROUTE).status_code == 200
-            assert c.put("/config", json={"maxAvoidedPercent": 90}).status_code == 200
+            assert c.patch("/config", json={"maxAvoidedPercent": 90}).status_code == 200
             r = c.post("/report-latency", json=ISOLATE_A)
             assert r.status_code == 200 and r.json()["notAvailableDurationMs"] == 600_000
             a_end = r.json()["availableAt"]
@@ -156,7 +159,7 @@ def test_a_replica_that_never_polled_the_epoch_still_reseeds(server: RedisServer
         assert r.status_code == 200 and r.json()["brokerName"] != "a", r.text
         raw = restarted.client()
         assert raw.hget(f"{PREFIX}:routes", "t") is not None
-        assert int(raw.hget(f"{PREFIX}:faults", "a").split(",")[1]) == a_end
+        assert codec.decode_fault("a", raw.hget(f"{PREFIX}:faults", "a")).available_at == a_end
     finally:
         writer.stop()
         follower.stop()
@@ -172,7 +175,7 @@ def test_a_flush_is_noticed_by_the_first_write_after_it(redis_url: str,
     raw = redis_server.client()
     with TestClient(create_app(settings)) as c:
         c.put("/routes/t", json=ROUTE)
-        c.put("/config", json={"maxAvoidedPercent": 90})
+        c.patch("/config", json={"maxAvoidedPercent": 90})
         a_end = c.post("/report-latency", json=ISOLATE_A).json()["availableAt"]
         raw.flushall()
         r = c.post("/report-latency", json={"brokerName": "b", "latencyMs": 5,
@@ -194,41 +197,40 @@ def test_a_flush_is_noticed_by_the_first_write_after_it(redis_url: str,
         assert "a" in raw.hkeys(f"{PREFIX}:faults")
 
 
-def _reseed(raw: Any, writer: str, epoch: str, items: dict[str, str],
-            routes: dict[str, str]) -> list[Any]:
-    from importlib import resources
-
-    script = raw.register_script(
-        (resources.files("service.store") / "lua" / "reseed.lua").read_text())
-    keys = [f"{PREFIX}:{k}" for k in ("faults", "routes", "meta", "events", "ends", "writers",
-                                      "writers-seen")]
-    args: list[Any] = [f"{PREFIX}:changes", epoch, writer, 7, 100, 1, "", len(routes)]
-    for topic, route in routes.items():
-        args += [topic, route]
-    for broker, value in items.items():
-        args += [broker, value]
-    return script(keys=keys, args=args)  # type: ignore[no-any-return]
+def _merge_into(raw: Any, writer: str, epoch: str, items: dict[str, str],
+                routes: dict[str, str]) -> list[Any]:
+    """One replica's merge as RedisStore._merge sends it (reseed.lua's calls)."""
+    script = lua.script(raw, "reseed")
+    keys = [f"{PREFIX}:{k}" for k in ("faults", "routes", "meta", "events", "ends", "graves",
+                                      "graves-by-time")]
+    c = Candidates(routes=list(routes.items()), items=list(items.items()))
+    replies = [script(keys=keys, args=args)
+               for args in calls(c, [f"{PREFIX}:changes", epoch, 100, writer], 10_000, True)]
+    return replies[-1]  # type: ignore[no-any-return]
 
 
 @pytest.mark.parametrize("order", ["short-first", "long-first"])
-def test_reseeding_replicas_converge_and_no_window_shrinks(redis_url: str,
-                                                         redis_server: RedisServer,
-                                                         order: str) -> None:
-    """Two replicas hold different ends for the same broker and re-seed an emptied table
-    in either order: one epoch, the later end, both replicas' own brokers and routes."""
+def test_merging_replicas_converge_and_no_window_shrinks(redis_url: str,
+                                                       redis_server: RedisServer,
+                                                       order: str) -> None:
+    """Two replicas hold different copies of the same broker and merge them into an
+    emptied table in either order: one epoch, the later end, the newer copy's rest, both
+    replicas' own brokers and routes."""
     raw = redis_server.client()
     far = int(time.time() * 1000) + 600_000
-    one = ("one", "e-one", {"a": f"5,{far - 500_000}", "b": f"5,{far}"}, {"t": '[["a",1,null]]'})
-    two = ("two", "e-two", {"a": f"5,{far}", "c": f"5,{far}"}, {"t": '[["a",1,null]]',
-                                                               "u": '[["c",1,null]]'})
+    one = ("one", "e-one", {"a": f"9@5,{far - 500_000}", "b": f"3@5,{far}"},
+           {"t": '4|[["a",1,null]]'})
+    two = ("two", "e-two", {"a": f"7@80,{far}", "c": f"3@5,{far}"},
+           {"t": '4|[["a",1,null]]', "u": '5|[["c",1,null]]'})
     runs = [one, two] if order == "short-first" else [two, one]
-    epochs = {_reseed(raw, *run)[0] for run in runs}
+    epochs = {_merge_into(raw, *run)[0] for run in runs}
     assert len(epochs) == 1 and raw.hget(f"{PREFIX}:meta", "epoch") in epochs
     faults = raw.hgetall(f"{PREFIX}:faults")
-    assert faults == {"a": f"5,{far}", "b": f"5,{far}", "c": f"5,{far}"}
+    # a: the later end (two's), the rest from the newer stamp (one's: latency 5, stamp 9)
+    assert faults == {"a": f"9@5,{far}", "b": f"3@5,{far}", "c": f"3@5,{far}"}
     assert set(raw.hkeys(f"{PREFIX}:routes")) == {"t", "u"}
     assert raw.zscore(f"{PREFIX}:ends", "a") == far  # the eviction index follows
-    assert raw.hget(f"{PREFIX}:writers", "one") == "7"
+    assert int(raw.hget(f"{PREFIX}:meta", "hlc")) >= 9  # new stamps come after the merged
     restored = [e["b"] for _, e in raw.xrange(f"{PREFIX}:events") if e["r"] == "recovery"]
     assert sorted(set(restored)) == ["a", "b", "c"]
 
@@ -279,7 +281,7 @@ def test_empty_restart_under_load_loses_nothing(server: RedisServer) -> None:
     try:
         with httpx.Client(base_url=svc.url, timeout=10) as c:
             assert c.put("/routes/t", json=ROUTE).status_code == 200
-            assert c.put("/config", json={"maxAvoidedPercent": 90}).status_code == 200
+            assert c.patch("/config", json={"maxAvoidedPercent": 90}).status_code == 200
         for p in producers:
             p.thread.start()
         wait_until(lambda: len(accepted()) >= 100, 30, "load before the crash")

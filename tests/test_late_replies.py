@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from detour.client import DetourClient
 from service.app import create_app
 from service.settings import Settings
+from service.store import codec
 from tests.procs import RedisServer, ServiceProcess, wait_until
 from tests.proxy import DelayProxy
 
@@ -116,7 +117,7 @@ def test_a_batch_retried_after_a_late_reply_is_applied_once(server: RedisServer,
             third = c.post("/report-latency:batch", json=batch).json()["results"]
             assert [x["degraded"] for x in third] == [False] * 5
             assert [x["availableAt"] for x in third] == \
-                [int(table[f"b{i}"].split(",")[1]) for i in range(5)]
+                [codec.decode_fault("", table[f"b{i}"]).available_at for i in range(5)]
             for i in range(5):
                 assert logged(raw, f"b{i}") == 1
             assert raw.hgetall(f"{PREFIX}:faults") == table

@@ -13,11 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from detour import policy
+from detour.apply import Effect
 from detour.client import DetourClient
 from detour.decide import Ask, Table, decide
 from detour.model import BrokerRoute, Config, FaultItem, Route
 from service.store import codec
 from tests.procs import ServiceProcess, wait_until
+from tests.rule import applied
 from tests.test_behaviour import items, put_route, select
 from tests.test_behaviour_policy import configure, metric
 
@@ -26,8 +28,8 @@ ROUTE = Route.from_brokers("t", [BrokerRoute(b, 2, None) for b in ("a", "b", "c"
 
 
 def slow(config: Config, old: FaultItem | None, producer: str, latency: int = 795,
-         at: int = NOW, origin: str | None = None) -> policy.Applied:
-    return policy.apply(old, "d", latency, False, origin, producer, at, at, config)
+         at: int = NOW, origin: str | None = None) -> Effect:
+    return applied(old, "d", latency, False, origin, producer, at, at, config)
 
 
 # -- pure ---------------------------------------------------------------------------------
@@ -46,7 +48,7 @@ def test_quorum_one_is_rocketmq(reports: list[tuple[str, int]], latency: int) ->
     plain: FaultItem | None = None
     for producer, dt in reports:
         out = slow(Config(), item, producer, latency, NOW + dt)
-        ref = policy.apply(plain, "d", latency, False, None, producer, NOW + dt, NOW + dt,
+        ref = applied(plain, "d", latency, False, None, producer, NOW + dt, NOW + dt,
                            Config(isolation_quorum=1))
         assert out == ref
         assert not out.suspected and out.item.slow == ()
@@ -109,8 +111,8 @@ def test_a_single_producer_decides_as_with_rocketmqs_table(
     t = NOW
     for dt, latency, isolation in reports:
         t += dt
-        ref = policy.apply(ref, "d", latency, isolation, None, "p1", t, t, rocketmq).item
-        item = policy.apply(item, "d", latency, isolation, None, "p1", t, t, mine).item
+        ref = applied(ref, "d", latency, isolation, None, "p1", t, t, rocketmq).item
+        item = applied(item, "d", latency, isolation, None, "p1", t, t, mine).item
         for later in (t, t + 29_999, t + 30_001):
             for counter in range(8):
                 a = decide(Table(ROUTE, rocketmq, {"d": ref}, counter, later), Ask(producer="p1"))
@@ -133,7 +135,7 @@ def test_votes_older_than_the_quorum_window_do_not_count() -> None:
 def test_broker_origin_and_failures_do_not_wait_for_the_latency_quorum() -> None:
     config = Config(latency_quorum=3)
     assert slow(config, None, "p1", origin="broker").item.available_at == NOW + 30_000
-    failure = policy.apply(None, "d", 0, True, None, "p1", NOW, NOW, config)
+    failure = applied(None, "d", 0, True, None, "p1", NOW, NOW, config)
     assert failure.item.available_at == NOW + 600_000
     fast = slow(config, None, "p1", latency=80)  # below every tier with a window
     assert not fast.suspected and fast.item.slow == ()
@@ -216,7 +218,7 @@ def test_default_quorum_keeps_rocketmq_for_one_producer(client: TestClient) -> N
 @pytest.mark.integration
 def test_latency_quorum_bounds_are_422_naming_the_field(client: TestClient) -> None:
     for bad in (0, 65, "two"):
-        r = client.put("/config", json={"latencyQuorum": bad})
+        r = client.patch("/config", json={"latencyQuorum": bad})
         assert r.status_code == 422, r.text
         assert "latencyQuorum" in r.text
 
@@ -235,7 +237,7 @@ def test_live_a_cold_send_is_avoided_by_its_producer_alone(
     all, and a third producer's cached client learns it from the stream."""
     url = request.getfixturevalue("redis_url") if store == "redis" else None
     with ServiceProcess(url) as svc, httpx.Client(base_url=svc.url, timeout=10) as admin:
-        admin.put("/config", json={"latencyQuorum": 2}).raise_for_status()
+        admin.patch("/config", json={"latencyQuorum": 2}).raise_for_status()
         body = {"brokers": [{"brokerName": b, "writeQueueNums": 2} for b in "abcd"]}
         admin.put("/routes/t", json=body).raise_for_status()
         clients = [DetourClient(svc.url, mode="cached", timeout=2.0, producer=p)

@@ -13,7 +13,7 @@ import redis
 
 from detour.model import Config
 from service.settings import Settings
-from service.store import ReportIn
+from service.store import ReportIn, codec
 from service.store.aggregate import bucket_of
 from service.store.redis import RedisStore
 from tests.procs import RedisServer
@@ -60,8 +60,8 @@ def _commands(raw: redis.Redis) -> int:
 def _fault(raw: redis.Redis, broker: str) -> tuple[int, int]:
     value = raw.hget(f"{PREFIX}:faults", broker)
     assert value is not None
-    latency, end = str(value).split(";")[0].split(",")[:2]
-    return int(latency), int(end)
+    item = codec.decode_fault(broker, str(value))
+    return item.current_latency_ms, item.available_at
 
 
 def test_fast_reports_cost_no_redis_command_until_the_flush(

@@ -118,3 +118,43 @@ def test_two_workers_add_up(redis_url: str) -> None:
             assert value(text, "detour_reports_total", broker="x", outcome="ok") == n
     finally:
         svc.stop()
+
+
+@pytest.mark.integration
+def test_isolation_windows_count_failures_by_reason_and_slow_answers_not(
+    client: TestClient,
+) -> None:
+    """detour_isolation_windows_total, what DetourBrokerIsolated names: a failed send (also
+    one extending its window), a quorum of failed sends; not a slow answer, not a quorum of
+    slow answers, not a failure short of its quorum."""
+    from tests.test_behaviour_policy import configure, metric
+
+    def count(broker: str, reason: str) -> float:
+        return metric(client, "detour_isolation_windows_total", broker=broker, reason=reason)
+
+    def report(broker: str, latency: float, isolation: bool, producer: str) -> None:
+        r = client.post("/report-latency", json={"brokerName": broker, "latencyMs": latency,
+                                                 "isolation": isolation, "producer": producer})
+        assert r.status_code == 200, r.text
+
+    brokers = ("iso-fail", "iso-slow", "iso-quorum", "iso-slowq")
+    before = {(b, r): count(b, r) for b in brokers for r in ("isolation", "quorum")}
+
+    def added(broker: str, reason: str) -> float:
+        return count(broker, reason) - before[(broker, reason)]
+
+    report("iso-fail", 0, True, "p1")
+    report("iso-fail", 0, True, "p2")  # extends the window: a failure again
+    report("iso-slow", 600, False, "p1")
+    assert added("iso-fail", "isolation") == 2
+    assert added("iso-slow", "isolation") == added("iso-slow", "quorum") == 0
+
+    configure(client, isolationQuorum=2, latencyQuorum=2)
+    report("iso-quorum", 0, True, "p1")  # short of the quorum: only p1 avoids it
+    assert added("iso-quorum", "quorum") == added("iso-quorum", "isolation") == 0
+    report("iso-quorum", 0, True, "p2")
+    assert added("iso-quorum", "quorum") == 1
+    report("iso-slowq", 600, False, "p1")
+    report("iso-slowq", 600, False, "p2")  # a quorum of slow answers: a latency window
+    assert metric(client, "detour_window_events_total", kind="quorum", reason="quorum") >= 2
+    assert added("iso-slowq", "quorum") == added("iso-slowq", "isolation") == 0

@@ -233,7 +233,14 @@ def test_the_required_alerts_exist() -> None:
                 return rule
         raise AssertionError(f"no alert on {fragments}")
 
-    assert find("detour_broker_avoided")["for"] == "10m"
+    # Still avoided after 10 minutes: the page. An isolation: a ticket at once, naming
+    # broker and reason (labels) and the window's end (the value).
+    page = find("detour_broker_avoided{")
+    assert page["for"] == "10m" and page["labels"]["severity"] == "critical"
+    ticket = find("detour_isolation_windows_total", "detour_broker_available_in_seconds")
+    assert ticket["labels"]["severity"] == "info" and "for" not in ticket
+    assert "by (namespace, broker, reason)" in ticket["expr"]
+    assert "$value | humanizeTimestamp" in ticket["annotations"]["summary"]
     find("detour_route_all_avoided")
     find("detour_store_errors_total")
     find("detour_requests_shed_total")
@@ -256,22 +263,50 @@ def test_every_metric_the_artifacts_query_is_exported_and_documented() -> None:
     assert not missing, f"docs/observability.md does not describe {missing}"
 
 
+def sh_block(doc: str, after: str) -> str:
+    """The first ```sh block of ``doc`` after the text ``after``."""
+    assert after in doc, f"the doc lost {after!r}"
+    m = re.search(r"```sh\n(.*?)```", doc.split(after, 1)[1], re.S)
+    assert m, f"no sh block after {after!r}"
+    return m.group(1)
+
+
+def run_as_written(block: str, cwd: Path, timeout_s: float = 120) -> str:
+    """A doc's shell block run by bash as it is (stop at the first failing command) in
+    ``cwd``, which holds a copy of ``deploy/`` and the virtualenv; returns its output."""
+    (cwd / ".venv").symlink_to(ROOT / ".venv")
+    shutil.copytree(ROOT / "deploy", cwd / "deploy", symlinks=True)
+    out = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=cwd,
+                         capture_output=True, text=True, timeout=timeout_s)
+    assert out.returncode == 0, f"{block}\n-> {out.returncode}\n{out.stdout}{out.stderr}"
+    return out.stdout + out.stderr
+
+
 @pytest.mark.integration
-def test_promtool_checks_the_rules_and_the_example_config(tmp_path: Path) -> None:
-    promtool = _binary("promtool")
-    # The example reads its scrape token from a mounted file; promtool wants it to exist.
+def test_the_documented_checks_pass_as_written(tmp_path: Path) -> None:
+    """docs/observability.md's block, word for word: make the scrape token where
+    prometheus.yml reads it, then promtool (rules, unit tests, config) and amtool."""
+    _binary("promtool")
+    _binary("amtool", "prometheus-alertmanager")
+    block = sh_block(DOC.read_text(encoding="utf-8"), "Check and test the rules")
+    for command in ("promtool check rules deploy/prometheus/rules.yaml",
+                    "promtool test rules deploy/prometheus/rules.test.yaml",
+                    "promtool check config deploy/prometheus/prometheus.yml",
+                    "amtool check-config deploy/alertmanager/alertmanager.yml"):
+        assert command in block, command
+    out = run_as_written(block, tmp_path)
+    rules = len(_rules())
+    assert out.count(f"SUCCESS: {rules} rules found") == 2, out  # check rules, check config
+    assert "is valid prometheus config file syntax" in out and "FAILED" not in out, out
+    assert f"{len(_inhibit_rules())} inhibit rules" in out, out
+    # The token prometheus.yml names exists now, the token alone, for its owner only.
     config = yaml.safe_load(EXAMPLE_CONFIG.read_text(encoding="utf-8"))
-    token_file = tmp_path / "detour-metrics-token"
-    token_file.write_text("dtr_example\n")
-    config["rule_files"] = [str(RULES)]
-    for job in config["scrape_configs"]:
-        assert job["authorization"]["credentials_file"]  # with tokens, a scrape needs one
-        job["authorization"]["credentials_file"] = str(token_file)
-    checked = tmp_path / "prometheus.yml"
-    checked.write_text(yaml.safe_dump(config))
-    for args in (["check", "rules", str(RULES)], ["check", "config", str(checked)]):
-        out = subprocess.run([promtool, *args], capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0, out.stdout + out.stderr
+    (job,) = config["scrape_configs"]
+    token = tmp_path / "deploy" / "prometheus" / job["authorization"]["credentials_file"]
+    assert token.read_text().startswith("dtr_") and token.stat().st_mode & 0o777 == 0o600
+    # ... and git keeps it out of the repository.
+    assert "deploy/prometheus/detour-metrics-token" in \
+        (ROOT / ".gitignore").read_text(encoding="utf-8").split()
 
 
 @pytest.mark.integration
@@ -635,6 +670,21 @@ def test_dashboard_and_rules_against_a_live_prometheus(
         _eventually(prom, "avoided brokers pending", lambda: prom.values(
             'ALERTS{alertname="DetourBrokerAvoidedTooLong", alertstate="pending"}',
             "broker") == {"a": 1, "b": 1})
+        # The ticket, firing at once (no `for`): a isolated by a failed send, b only slow.
+        # Its value and text say until when: a's window end in the fault table.
+        _eventually(prom, "DetourBrokerIsolated firing for a", lambda: prom.values(
+            'ALERTS{alertname="DetourBrokerIsolated", alertstate="firing"}', "broker") == {
+            "a": 1})
+        (ticket,) = [a for a in prom.http.get("/api/v1/alerts").json()["data"]["alerts"]
+                     if a["labels"]["alertname"] == "DetourBrokerIsolated"]
+        assert {k: ticket["labels"][k] for k in ("broker", "reason", "severity", "namespace")} \
+            == {"broker": "a", "reason": "isolation", "severity": "info", "namespace": "default"}
+        items = {i["brokerName"]: i for i in api.get("/fault-items").json()["items"]}
+        until = float(ticket["value"])
+        assert abs(until - items["a"]["availableAt"] / 1000) < 2.5, (until, items["a"])
+        shown = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(until))
+        assert shown in ticket["annotations"]["summary"], ticket["annotations"]
+        assert "A send to broker a failed" in ticket["annotations"]["description"]
 
         # c fails too: every broker of the route is avoided (panic) until the windows end.
         api.post("/report-latency", json={"brokerName": "c", "latencyMs": 0,

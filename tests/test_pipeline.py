@@ -37,8 +37,12 @@ from pipeline.analyze import (
     TierTable,
     analyze,
     auto_window_s,
+    avoided_spans,
+    fault_marks,
     fetch_config,
     log_resolution,
+    moved_elsewhere,
+    read_faults,
     recommend,
     replay,
 )
@@ -147,6 +151,25 @@ def test_broker_faults_are_process_faults() -> None:
         patient.xadd(stream_key("t", 0), {"id": "r4"})
         assert time.monotonic() - started >= 0.1
         patient.close()
+
+
+@pytest.mark.integration
+def test_the_brokers_cli_writes_the_faults_it_fires_for_the_analysis(tmp_path: Path) -> None:
+    """`pipeline.brokers start --events FILE`: each fault as it fires, one JSON line, what
+    `pipeline.analyze --faults` marks on its plots (the same lines are printed)."""
+    events = tmp_path / "faults.jsonl"
+    printed: list[str] = []
+    started_ms = time.time_ns() // 1_000_000
+    # The kill fires at once and its restart 0.2 s later; --for ends the run after both.
+    assert brokers_cli.main(["start", "--n", "2", "--queues", "1", "--topic", "ev",
+                             "--no-persist", "--fault", "kill:broker-b@0s+0.2",
+                             "--events", str(events), "--for", "2"], out=printed.append) == 0
+    faults = read_faults(events)
+    assert [(f["action"], f["broker"]) for f in faults] == [("kill", "broker-b"),
+                                                            ("restart", "broker-b")]
+    assert started_ms <= faults[0]["at_ms"] <= faults[1]["at_ms"] <= time.time_ns() // 1_000_000
+    assert [json.loads(line) for line in events.read_text().splitlines()] == [
+        json.loads(line) for line in printed if line.startswith('{"fault"')]
 
 
 # -- generate / read ----------------------------------------------------------------------
@@ -290,12 +313,33 @@ def test_end_to_end_kill_and_stop_brokers_mid_run(
     assert exported.rows == attempts, (exported.rows, attempts, resent)
     producers = pq.read_table(log, columns=["producer"]).column(0).to_pylist()
     assert {p.split("/", 1)[0] for p in producers} == {"e2e"}
-    a = analyze(spark, str(log), out=tmp_path / "report")
+    faults = [{"at_ms": e.at_ms, "action": e.action, "broker": e.broker}
+              for e in runner.events]
+    a = analyze(spark, str(log), out=tmp_path / "report", faults=faults)
+    # What Detour moved: not in the log (those sends went elsewhere), estimated from it as
+    # the avoided brokers' share of the sends made while they were avoided. Here broker-b
+    # from its first failure to the end (a 600 s window), broker-c likewise: at least a
+    # quarter of the sends after each; more if the replay finds slow sends' windows too.
+    # The replay of the sends that happened finds next to none inside a window.
+    moved = a.table(a.current)["moved_selects"]
+    first_fail = {b: results.where(F.array_contains("failed_brokers", b))
+                  .agg(F.min("started_at")).first()[0] for b in ("broker-b", "broker-c")}
+    share = sum(results.where(F.col("started_at") >= at).count() / 4
+                for at in first_fail.values())
+    record_property("moved_elsewhere_estimate", moved)
+    record_property("moved_elsewhere_from_faults", share)
+    # (Above the share when the replay also opens windows for slow sends on the others.)
+    assert 0.8 * share <= moved <= 2 * share, (moved, share, summary.per_broker)
+    assert a.table(a.current)["avoided_selects"] < 0.1 * moved
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert f"| {moved:,.0f} |" in report
     # No --window: at most 30 windows over the run's span, whatever its length.
     assert a.window_ms == auto_window_s(a.end_ms - a.start_ms) * 1000
     assert len({w["window_start"] for w in a.windows}) <= 31
     assert a.broker("broker-b")["isolations"] >= failed_b
     assert a.broker("broker-b")["avoided_ms"] > 0
+    assert [label for _, label in fault_marks(a)] == [
+        f"{e.action} {e.broker}" for e in runner.events]
     for name in ("report.md", "latency.png", "avoided.png", "histogram.png"):
         assert (tmp_path / "report" / name).stat().st_size > 0
     results.unpersist()
@@ -355,6 +399,18 @@ def test_progress_line_moves_while_records_are_sent(
     assert any("avoiding broker-b" in line for line in progress.lines), progress.lines
     assert progress.lines[-1].startswith("produce: 1,600/1,600 records (100 %) · "), \
         progress.lines[-1]
+    # Its rate is the summary's: records over the time from the first send to the last.
+    m = re.search(r" · ([\d,]+)/s over ([\d.]+) s sending \(", progress.lines[-1])
+    assert m, progress.lines[-1]
+    assert int(m.group(1).replace(",", "")) == round(summary.records_per_s), \
+        (progress.lines[-1], summary.records_per_s)
+    assert float(m.group(2)) == round(summary.send_seconds, 1)
+    # A periodic line only when its counts, tasks or brokers changed: rates and ETAs aside,
+    # no two in a row say the same (the last line is the summary, printed regardless).
+    said = [re.sub(r" · [\d,]+/s| · ETA .*| · finishing", "", line)
+            for line in progress.lines[2:-1]]
+    assert all(x != y for x, y in zip(said, said[1:], strict=False)), progress.lines
+    assert not [line for line in progress.lines if " 0/1,600 " in line], progress.lines
 
 
 # -- runs do not bleed into each other ---------------------------------------------------
@@ -375,7 +431,7 @@ def _cold_run(
     records = read_input(spark, src)
     since = httpx.get(f"{detour}/events", params={"latest": "true", "limit": 1},
                       timeout=5).json()["events"]
-    httpx.put(f"{detour}/config", json={"latencyQuorum": quorum}, timeout=5).raise_for_status()
+    httpx.patch(f"{detour}/config", json={"latencyQuorum": quorum}, timeout=5).raise_for_status()
     with Fleet(4, topic, 4) as fleet:
         fleet.register(detour)
         proxy = DelayProxy(fleet.brokers["broker-d"].port)
@@ -418,7 +474,7 @@ def test_a_cold_first_send_no_longer_starves_a_broker(
         before, opened_before = _cold_run(spark, detour, tmp_path, 1)
         after, opened_after = _cold_run(spark, detour, tmp_path, 2)
     finally:
-        httpx.put(f"{detour}/config", json={"latencyQuorum": 1}, timeout=5)
+        httpx.patch(f"{detour}/config", json={"latencyQuorum": 1}, timeout=5)
     record_property("per_broker_quorum_1", before)
     record_property("per_broker_quorum_2", after)
     print("cold first send, per broker: latencyQuorum 1", before, opened_before,
@@ -545,6 +601,13 @@ def test_analysis_returns_known_percentiles(spark: SparkSession, tmp_path: Path)
         expected = sum(w.avoided_selects for rs in per_broker.values()
                        for w in replay(rs, table, MIN, T0, T0 + 5 * MIN).values())
         assert a.table(table.name)["avoided_selects"] == expected
+        # ... and so is the estimate of the selects its windows moved elsewhere.
+        spans = {b: s for b, rs in per_broker.items()
+                 if (s := avoided_spans(rs, table, T0, T0 + 5 * MIN))}
+        sends = [(str(e["brokerName"]), int(e["at"]) - int(e["latencyMs"]))  # type: ignore[call-overload]
+                 for e in entries]
+        assert a.table(table.name)["moved_selects"] == round(moved_elsewhere(sends, spans, 3), 1)
+    assert a.table("rocketmq")["moved_selects"] > 0
 
     # The recommendation: pooled percentiles of successful sends, then the rule.
     ok = np.array([e["latencyMs"] for e in entries if not e["isolation"]], dtype=float)

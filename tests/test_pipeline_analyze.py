@@ -22,6 +22,13 @@ from pipeline.analyze import (
     TierTable,
     auto_window_s,
     avoided_bars,
+    avoided_spans,
+    fault_marks,
+    latency_figure,
+    latency_series,
+    markdown,
+    moved_elsewhere,
+    read_faults,
     recommend,
     replay,
     window_of,
@@ -201,3 +208,178 @@ def test_avoided_bars_sit_inside_their_window_and_the_logs_span() -> None:
                                 (5.5, 0.45, 100.0)]
     for x, width, _ in bars["broker-a"] + bars["broker-b"]:
         assert 0 <= x and x + width <= 6.0
+
+
+def test_avoided_spans_are_the_replays_avoided_time() -> None:
+    for table in (ROCKETMQ, TierTable.parse("strict=5,10:0,60000")):
+        spans = avoided_spans(scenario_b(), table, T0, T0 + 5 * MIN)
+        total = sum(r.avoided_ms for r in replay(scenario_b(), table, MIN, T0,
+                                                 T0 + 5 * MIN).values())
+        assert sum(b - a for a, b in spans) == total
+        assert all(a < b for a, b in spans) and spans == sorted(spans)
+        assert all(s[1] < n[0] for s, n in zip(spans, spans[1:], strict=False)), "merged"
+    # RocketMQ tiers: one span, from the failure to the log's end.
+    assert avoided_spans(scenario_b(), ROCKETMQ, T0, T0 + 5 * MIN) == [
+        (T0 + 2 * MIN, T0 + 5 * MIN)]
+
+
+def live_run() -> tuple[list[tuple[str, int, int, bool]], int]:
+    """A 10 s run with Detour live: 4 brokers at one send per 10 ms each; broker-b fails
+    at +3 s and is never sent to again (avoided), the others go on. Returns the reports
+    (broker, at, latency, isolation) and the sends of the others selected after +3 s."""
+    reports = []
+    for broker in ("broker-a", "broker-c", "broker-d"):
+        reports += [(broker, T0 + i * 10, 0, False) for i in range(1000)]
+    reports += [("broker-b", T0 + i * 10, 0, False) for i in range(300)]
+    reports.append(("broker-b", T0 + 3000, 0, True))
+    after = sum(1 for b, at, _, _ in reports if b != "broker-b" and at >= T0 + 3000)
+    return reports, after
+
+
+def test_the_selects_detour_moved_elsewhere_are_estimated_from_the_others_sends() -> None:
+    """The log of a live run has no send to broker-b after its failure, so replaying its
+    sends finds none inside its window (0 avoided, 0 spared): Detour did its job, and the
+    log alone says nothing of the selects it moved. The estimate does: a quarter of the
+    others' sends selected while broker-b was avoided (round-robin over 4 brokers)."""
+    reports, after = live_run()
+    end = max(r[1] for r in reports) + 1
+    by_broker: dict[str, list[tuple[int, int, bool]]] = {}
+    for b, at, latency, isolation in reports:
+        by_broker.setdefault(b, []).append((at, latency, isolation))
+    in_window = sum(w.avoided_selects for rs in by_broker.values()
+                    for w in replay(rs, ROCKETMQ, MIN, T0, end).values())
+    assert in_window == 0
+    spans = {b: s for b, rs in by_broker.items() if (s := avoided_spans(rs, ROCKETMQ, T0, end))}
+    assert spans == {"broker-b": [(T0 + 3000, end)]}
+    sends = [(b, at - latency) for b, at, latency, _ in reports]
+    assert after == 2100
+    assert moved_elsewhere(sends, spans, 4) == after / 4 == 525
+    # Its own sends are never counted (they went to it); two avoided brokers, twice the
+    # chance that round-robin starts on one.
+    assert moved_elsewhere([("broker-b", T0 + 5000)], spans, 4) == 0
+    both = {**spans, "broker-c": [(T0, end)]}
+    assert moved_elsewhere([("broker-a", T0 + 5000)], both, 4) == 0.5
+    assert moved_elsewhere(sends, spans, 0) == 0
+
+
+def _analysis_of_a_kill() -> Analysis:
+    """2 brokers in 1 s windows over 6 s: broker-a fine; broker-b's first send is cold
+    (2,264 ms), it is killed at +3 s and fails twice in the next window, then is avoided."""
+    start = T0
+    windows = []
+    for k in range(6):
+        windows.append({"broker": "broker-a", "window_start": T0 + k * 1000, "reports": 10,
+                        "isolations": 0, "p50": 1.0, "p90": 2.0, "p99": 3.0, "max": 4.0,
+                        "avoided_ms": 0})
+    for k in range(3):
+        windows.append({"broker": "broker-b", "window_start": T0 + k * 1000, "reports": 10,
+                        "isolations": 0, "p50": 1.0, "p90": 2.0, "p99": 2.0,
+                        "max": 2264.0 if k == 0 else 3.0, "avoided_ms": 0})
+    windows.append({"broker": "broker-b", "window_start": T0 + 3000, "reports": 2,
+                    "isolations": 2, "p50": None, "p90": None, "p99": None, "max": None,
+                    "avoided_ms": 900})
+    faults = [{"at_ms": T0 + 3000, "action": "kill", "broker": "broker-b"},
+              {"at_ms": T0 + 60_000, "action": "restart", "broker": "broker-b"}]
+    return Analysis(reports=60, start_ms=start, end_ms=start + 6000, window_ms=1000,
+                    current="rocketmq", pooled={}, successes=58, windows=windows, brokers=[],
+                    tables=[], recommendation={}, faults=faults)
+
+
+def test_the_latency_plot_shows_failures_faults_and_every_mark_whole() -> None:
+    """A failed broker's line stops where its sends fail: the failures are drawn instead
+    (crosses with their count, above every latency); the kill is a dotted line; the cold
+    send's max has room above it, so no mark sits on the plot's edge."""
+    import matplotlib.pyplot as plt
+
+    a = _analysis_of_a_kill()
+    series = latency_series(a)
+    assert series["broker-b"].failures == [(3.5, 2)]
+    assert [p[0] for p in series["broker-b"].points] == [0.5, 1.5, 2.5]
+    assert fault_marks(a) == [(3.0, "kill broker-b")]  # the restart is after the log
+    fig = latency_figure(a)
+    try:
+        ax = fig.axes[0]
+        bottom, top = ax.get_ylim()
+        marks = {c.get_gid(): c.get_offsets().tolist() for c in ax.collections
+                 if c.get_gid()}
+        assert marks["failures:broker-b"][0][0] == 3.5
+        band = marks["failures:broker-b"][0][1]
+        ys = [y for line in ax.lines for y in line.get_ydata()
+              if line.get_gid() is None and len(line.get_ydata()) > 1]
+        ys += [y for gid, offs in marks.items() if gid.startswith("max:") for _, y in offs]
+        assert 2264.0 in ys and max(ys) == 2264.0
+        # Every latency below the failure band, the band and its counts below the top
+        # (symlog: a factor of 3 leaves a marker's height and a label).
+        assert band > max(ys) and top >= 3 * band and bottom == 0
+        xs = [x for offs in marks.values() for x, _ in offs]
+        assert all(0 <= x <= 6 for x in xs)
+        faults = [line.get_xdata()[0] for line in ax.lines if line.get_gid() == "fault"]
+        assert faults == [3.0]
+        assert [t.get_text().strip() for t in ax.texts if t.get_gid() == "fault-label"] == [
+            "kill broker-b"]
+        assert [t.get_text() for t in ax.texts if t.get_text() == "2"], "the count of failures"
+    finally:
+        plt.close(fig)
+
+
+def test_faults_come_from_the_brokers_events_or_its_printed_output(tmp_path: Path) -> None:
+    path = tmp_path / "faults.jsonl"
+    path.write_text("\n".join([
+        json.dumps({"topic": "orders", "brokers": []}),  # the fleet, as printed first
+        json.dumps({"fault": {"at_ms": 20, "elapsed_s": 2.0, "action": "cont",
+                              "broker": "broker-c", "messages": None, "error": None}}),
+        json.dumps({"fault": {"at_ms": 10, "elapsed_s": 1.0, "action": "kill",
+                              "broker": "broker-b", "messages": 3000, "error": None}}),
+        json.dumps({"fault": {"at_ms": 30, "elapsed_s": 3.0, "action": "stop",
+                              "broker": "broker-d", "error": "ProcessLookupError()"}}),
+        "not json",
+    ]))
+    assert read_faults(path) == [{"at_ms": 10, "action": "kill", "broker": "broker-b"},
+                                 {"at_ms": 20, "action": "cont", "broker": "broker-c"}]
+
+
+def test_the_replay_table_says_what_detour_moved_and_what_got_through() -> None:
+    a = _analysis_of_a_kill()
+    row = {"name": "rocketmq", "latencyMax": [1], "notAvailableDuration": [0], "selects": 3000,
+           "avoided_selects": 0, "avoided_failures": 0, "avoided_ok": 0, "avoided_ms": 7000,
+           "moved_selects": 729.0}
+    a.tables = [row]
+    a.recommendation = {"name": "recommended", "factor": "x1"}
+    a.pooled = {"p50": 1.0, "p90": 2.0, "p99": 3.0, "p999": 4.0}
+    text = markdown(a)
+    assert "| moved elsewhere (est.) | sent into a window | of them failed |" in text
+    assert "| 3000 | 729 | 0 | 0 | 0 | 7.0 |" in text
+    assert "near 0 is Detour working" in text
+
+
+@pytest.mark.integration
+def test_the_reports_command_patches_the_named_detour_and_changes_nothing_else(
+        tmp_path: Path) -> None:
+    """The command in report.md goes to the Detour ``--detour`` named (not a hard-coded
+    address) and is a merge patch: run word for word against a live Detour whose config
+    has other settings, it installs the tiers and leaves the rest as they were."""
+    import shlex
+    import subprocess
+
+    from tests.procs import ServiceProcess
+
+    with ServiceProcess() as svc:
+        httpx.patch(svc.url + "/config", json={"latencyQuorum": 2, "rampMs": 3000},
+                    timeout=10).raise_for_status()
+        a = _analysis_of_a_kill()
+        a.detour = svc.url
+        a.recommendation = {"name": "recommended", "factor": "x1", "sendLatencyFaultEnable": True,
+                            "latencyMax": [7, 100, 200], "notAvailableDuration": [0, 0, 5000],
+                            "isolationLatencyMs": 30000, "lastReportWins": False}
+        a.pooled = {"p50": 1.0, "p90": 2.0, "p99": 3.0, "p999": 4.0}
+        text = markdown(a)
+        command = text.split("```sh\n", 1)[1].split("\n```", 1)[0]
+        assert command.startswith(f"curl -X PATCH {svc.url}/config")
+        argv = shlex.split(command.replace("${DETOUR_TOKEN:+-H \"Authorization: Bearer "
+                                           "$DETOUR_TOKEN\"}", "").replace("\\\n", " "))
+        done = subprocess.run([*argv, "-s", "-o", str(tmp_path / "out"), "-w", "%{http_code}"],
+                              capture_output=True, text=True, timeout=30)
+        assert done.stdout == "200", (done.stdout, done.stderr)
+        config = httpx.get(svc.url + "/config", timeout=10).json()
+        assert config["latencyMax"] == [7, 100, 200]
+        assert (config["latencyQuorum"], config["rampMs"]) == (2, 3000)  # kept

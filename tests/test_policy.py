@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from detour import policy, strategy
 from detour.model import Config, FaultItem, Route
+from tests.rule import applied
 from tests.test_strategy import NOW, Scenario, brokers_of, make_route, scenarios
 
 pytestmark = pytest.mark.unit
@@ -273,32 +274,32 @@ QUORUM = Config(isolation_quorum=3, quorum_window_ms=60_000)
 def test_quorum_needs_distinct_producers_within_the_window() -> None:
     item = None
     for i, who in enumerate(["p1", "p1", "p2"]):
-        out = policy.apply(item, "a", 0, True, "local", who, NOW + i, NOW + i, QUORUM)
+        out = applied(item, "a", 0, True, "local", who, NOW + i, NOW + i, QUORUM)
         assert out.suspected and not out.quorum_reached
         assert out.item.available_at <= NOW + i  # nobody but the reporters avoids it
         item = out.item
     assert item is not None and {p for p, _ in item.suspects} == {"p1", "p2"}
-    out = policy.apply(item, "a", 0, True, None, "p3", NOW + 5, NOW + 5, QUORUM)
+    out = applied(item, "a", 0, True, None, "p3", NOW + 5, NOW + 5, QUORUM)
     assert out.quorum_reached and out.item.suspects == ()
     assert out.item.available_at == NOW + 5 + 600_000
 
 
 def test_quorum_forgets_old_failures() -> None:
-    out = policy.apply(None, "a", 0, True, "local", "p1", NOW, NOW, QUORUM)
-    out = policy.apply(out.item, "a", 0, True, "local", "p2", NOW, NOW, QUORUM)
+    out = applied(None, "a", 0, True, "local", "p1", NOW, NOW, QUORUM)
+    out = applied(out.item, "a", 0, True, "local", "p2", NOW, NOW, QUORUM)
     late = NOW + 60_001
-    out = policy.apply(out.item, "a", 0, True, "local", "p3", late, late, QUORUM)
+    out = applied(out.item, "a", 0, True, "local", "p3", late, late, QUORUM)
     assert out.suspected
 
 
 def test_broker_origin_isolates_at_once() -> None:
-    out = policy.apply(None, "a", 0, True, "broker", "p1", NOW, NOW, QUORUM)
+    out = applied(None, "a", 0, True, "broker", "p1", NOW, NOW, QUORUM)
     assert not out.suspected and out.item.available_at == NOW + 600_000
 
 
 def test_a_lone_reporter_avoids_the_broker_itself() -> None:
     route = make_route({"a": 2, "b": 2})
-    out = policy.apply(None, "a", 0, True, "local", "p1", NOW, NOW, QUORUM)
+    out = applied(None, "a", 0, True, "local", "p1", NOW, NOW, QUORUM)
     faults = {"a": out.item}
     for c in range(8):
         mine = policy.choose(route, c, faults, NOW + 1, None, QUORUM, producer="p1")
@@ -351,7 +352,7 @@ def test_default_config_report_is_the_strategy(
     config = Config()
     for broker in brokers_of(sc.route):
         old = sc.faults.get(broker)
-        out = policy.apply(old, broker, 700, isolation, origin, "p", sc.now, sc.now, config)
+        out = applied(old, broker, 700, isolation, origin, "p", sc.now, sc.now, config)
         duration = strategy.report_duration(config, 700, isolation)
         expected = strategy.apply_report(old, broker, 700, duration, sc.now, False)
         assert (out.item.current_latency_ms, out.item.available_at) == (
@@ -372,7 +373,7 @@ def test_backoff_multiplies_caps_and_decays() -> None:
     now = NOW
     lengths = []
     for _ in range(5):
-        out = policy.apply(item, "a", 0, True, None, "", now, now, BACKOFF)
+        out = applied(item, "a", 0, True, None, "", now, now, BACKOFF)
         lengths.append(out.duration_ms)
         item = out.item
         now = item.available_at  # fails again right as the window ends
@@ -380,13 +381,13 @@ def test_backoff_multiplies_caps_and_decays() -> None:
     assert item is not None and item.isolations == 5
     # 250 s healthy after its window: two decay steps, then this failure adds one.
     later = item.available_at + 250_000
-    out = policy.apply(item, "a", 0, True, None, "", later, later, BACKOFF)
+    out = applied(item, "a", 0, True, None, "", later, later, BACKOFF)
     assert out.item.isolations == 4 and out.duration_ms == 2_000_000
 
 
 def test_failure_inside_an_open_window_keeps_the_count() -> None:
-    out = policy.apply(None, "a", 0, True, None, "", NOW, NOW, BACKOFF)
-    again = policy.apply(out.item, "a", 0, True, None, "", NOW + 10, NOW + 10, BACKOFF)
+    out = applied(None, "a", 0, True, None, "", NOW, NOW, BACKOFF)
+    again = applied(out.item, "a", 0, True, None, "", NOW + 10, NOW + 10, BACKOFF)
     assert again.item.isolations == 1 and again.duration_ms == 600_000
 
 
@@ -409,10 +410,10 @@ def test_backoff_bounds(count: int, idle: int, base: int, cap: int, jitter: int,
 
 
 def test_jitter_off_means_no_jitter_and_default_no_backoff() -> None:
-    out = policy.apply(None, "a", 0, True, None, "", NOW, NOW, Config(), jitter_roll=9_999)
+    out = applied(None, "a", 0, True, None, "", NOW, NOW, Config(), jitter_roll=9_999)
     assert out.duration_ms == 600_000 and out.item.isolations == 0
     cfg = Config(jitter_percent=10)
-    out = policy.apply(None, "a", 0, True, None, "", NOW, NOW, cfg, jitter_roll=5_000)
+    out = applied(None, "a", 0, True, None, "", NOW, NOW, cfg, jitter_roll=5_000)
     assert out.duration_ms == 630_000
 
 
@@ -474,26 +475,26 @@ PROBE = Config(probe_on_expiry=True, probe_timeout_ms=5_000)
 
 
 def test_probe_lifecycle_in_reports() -> None:
-    opened = policy.apply(None, "a", 0, True, None, "", NOW, NOW, PROBE)
+    opened = applied(None, "a", 0, True, None, "", NOW, NOW, PROBE)
     assert opened.item.probation and opened.probe is None
     end = opened.item.available_at
     # A success inside the window changes nothing about the probation.
-    early = policy.apply(opened.item, "a", 5, False, None, "", end - 1, end - 1, PROBE)
+    early = applied(opened.item, "a", 5, False, None, "", end - 1, end - 1, PROBE)
     assert early.item.probation and early.probe is None
     # After the window: a success re-opens the broker to all.
-    passed = policy.apply(opened.item, "a", 5, False, None, "", end, end, PROBE)
+    passed = applied(opened.item, "a", 5, False, None, "", end, end, PROBE)
     assert not passed.item.probation and passed.probe == "passed"
     assert policy.window_event(strategy.WindowChange.NONE, False, False, "passed") == (
         "ended", "probe")
     # A failure re-isolates (with backoff when on) and stays on probation.
     cfg = dataclasses.replace(PROBE, repeat_multiplier=True)
-    first = policy.apply(None, "a", 0, True, None, "", NOW, NOW, cfg)
-    failed = policy.apply(first.item, "a", 0, True, None, "", first.item.available_at,
+    first = applied(None, "a", 0, True, None, "", NOW, NOW, cfg)
+    failed = applied(first.item, "a", 0, True, None, "", first.item.available_at,
                           first.item.available_at, cfg)
     assert failed.probe == "failed" and failed.item.probation
     assert failed.duration_ms == 1_200_000 and failed.item.isolations == 2
     # With the probe off nothing is on probation.
-    assert not policy.apply(None, "a", 0, True, None, "", NOW, NOW, Config()).item.probation
+    assert not applied(None, "a", 0, True, None, "", NOW, NOW, Config()).item.probation
 
 
 def test_probe_goes_to_one_select() -> None:

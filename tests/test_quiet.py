@@ -6,6 +6,7 @@ import pytest
 
 from detour import policy
 from detour.model import Config, FaultItem
+from tests.rule import applied
 
 pytestmark = pytest.mark.unit
 
@@ -44,11 +45,12 @@ def test_quiet(
 
 def test_a_kept_report_would_have_changed_no_window_in_the_pure_core() -> None:
     """Whatever the store held (ended, open, or a longer window the copy has not heard
-    of), a report policy.quiet keeps leaves the window end where policy.apply would."""
+    of), a report policy.quiet keeps leaves the window end where the one rule would."""
     config = Config()
     for held in (ENDED, OPEN, FaultItem("b", 20, NOW + 600_000)):
         for latency in range(0, 550, 7):
             assert policy.quiet(ENDED, latency, False, NOW, config)
-            applied = policy.apply(held, "b", latency, False, None, "p", NOW, NOW, config)
-            assert applied.item.available_at == max(held.available_at, NOW)
-            assert applied.duration_ms == 0
+            out = applied(held, "b", latency, False, None, "p", NOW, NOW, config)
+            assert out.item is not None
+            assert out.item.available_at == max(held.available_at, NOW)
+            assert out.duration_ms == 0

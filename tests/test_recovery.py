@@ -23,6 +23,7 @@ from detour.model import BrokerRoute, Config, FaultItem, Route
 from detour.policy import Draws
 from pipeline.brokers import Broker, stream_key
 from tests.procs import free_port, wait_until
+from tests.rule import applied
 from tests.test_behaviour import DEFAULT_CONFIG, items, put_route, select
 from tests.test_behaviour_policy import _Accepting, _Hangup, configure, events, fail
 
@@ -72,17 +73,17 @@ def test_under_the_ramp_a_healthy_report_keeps_the_last_window_end(
 ) -> None:
     config = Config(ramp_ms=3000, last_report_wins=last_report_wins)
     ended = FaultItem("a", 700, NOW - 100)
-    after = policy.apply(ended, "a", 3, False, None, "p", NOW, NOW, config).item
+    after = applied(ended, "a", 3, False, None, "p", NOW, NOW, config).item
     assert after.available_at == NOW - 100  # the ramp goes on counting from the window's end
-    assert policy.apply(None, "a", 3, False, None, "p", NOW, NOW, config).item.available_at == 0
+    assert applied(None, "a", 3, False, None, "p", NOW, NOW, config).item.available_at == 0
     # a slow answer still opens a window; inside a window the rule is RocketMQ's
-    assert policy.apply(ended, "a", 700, False, None, "p", NOW, NOW, config).item.available_at \
+    assert applied(ended, "a", 700, False, None, "p", NOW, NOW, config).item.available_at \
         == NOW + 30_000
     open_ = FaultItem("a", 700, NOW + 100)
-    inside = policy.apply(open_, "a", 3, False, None, "p", NOW, NOW, config).item
+    inside = applied(open_, "a", 3, False, None, "p", NOW, NOW, config).item
     assert inside.available_at == (NOW if last_report_wins else NOW + 100)
     # without the ramp a healthy report moves an ended window's end to its time (RocketMQ)
-    assert policy.apply(ended, "a", 3, False, None, "p", NOW, NOW, Config(
+    assert applied(ended, "a", 3, False, None, "p", NOW, NOW, Config(
         last_report_wins=last_report_wins)).item.available_at == NOW
 
 
@@ -124,17 +125,17 @@ def test_the_early_probe_decides_pass_or_reisolate_with_backoff() -> None:
     # the others keep away until the probe is decided
     other = policy.choose(ROUTE, 0, {"a": back}, NOW + 5, None, config)
     assert other.selection.queue.broker_name == "b" and other.probe is None
-    passed = policy.apply(back, "a", 4, False, None, "p", NOW + 10, NOW + 10, config)
+    passed = applied(back, "a", 4, False, None, "p", NOW + 10, NOW + 10, config)
     assert passed.probe == "passed" and not passed.item.probation
     assert passed.item.available_at == NOW + 10  # back in full rotation, ~600 s early
     assert policy.window_event(strategy.WindowChange.NONE, False, False, passed.probe) == (
         "ended", "probe")
-    failed = policy.apply(back, "a", 0, True, None, "p", NOW + 10, NOW + 10, config)
+    failed = applied(back, "a", 0, True, None, "p", NOW + 10, NOW + 10, config)
     assert failed.probe == "failed" and failed.item.isolations == 2
     assert failed.duration_ms == 1_200_000  # a repeat offender: twice the window
     assert not failed.item.probation  # without probeOnExpiry its window's end returns it
     with_probe = dataclasses.replace(config, probe_on_expiry=True)
-    assert policy.apply(back, "a", 0, True, None, "p", NOW + 10, NOW + 10,
+    assert applied(back, "a", 0, True, None, "p", NOW + 10, NOW + 10,
                         with_probe).item.probation
 
 
@@ -153,7 +154,7 @@ def test_defaults_keep_recovery_off() -> None:
 def test_bad_recovery_config_is_422_naming_the_field(
     client: TestClient, field: str, value: object
 ) -> None:
-    r = client.put("/config", json={field: value})
+    r = client.patch("/config", json={field: value})
     assert r.status_code == 422 and r.json()["field"] == field, r.text
     assert client.get("/config").json() == DEFAULT_CONFIG
 

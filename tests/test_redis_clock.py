@@ -12,14 +12,15 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.settings import Settings
-from service.store.follower import RedisClock, mono_ms
+from service.store.follower import RedisClock
 from tests.procs import PATIENT_CALL_TIMEOUT_S, RedisServer
 from tests.proxy import DelayProxy
 
 
 def offset(clock: RedisClock) -> float:
-    """The clock's current offset from the local monotonic clock (to within 1 ms)."""
-    return clock.now_ms() - mono_ms()
+    """The clock's current offset from the local monotonic clock: read as held, not as
+    now_ms() - mono_ms(), whose two clock reads a busy machine can put milliseconds apart."""
+    return clock._offset_ms
 
 
 @pytest.mark.unit

@@ -12,28 +12,14 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from detour import policy, strategy
+from detour import policy
 from detour.model import Config, FaultItem
 from service.app import create_app
 from service.settings import Settings
 from service.store import ReportIn, codec
-from service.store.redis import RedisStore, _policy_arg, integrity_arg
+from service.store.redis import RedisStore
+from tests import lua
 from tests.procs import PATIENT_CALL_TIMEOUT_S, RedisServer, wait_until
-
-
-def stored_form(item: FaultItem) -> str:
-    """The one string the Lua scripts write for ``item`` (the format codec.decode_fault
-    reads): the fields past ``latencyMs,availableAt`` only as far as the policy keeps more."""
-    if not item.isolations and not item.suspects and not item.slow and not item.probation \
-            and item.reachable is None:
-        return f"{item.current_latency_ms},{item.available_at}"
-    head = f"{item.current_latency_ms},{item.available_at},{item.isolations}"
-    if item.reachable is not None:
-        head += f",{int(item.probation)},{int(item.reachable)}"
-    elif item.probation:
-        head += ",1"
-    return (head + "".join(f";{p}={a}" for p, a in item.suspects)
-            + "".join(f";{p}={a}={e}" for p, a, e in item.slow))
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +49,7 @@ def test_keys_share_one_hash_tag(redis_url: str, raw: redis.Redis) -> None:
     with TestClient(create_app(patient(redis_url=redis_url))) as c:
         c.put("/routes/t", json={"brokers": [{"brokerName": "a", "writeQueueNums": 1}]})
         c.post("/report-latency", json={"brokerName": "a", "latencyMs": 0, "isolation": True})
-        c.put("/config", json={})
+        c.patch("/config", json={})
     keys = sorted(raw.keys("*"))
     assert keys == [f"{PREFIX}:ends", f"{PREFIX}:events", f"{PREFIX}:faults",
                     f"{PREFIX}:latency-log", f"{PREFIX}:meta", f"{PREFIX}:routes",
@@ -115,141 +101,19 @@ def test_scripts_reload_after_script_flush(redis_url: str, raw: redis.Redis) -> 
         assert r.json()["notAvailableDurationMs"] == 600000
 
 
-def _report_script(raw: redis.Redis) -> Any:
-    from importlib import resources
-
-    return raw.register_script(
-        (resources.files("service.store") / "lua" / "report.lua").read_text())
-
-
-def _run_reports(raw: redis.Redis, script: Any, rule: str,
-                 reports: list[tuple[str, int, int, int]], config_version: int = 0) -> Any:
-    args: list[Any] = [config_version, rule, f"{PREFIX}:changes", 1000, 10_000,
-                       _policy_arg(Config()), "", "test", integrity_arg(0)]
-    for broker, latency, duration, age in reports:
-        args += [broker, latency, duration, age, 0, "test", 0, 0, "", "test", 0, ""]
-    return script(keys=REPORT_KEYS, args=args)
-
-
-REPORT_KEYS = [f"{PREFIX}:{k}" for k in ("faults", "meta", "latency-log", "events", "ends",
-                                         "writers", "writers-seen", "report-ids")]
-
-
-def test_report_lua_matches_the_python_rule(raw: redis.Redis) -> None:
-    """Differential test: report.lua and strategy.apply_report/window_change agree."""
-    script = _report_script(raw)
-    rng = random.Random(7)
-    model: dict[str, FaultItem] = {}
-    version = sent = 0
-    for _ in range(150):
-        rule = rng.choice(["extend", "overwrite"])
-        batch = [
-            (rng.choice("abc"), rng.choice([0, 10, 549, 550, 1000, 15000]),
-             rng.choice([0, 0, 1, 5, 30000, 600000]), rng.choice([0, 0, 0, 3, 40000]))
-            for _ in range(rng.randint(1, 4))
-        ]
-        status, now, ends, pushed, changes, evicted, *_ = _run_reports(raw, script, rule, batch)
-        assert evicted == 0
-        sent += len(batch)
-        assert status == 1 and len(ends) == len(pushed) == len(changes) == len(batch)
-        for (broker, latency, duration, age), end, v, change in zip(
-                batch, ends, pushed, changes, strict=True):
-            old = model.get(broker)
-            expected = strategy.apply_report(old, broker, latency, duration, now - age,
-                                             rule == "overwrite")
-            assert end == expected.available_at
-            kind = strategy.window_change(old.available_at if old else None, end, now)
-            assert change == kind.value
-            changed = kind is not strategy.WindowChange.NONE
-            assert (v > 0) == changed
-            if changed:
-                version += 1
-                assert v == version
-            model[broker] = expected
-        for broker, item in model.items():
-            assert raw.hget(f"{PREFIX}:faults", broker) == \
-                f"{item.current_latency_ms},{item.available_at}"
-    # "off" reads only.
-    before = raw.hgetall(f"{PREFIX}:faults")
-    status, now, ends, pushed, changes, *_ = _run_reports(
-        raw, script, "off", [("a", 0, 600000, 0), ("zz", 0, 1, 0)])
-    assert (status, ends, pushed, changes) == (1, [model["a"].available_at, now], [0, 0], [0, 0])
-    assert raw.hgetall(f"{PREFIX}:faults") == before
-    # Every report went to the latency log, "off" ones too.
-    assert raw.xlen(f"{PREFIX}:latency-log") == sent + 2
-
-
-def test_report_lua_matches_the_policy(raw: redis.Redis) -> None:
-    """Differential test: report.lua and policy.apply agree on both quorums, backoff,
-    jitter, probation (probeOnExpiry, earlyRecovery's early probation) and rampMs's kept
-    window end."""
-    import dataclasses
-
-    script = _report_script(raw)
-    rng = random.Random(11)
-    model: dict[str, FaultItem] = {}
-    for round_ in range(120):
-        config = Config(
-            isolation_quorum=rng.choice([1, 2, 3]),
-            quorum_window_ms=rng.choice([1, 50_000, 600_000]),
-            repeat_multiplier=rng.random() < 0.6,
-            max_isolation_ms=rng.choice([1, 900_000, 3_600_000]),
-            repeat_decay_ms=rng.choice([1, 30_000, 600_000]),
-            jitter_percent=rng.choice([0, 0, 10, 100]),
-            last_report_wins=rng.random() < 0.2,
-            probe_on_expiry=rng.random() < 0.5,
-            latency_quorum=rng.choice([1, 2, 3]),
-            early_recovery=rng.random() < 0.4,
-            ramp_ms=rng.choice([0, 0, 3000, 600_000]),
-        )
-        if model and rng.random() < 0.3:
-            # the detector's refused-then-reachable reading (policy.reach), as reach.lua
-            # writes it: an early probation the next reports decide
-            b = rng.choice(sorted(model))
-            sec, usec = raw.time()
-            t = sec * 1000 + usec // 1000
-            down = dataclasses.replace(model[b], reachable=False,
-                                       available_at=max(model[b].available_at, t + 60_000))
-            model[b] = policy.reach(down, True, t - rng.choice([0, 5000]), config)
-            raw.hset(f"{PREFIX}:faults", b, stored_form(model[b]))
-        batch = []
-        args: list[Any] = [0, "overwrite" if config.last_report_wins else "extend",
-                           f"{PREFIX}:changes", 1000, 10_000, _policy_arg(config), "",
-                           "test", integrity_arg(0)]
-        for _ in range(rng.randint(1, 4)):
-            isolation = rng.random() < 0.5
-            report = (rng.choice("ab"), rng.choice([0, 10, 550, 1200, 15000]), isolation,
-                      rng.choice([None, "broker", "local"]), rng.choice(["p1", "p2", "p3", ""]),
-                      rng.choice([0, 0, 3, 40_000, 700_000]),
-                      rng.randrange(policy.JITTER_SCALE))
-            broker, latency, isolation, origin, producer, age, roll = report
-            duration = strategy.report_duration(config, latency, isolation)
-            args += [broker, latency, duration, age, int(isolation), producer,
-                     1 if policy.counts_toward_quorum(config, isolation, origin)
-                     else 2 if policy.counts_toward_latency_quorum(
-                         config, isolation, duration, origin) else 0, roll, "",
-                     producer, 0, ""]
-            batch.append(report)
-        reply = script(keys=REPORT_KEYS, args=args)
-        status, now, ends, _, _, _, quorums, asked, values, probes, _ = reply
-        assert status == 1
-        for (broker, latency, isolation, origin, producer, age, roll), end, q, d, value, pr in zip(
-                batch, ends, quorums, asked, values, probes, strict=True):
-            out = policy.apply(model.get(broker), broker, latency, isolation, origin, producer,
-                               now - age, now, config, roll)
-            assert (end, d, q) == (out.item.available_at, out.duration_ms,
-                                   2 if out.quorum_reached else 1 if out.suspected else 0), round_
-            assert value == stored_form(out.item)
-            assert pr == {None: 0, "passed": 1, "failed": 2}[out.probe]
-            assert codec.decode_fault(broker, value) == out.item
-            model[broker] = out.item
-
-
-def test_report_lua_refuses_a_stale_config(raw: redis.Redis) -> None:
-    script = _report_script(raw)
-    raw.hset(f"{PREFIX}:meta", "config_version", 3)
-    out = _run_reports(raw, script, "extend", [("a", 10, 0, 0)], config_version=2)
-    assert out[0] == -1 and out[5] == 3
+def test_report_lua_refuses_a_stale_config_and_a_table_behind_the_callers(
+        raw: redis.Redis) -> None:
+    """The report names the config stamp it computed with: a newer one in the table is a
+    stale config (-1: recompute); an older one means the table lost the caller's config
+    (-3: merge). Nothing is written either way."""
+    script = lua.script(raw, "report")
+    raw.hset(f"{PREFIX}:meta", "config_stamp", 3)
+    args = lua.head(Config(), config_stamp=2) + lua.entry(Config(), ReportIn("a", 10))
+    out = script(keys=lua.REPORT_KEYS, args=args)
+    assert out[0] == -1 and int(out[5]) == 3
+    args = lua.head(Config(), config_stamp=4) + lua.entry(Config(), ReportIn("a", 10))
+    out = script(keys=lua.REPORT_KEYS, args=args)
+    assert out[0] == -3
     assert not raw.exists(f"{PREFIX}:faults")
 
 
@@ -292,11 +156,11 @@ def test_replicas_follow_each_other(redis_url: str) -> None:
             return picks == {"y"}
 
         wait_until(b_avoids_x, 10, "fault push")
-        a.put("/config", json={"sendLatencyFaultEnable": False})
+        a.patch("/config", json={"sendLatencyFaultEnable": False})
         wait_until(lambda: b.get("/config").json()["sendLatencyFaultEnable"] is False, 10,
                    "config push")
         a.delete("/fault-items/x")
-        a.put("/config", json={})
+        a.patch("/config", json={})
         wait_until(lambda: {b.post("/select", json={"topic": "t"}).json()["brokerName"]
                             for _ in range(2)} == {"x", "y"}, 10, "clear push")
         a.delete("/routes/t")
@@ -307,7 +171,7 @@ def test_replica_reseeds_a_redis_that_lost_its_data(redis_url: str, raw: redis.R
     settings = patient(redis_url=redis_url, sync_interval_s=0.1)
     with TestClient(create_app(settings)) as c:
         c.put("/routes/t", json={"brokers": [{"brokerName": "x", "writeQueueNums": 1}]})
-        c.put("/config", json={"isolationLatencyMs": 1000})
+        c.patch("/config", json={"isolationLatencyMs": 1000})
         raw.flushall()  # what a restart without persistence looks like
         wait_until(lambda: raw.hget(f"{PREFIX}:routes", "t") is not None, 15, "re-seeded route")
         wait_until(lambda: raw.hget(f"{PREFIX}:meta", "config") is not None, 15,
@@ -381,23 +245,21 @@ def test_reach_lua_matches_the_codec(raw: redis.Redis) -> None:
     """Differential test: reach.lua rewrites an item exactly as policy.reach would (a reading
     replaced; with earlyRecovery, refused-then-reachable ends an open window on probation)."""
     import dataclasses
-    from importlib import resources
 
-    script = raw.register_script(
-        (resources.files("service.store") / "lua" / "reach.lua").read_text())
+    script = lua.script(raw, "reach")
     rng = random.Random(5)
     for _ in range(300):
         item = FaultItem("a", rng.choice([0, 40]), rng.choice([1, 4_102_444_800_000]),
                          rng.choice([0, 0, 3]),
                          tuple(rng.sample([("p1", 7), ("p2", 9), ("", 11)], rng.randint(0, 2))),
                          rng.random() < 0.5, rng.choice([None, True, False]))
-        raw.hset(f"{PREFIX}:faults", "a", stored_form(item))
+        raw.hset(f"{PREFIX}:faults", "a", codec.encode_fault(item))
         reading = rng.random() < 0.5
         early = rng.random() < 0.5
         sec, usec = raw.time()
         before = sec * 1000 + usec // 1000
         out = script(keys=[f"{PREFIX}:faults", f"{PREFIX}:meta", f"{PREFIX}:ends"],
-                     args=[f"{PREFIX}:changes", int(early), "a", int(reading), "missing", 1])
+                     args=[f"{PREFIX}:changes", int(early), 0, "a", int(reading), "missing", 1])
         got = codec.decode_fault("a", raw.hget(f"{PREFIX}:faults", "a"))
         expected = policy.reach(item, reading, before, Config(early_recovery=early))
         if expected.available_at != item.available_at:  # ended now, on Redis's clock
@@ -406,8 +268,8 @@ def test_reach_lua_matches_the_codec(raw: redis.Redis) -> None:
             expected = dataclasses.replace(expected, available_at=got.available_at)
         assert got == expected
         stored = raw.hget(f"{PREFIX}:faults", "a")
-        assert stored == (stored_form(expected) if item.reachable is not reading
-                          else stored_form(item))
+        assert lua.unstamped(stored) == (lua.stored_form(expected) if item.reachable is not reading
+                                         else lua.stored_form(item))
         assert [b for b, _, _ in out] == (["a"] if item.reachable is not reading else [])
     assert not raw.hexists(f"{PREFIX}:faults", "missing")
 

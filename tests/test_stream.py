@@ -77,7 +77,7 @@ def test_stream_sends_a_snapshot_then_changes(service: ServiceProcess) -> None:
             deleted = next_event(it, "route")
             assert (deleted["topic"], deleted["deleted"]) == ("u", True)
             assert deleted["version"] > fault["version"]
-            c.put("/config", json={"isolationLatencyMs": 5000})
+            c.patch("/config", json={"isolationLatencyMs": 5000})
             assert next_event(it, "config")["isolationLatencyMs"] == 5000
             clock = next_event(it, "clock")
             assert clock["now"] >= snap["now"]

@@ -3,8 +3,8 @@
 A ``detour.view.TableView`` decided by ``detour.selector.choose_on``, the code
 ``POST /select`` runs (``detour.decide``), not a copy: a local decision is the one
 Detour would make with the same table, config and random draws, every policy field
-included. Reports are applied with ``detour.policy.apply``, the service's own rule
-(the isolation quorum, backoff, probation). The remote client fills the table with
+included. Reports are applied with ``detour.apply.apply_reports``, the service's own
+rule (the quorums, backoff, probation, the table cap). The remote client fills the table with
 its own reports and the fetched routes and config and uses it only when Detour is
 unavailable (RocketMQ's producer-local table, on the process wall clock); the cached
 client keeps it current from the event stream and decides every select here, on its
@@ -23,12 +23,16 @@ import random
 import threading
 from collections.abc import Callable, Iterable, Mapping
 
-from detour import policy
+from detour.apply import ReportIn, Rules, apply_reports
 from detour.client.values import SelectedQueue
 from detour.decide import Ask
 from detour.model import Config, FaultItem, Route
 from detour.selector import choose_on
 from detour.view import Snapshot, TableView
+
+#: Fault items the SDK's copy holds at most, as a namespace's table in Detour: its own
+#: reports beyond it drop ended windows first, then change nothing.
+MAX_ITEMS = 10_000
 
 
 class LocalTable:
@@ -106,27 +110,22 @@ class LocalTable:
 
         With avoidance off the report changes nothing (RocketMQ's updateFaultItem).
         """
-        latency = math.floor(latency_ms)
+        report = ReportIn(
+            broker_name, math.floor(latency_ms), isolation, age_ms, self.producer or ""
+        )
         with self._lock:
             view = self.view
-            config = view.config
-            if not config.send_latency_fault_enable:
-                return view.faults.get(broker_name)
             now = view.now_ms()
-            applied = policy.apply(
-                view.faults.get(broker_name),
-                broker_name,
-                latency,
-                isolation,
-                None,
-                self.producer or "",
-                now - age_ms,
-                now,
-                config,
-            )
-            view.apply_fault(broker_name, applied.item, self._next_version())
-            view.observe_latency(broker_name, latency, now)
-            return applied.item
+            applied = apply_reports(view.faults, [report], now, Rules(view.config, MAX_ITEMS))
+            for broker in applied.evicted:
+                view.apply_fault(broker, None, self._next_version())
+            if applied.full or not applied.effects:
+                return view.faults.get(broker_name)
+            effect = applied.effects[0]
+            if effect.written and effect.item is not None:
+                view.apply_fault(broker_name, effect.item, self._next_version())
+                view.observe_latency(broker_name, report.latency_ms, now)
+            return view.faults.get(broker_name)
 
     def hint_avoided(self, brokers: Iterable[str], until_ms: int) -> None:
         """Detour avoids ``brokers`` now (a select's ``avoidedBrokers``): a local select

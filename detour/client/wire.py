@@ -21,6 +21,7 @@ from detour.model import (
     Config,
     FaultItem,
     Route,
+    Why,
 )
 from detour.model import (
     MAX_REPORT_AGE_MS as MAX_AGE_MS,
@@ -154,8 +155,9 @@ def fault(body: Mapping[str, Any]) -> FaultItem | None:
     ``reachable`` (the active detector) and ``suspects`` (``[[producer, ms], ...]``,
     failures short of the isolation quorum) and ``slow`` (``[[producer, ms, window end
     ms], ...]``, slow answers short of the latency quorum), and ``pending`` (``[[producer,
-    since ms, at ms], ...]``, in-flight signals short of the pending quorum); a service
-    that does not send them has none of them set.
+    since ms, at ms], ...]``, in-flight signals short of the pending quorum), and ``why``
+    (the report that set the window's end); a service that does not send them has none of
+    them set.
     """
     if body.get("deleted"):
         return None
@@ -172,7 +174,18 @@ def fault(body: Mapping[str, Any]) -> FaultItem | None:
         reachable,
         tuple((str(who), int(at), int(end)) for who, at, end in body.get("slow", ())),
         tuple((str(who), int(s), int(at)) for who, s, at in body.get("pending", ())),
+        why(body.get("why")),
     )
+
+
+def why(body: Any) -> Why | None:
+    """Why a window is open (``{"reason", "since", "latencyMs", "by"}``), or None; a service
+    that does not send it has none."""
+    if body is None:
+        return None
+    if not isinstance(body, Mapping):
+        raise TypeError(f"why must be an object or null, got {body!r}")
+    return Why(str(body["reason"]), int(body["since"]), int(body["latencyMs"]), str(body["by"]))
 
 
 def selected(body: Mapping[str, Any], topic: str | None = None) -> SelectedQueue:

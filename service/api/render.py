@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from detour.model import Config, FaultItem, Route, route_brokers
-from service.schemas import BrokerSpec, ConfigBody, ReportResponse, RouteOut
+from detour.model import Config, FaultItem, Route, Why, route_brokers
+from service.schemas import BrokerSpec, ConfigBody, ReportResponse, RouteOut, WhyOut
 from service.store import ReportOutcome
 
 
@@ -34,6 +34,7 @@ def report_out(out: ReportOutcome) -> ReportResponse:
         not_available_duration_ms=out.not_available_duration_ms,
         available_at=out.available_at,
         degraded=out.degraded,
+        duplicate=out.duplicate,
     )
 
 
@@ -52,4 +53,11 @@ def fault_event(broker: str, item: FaultItem | None) -> dict[str, object]:
         "pending": [[who, since, at] for who, since, at in item.pending],
         "probation": item.probation,
         "reachable": item.reachable,
+        "why": None if item.why is None else why_out(item.why).model_dump(mode="json"),
     }
+
+
+def why_out(why: Why) -> WhyOut:
+    return WhyOut.model_validate(
+        {"reason": why.reason, "since": why.since, "latencyMs": why.latency_ms, "by": why.by}
+    )

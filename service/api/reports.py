@@ -19,7 +19,7 @@ from service.api.deps import ERRORS, STREAM_ID_PATTERN, UNAVAILABLE, StoreDep
 from service.api.pacing import BatchPacer
 from service.api.telemetry import observe_reports
 from service.auth import Principal
-from service.errors import TableFull
+from service.errors import ReportIdReused, TableFull
 from service.schemas import (
     BatchReport,
     BatchReportRequest,
@@ -31,6 +31,7 @@ from service.schemas import (
     ReportResponse,
 )
 from service.store import FaultStore, ReportIn, ReportOutcome
+from service.store.ids import ReportIds
 
 #: Reports of a batch applied as one store operation; other requests go between chunks
 #: (``BatchPacer``). A report that moves a window costs Redis about 30 µs and the replica a
@@ -48,7 +49,16 @@ _TABLE_FULL: dict[int | str, dict[str, Any]] = {
         "description": "TABLE_FULL: a report names a new broker and the namespace's table "
         "holds `DETOUR_MAX_BROKERS` open windows. Nothing of a single report changed; of a "
         f"batch, the chunks of {BATCH_CHUNK} before the refused report's were applied.",
-    }
+    },
+    422: {
+        "model": ErrorBody,
+        "description": "VALIDATION_ERROR: a field failed validation, or a JSON object repeats a "
+        "key; `field` names it. REPORT_ID_REUSED: a `reportId` its scope (the token, or the "
+        "open deployment) used in the last 15 minutes for a report with other content, or "
+        "twice with different content in one batch; `field` names it. Nothing of a single "
+        "report changed; of a batch, nothing when the id is repeated within it, else the "
+        f"chunks of {BATCH_CHUNK} before the refused report's were applied.",
+    },
 }
 
 
@@ -96,16 +106,19 @@ async def report_latency(body: ReportRequest, store: StoreDep, request: Request)
 
 
 def report_in(body: ReportRequest, principal: Principal | None) -> ReportIn:
+    """The one place a request's report becomes the core's ``ReportIn`` (single reports,
+    batch items, the direct lane): who reported, who votes, whose report id it is."""
     return ReportIn(
         body.broker_name,
         math.floor(body.latency_ms),
         body.isolation,
-        0,
+        body.age_ms if isinstance(body, BatchReport) else 0,
         reporter(principal, body.producer),
         body.origin,
         voter(principal, body.producer),
         report_id=body.report_id or "",
         pending=body.pending,
+        scope=principal.name if principal is not None else "",
     )
 
 
@@ -124,7 +137,8 @@ def render(o: ReportOutcome) -> str:
     return (
         f'{{"brokerName":"{o.broker_name}","latencyMs":{o.latency_ms},'
         f'"notAvailableDurationMs":{o.not_available_duration_ms},'
-        f'"availableAt":{o.available_at},"degraded":{"true" if o.degraded else "false"}}}'
+        f'"availableAt":{o.available_at},"degraded":{"true" if o.degraded else "false"},'
+        f'"duplicate":{"true" if o.duplicate else "false"}}}'
     )
 
 
@@ -150,28 +164,32 @@ async def report_latency_batch(
     """
     principal = principal_of(request.scope["state"])
     items = await _validated(body.reports)
+    reports = [report_in(r, principal) for r in items]
+    # An id repeated with other content within the batch is refused before any chunk is
+    # applied (the same rule the stores apply to one call).
+    with _naming_item(0):
+        ReportIds().check(reports, 0)
     parts: list[str] = []
     pacer: BatchPacer = request.app.state.batches
     async with pacer.turn(store.namespace) as pace:
-        for start in range(0, len(items), BATCH_CHUNK):
+        for start in range(0, len(reports), BATCH_CHUNK):
             if start:
                 await pace.between_chunks()  # other requests go first
-            chunk = [
-                ReportIn(
-                    r.broker_name,
-                    math.floor(r.latency_ms),
-                    r.isolation,
-                    r.age_ms,
-                    reporter(principal, r.producer),
-                    r.origin,
-                    voter(principal, r.producer),
-                    report_id=r.report_id or "",
-                    pending=r.pending,
-                )
-                for r in items[start : start + BATCH_CHUNK]
-            ]
-            parts.extend(render(o) for o in await _apply(store, chunk))
+            chunk = reports[start : start + BATCH_CHUNK]
+            with _naming_item(start):
+                parts.extend(render(o) for o in await _apply(store, chunk))
     return Response('{"results":[' + ",".join(parts) + "]}", media_type="application/json")
+
+
+@contextmanager
+def _naming_item(offset: int) -> Iterator[None]:
+    """Names the batch item a refused report id is on (a store counts within its chunk)."""
+    try:
+        yield
+    except ReportIdReused as exc:
+        exc.index += offset
+        exc.field = f"reports[{exc.index}].reportId"
+        raise
 
 
 async def _validated(raw: list[dict[str, Any]]) -> list[BatchReport]:

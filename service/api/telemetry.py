@@ -15,6 +15,7 @@ from service.metrics import (
     EVENTS,
     EVICTED,
     HTTP_DURATION,
+    ISOLATION_WINDOWS,
     MAX_BROKER_SERIES,
     ORDERED,
     OTHER_BROKER,
@@ -146,6 +147,8 @@ def observe_reports(namespace: str, outcomes: Sequence[ReportOutcome]) -> None:
         event = window_event(o.change, o.isolation, o.quorum == "reached", o.probe, o.pending)
         if event is not None:
             EVENTS.labels(namespace, *event).inc()
+            if _isolating(event, o.isolation):
+                ISOLATION_WINDOWS.labels(namespace, broker, event[1]).inc()
         outcome = "pending" if o.pending else "isolation" if o.isolation else "ok"
         REPORTS.labels(namespace, broker, outcome).inc()
         if not o.pending:
@@ -154,6 +157,20 @@ def observe_reports(namespace: str, outcomes: Sequence[ReportOutcome]) -> None:
             WINDOWS_OPENED.labels(namespace, broker, str(o.tier_ms)).inc()
         elif o.change is WindowChange.MOVED:
             WINDOWS_EXTENDED.labels(namespace, broker).inc()
+
+
+#: Event reasons that mean the broker failed (a hang included), not that it was slow.
+_FAILURE_REASONS = frozenset({"isolation", "probe", "pending"})
+
+
+def _isolating(event: tuple[str, str], isolation: bool) -> bool:
+    """Whether a window event was opened or moved by a failure: a failed send, a failed
+    probe, a hang's in-flight signals, or a quorum of failed sends (a quorum of slow
+    answers is a latency window, not an isolation)."""
+    kind, reason = event
+    if kind == "ended":
+        return False
+    return reason in _FAILURE_REASONS or (reason == "quorum" and isolation)
 
 
 _http_series: dict[tuple[str, str, int], Histogram] = {}

@@ -106,10 +106,14 @@ def has_body(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bool, bytes | None
 
 
 def is_json(content_type: bytes | None) -> bool:
-    """``application/json``, any parameters (``; charset=utf-8``), any case."""
+    """``application/json`` (or ``application/merge-patch+json``, RFC 7396's JSON for
+    ``PATCH /config``), any parameters (``; charset=utf-8``), any case."""
     if content_type is None:
         return False
-    return content_type.partition(b";")[0].strip().lower() == b"application/json"
+    return content_type.partition(b";")[0].strip().lower() in (
+        b"application/json",
+        b"application/merge-patch+json",
+    )
 
 
 class BodyLimit:

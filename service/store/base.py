@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from detour.apply import ReportIn as ReportIn
 from detour.model import Config, FaultItem, Route
 from detour.strategy import WindowChange
 from detour.view import TableView
@@ -14,37 +15,6 @@ from detour.view import TableView
 #: minutes; a retried batch within seconds): a report id seen within them is a duplicate.
 REPORT_ID_WINDOW_MS = 15 * 60 * 1000
 REPORT_ID_CAP = 100_000
-
-
-@dataclass(frozen=True, slots=True)
-class ReportIn:
-    """One report as a producer made it; ``age_ms`` > 0 for a report replayed late."""
-
-    broker_name: str
-    latency_ms: int
-    isolation: bool = False
-    #: how long before the store's ``now`` the send completed (replayed reports)
-    age_ms: int = 0
-    #: who reported (for the latency log and the isolation quorum); "" when not given
-    producer: str = ""
-    #: where a failure came from: "broker", "local" or None (unstated)
-    origin: str | None = None
-    #: who the isolation quorum counts this report as: the token's identity when tokens
-    #: are on (so one token cannot vote as many producers); None = ``producer``
-    voter: str | None = None
-    #: this replica's sequence number for the report (0 until the store gives it one): the
-    #: identity its journal replay is applied once by
-    seq: int = 0
-    #: the producer's own identity for the report ("" = none): a retried batch or an SDK's
-    #: replay carrying one already applied changes nothing
-    report_id: str = ""
-    #: an in-flight signal: the send has been outstanding ``latency_ms`` so far
-    #: (policy.apply_pending); isolation is ignored on it
-    pending: bool = False
-
-    @property
-    def voter_id(self) -> str:
-        return self.producer if self.voter is None else self.voter
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +37,7 @@ class ReportOutcome:
     quorum: str | None = None
     #: producers behind the report: the quorum's voters when it was reached, else 1
     reporters: int = 1
-    #: a report on a broker on probation: "passed", "failed" or None (policy.Applied.probe)
+    #: a report on a broker on probation: "passed", "failed" or None (detour.apply.Effect)
     probe: str | None = None
     #: the report's identity had been applied already: nothing changed
     duplicate: bool = False
@@ -150,7 +120,7 @@ class FaultStore(Protocol):
         """``report_many``'s outcomes when the store can apply them without waiting for
         I/O (the memory table; reports a Redis replica keeps local), or None, having
         changed nothing: the caller then awaits ``report_many``. The server answers the
-        first kind in the loop turn that read the request (service/api/direct.py)."""
+        first kind in the loop turn that read the request (service/edge/direct.py)."""
         ...
 
     async def latency_log(self, after: str | None, limit: int) -> list[LogEntry]:
@@ -181,4 +151,12 @@ class FaultStore(Protocol):
 
     async def delete_route(self, topic: str) -> bool: ...
 
-    async def put_config(self, config: Config) -> None: ...
+    async def put_config(self, config: Config) -> None:
+        """Replace the config whole."""
+        ...
+
+    async def patch_config(self, update: Callable[[Config], Config]) -> Config:
+        """Change the config by ``update`` (called on the config as the store holds it, and
+        again if another write came first), atomically; returns the config written.
+        Whatever ``update`` raises propagates, nothing written."""
+        ...

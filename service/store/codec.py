@@ -6,7 +6,15 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from detour.model import CONFIG_FIELDS, BrokerRoute, Config, FaultItem, Route, route_brokers
+from detour.model import (
+    CONFIG_FIELDS,
+    BrokerRoute,
+    Config,
+    FaultItem,
+    Route,
+    Why,
+    route_brokers,
+)
 
 #: report.lua's ARGV[6], in the order the script reads it: a Config field by name (a bool
 #: as 0/1), or one of REPORT_POLICY_COMPUTED, which the store works out per call.
@@ -57,20 +65,38 @@ def encode_report_policy(config: Config, computed: Mapping[str, int]) -> str:
 
 
 def encode_route(route: Route) -> str:
+    """A route's JSON body (set_entry.lua stores it behind its stamp: ``stamp|json``)."""
     return json.dumps(
         [[b.broker_name, b.write_queue_nums, b.address] for b in route_brokers(route)],
         separators=(",", ":"),
     )
 
 
+def stamped_route(route: Route, stamp: int) -> str:
+    """A route as stored: ``stamp|json``."""
+    return f"{stamp}|{encode_route(route)}"
+
+
+def route_stamp(raw: str) -> int:
+    """The stamp of a stored route (0 for one stored before stamps, JSON alone)."""
+    head, sep, _ = raw.partition("|")
+    return int(head) if sep and head.isdigit() else 0
+
+
 def decode_route(topic: str, raw: str) -> Route:
-    brokers = (BrokerRoute(str(n), int(q), a) for n, q, a in json.loads(raw))
+    """A stored route (``stamp|json``, or the JSON alone)."""
+    head, sep, rest = raw.partition("|")
+    body = rest if sep and head.isdigit() else raw
+    brokers = (BrokerRoute(str(n), int(q), a) for n, q, a in json.loads(body))
     return Route.from_brokers(topic, brokers)
 
 
 def encode_fault(item: FaultItem) -> str:
-    """A fault item in the form report.lua writes it (decode_fault's inverse): the fields
-    past ``latencyMs,availableAt`` only as far as the item keeps more."""
+    """A fault item in the form lib/item.lua writes it (decode_fault's inverse): its stamp,
+    then the fields past ``latencyMs,availableAt`` only as far as the item keeps more."""
+    stamp = f"{item.stamp}@"
+    w = item.why
+    why = "" if w is None else f";!{w.reason}={w.since}={w.latency_ms}={w.by}"
     if (
         not item.isolations
         and not item.suspects
@@ -79,26 +105,43 @@ def encode_fault(item: FaultItem) -> str:
         and not item.probation
         and item.reachable is None
     ):
-        return f"{item.current_latency_ms},{item.available_at}"
-    head = f"{item.current_latency_ms},{item.available_at},{item.isolations}"
+        return f"{stamp}{item.current_latency_ms},{item.available_at}{why}"
+    head = f"{stamp}{item.current_latency_ms},{item.available_at},{item.isolations}"
     if item.reachable is not None:
         head += f",{int(item.probation)},{int(item.reachable)}"
     elif item.probation:
         head += ",1"
     votes = "".join(f";{p}={a}={e}" for p, a, e in item.slow)
     signals = "".join(f";~{p}={s}={a}" for p, s, a in item.pending)
-    return head + "".join(f";{p}={a}" for p, a in item.suspects) + votes + signals
+    return head + "".join(f";{p}={a}" for p, a in item.suspects) + votes + signals + why
+
+
+def item_stamp(raw: str) -> int:
+    """The stamp of a stored item, without decoding the rest (0 before stamps existed)."""
+    head, sep, _ = raw.partition("@")
+    return int(head) if sep and head.isdigit() else 0
 
 
 def decode_fault(broker: str, raw: str) -> FaultItem:
-    """A fault item as report.lua and reach.lua write it: ``latencyMs,availableAt``, then
-    ``,isolations[,probation 1/0[,reachable 1/0]]``, ``;producer=at`` per suspect and
-    ``;producer=at=end`` per slow answer short of the latency quorum, ``;~producer=since=at``
-    per in-flight signal (pendingQuorum), only as far as the policy keeps more (producer ids
-    cannot contain ``;``, ``=`` or ``~``)."""
+    """A fault item as lib/item.lua writes it: ``stamp@latencyMs,availableAt`` (no
+    ``stamp@`` before stamps existed: stamp 0), then ``,isolations[,probation 1/0[,reachable
+    1/0]]``, ``;producer=at`` per suspect and ``;producer=at=end`` per slow answer short of
+    the latency quorum, ``;~producer=since=at`` per in-flight signal (pendingQuorum), only as
+    far as the policy keeps more, and ``;!reason=since=latencyMs=by`` while a window is open
+    (``Why``; producer ids cannot contain ``;``, ``=``, ``~`` or ``!``; ``@`` only appears
+    after the head)."""
     head, *entries = raw.split(";")
+    stamp = 0
+    if "@" in head:
+        mark, head = head.split("@", 1)
+        stamp = int(mark)
     latency, end, *rest = head.split(",")
-    split = [e.split("=") for e in entries if not e.startswith("~")]
+    why = None
+    for e in entries:
+        if e.startswith("!"):
+            reason, since, measured, by = e[1:].split("=", 3)
+            why = Why(reason, int(since), int(measured), by)
+    split = [e.split("=") for e in entries if not e.startswith(("~", "!"))]
     pairs = tuple((v[0], int(v[1])) for v in split if len(v) == 2)
     slow = tuple((v[0], int(v[1]), int(v[2])) for v in split if len(v) == 3)
     signals = tuple(
@@ -115,6 +158,8 @@ def decode_fault(broker: str, raw: str) -> FaultItem:
         None if len(rest) < 3 else rest[2] == "1",
         slow,
         signals,
+        why,
+        stamp,
     )
 
 

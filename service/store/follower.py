@@ -102,9 +102,15 @@ class Followed(Protocol):
 
     async def poll(self) -> PollReply: ...
 
-    def held(self) -> tuple[int, int]: ...
+    def held(self) -> tuple[int, int, int]: ...
 
-    def table_lost(self, reply: PollReply, held: tuple[int, int]) -> bool: ...
+    def table_lost(self, reply: PollReply, held: tuple[int, int, int]) -> bool: ...
+
+    def saw(self, stamp: int) -> None: ...
+
+    def doubt(self, cause: str, replica: str = "") -> None: ...
+
+    async def check_identity(self) -> None: ...
 
 
 @dataclass
@@ -173,15 +179,22 @@ class Follower:
             return
         change = json.loads(msg["data"])
         version, kind, field, value = int(change["v"]), change["k"], change["f"], change["x"]
-        view = self._store.view
+        stamp = int(change.get("s") or 0)
+        store = self._store
+        view = store.view
+        store.saw(stamp)
         if kind == "fault":
-            view.apply_fault(field, codec.decode_fault(field, value) if value else None, version)
+            item = codec.decode_fault(field, value) if value else None
+            view.apply_fault(field, item, version, stamp)
         elif kind == "route":
-            view.apply_route(field, codec.decode_route(field, value) if value else None, version)
+            route = codec.decode_route(field, value) if value else None
+            view.apply_route(field, route, version, stamp)
         elif kind == "config":
-            view.apply_config(codec.decode_config(value), version)
+            view.apply_config(codec.decode_config(value), version, stamp)
         elif kind == "reseed":
-            # Another replica re-seeded a lost table: merge what this one holds too.
+            # Another replica merged into a table that lost data: merge what this one holds
+            # too (it may hold what the other did not).
+            store.doubt("merge", field)
             self.resync_needed = True
             return
         if version == view.version + 1:
@@ -218,8 +231,11 @@ class Follower:
                 await pubsub.subscribe(self._channel)
                 # Snapshot only once Redis confirms, so no change falls between.
                 await self._wait_subscribed(pubsub)
-                # The resync first: it notices a lost table and re-seeds it before the
-                # journal's reports land in it (their replies carry the epoch too).
+                # Another Redis process than before (a restart, a failover) does not know
+                # this replica's mark: the resync merges.
+                await store.check_identity()
+                # The resync first: it notices a lost table and merges before the journal's
+                # reports land in it (their replies carry the epoch too).
                 await store.resync()
                 self.resync_needed = False
                 await store.replay_journal()

@@ -1,71 +1,75 @@
-"""One report applied to a replica's own copy of the table: the memory store's only path,
-and the Redis store's while Redis is unreachable."""
+"""Reports applied to a replica's own copy of the table (``detour.apply``, the one rule):
+the memory store's only path, and the Redis store's while Redis is unreachable."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from detour import policy, strategy
-from detour.model import FaultItem
+from detour import policy
+from detour.apply import Applied, Effect, EndedIndex, ReportIn, Rules, apply_reports
+from detour.model import Config, FaultItem
 from detour.view import TableView
-from service.store.base import ReportIn, ReportOutcome
+from service.errors import TableFull
+from service.store.base import ReportOutcome
 
 
-def report_locally(
-    view: TableView,
-    report: ReportIn,
-    now_ms: int,
-    write: Callable[[FaultItem], None],
-    degraded: bool = False,
+def outcome(
+    r: ReportIn, e: Effect, now_ms: int, config: Config, degraded: bool = False
 ) -> ReportOutcome:
-    """Compute the new fault item with the view's config, hand it to ``write``, describe it.
-
-    With avoidance off nothing is written (RocketMQ's updateFaultItem does nothing).
-    """
-    config = view.config
-    old = view.faults.get(report.broker_name)
-    old_end = old.available_at if old else None
-    if not config.send_latency_fault_enable:
-        end = now_ms if old_end is None else old_end
-        return ReportOutcome(
-            report.broker_name,
-            report.latency_ms,
-            0,
-            end,
-            now_ms,
-            report.isolation,
-            degraded=degraded,
-        )
-    applied = policy.apply(
-        old,
-        report.broker_name,
-        report.latency_ms,
-        report.isolation,
-        report.origin,
-        report.voter_id,
-        now_ms - report.age_ms,
-        now_ms,
-        config,
-        random.randrange(policy.JITTER_SCALE) if config.jitter_percent else 0,
-        report.pending,
-    )
-    item, tier = applied.item, applied.tier
-    if not report.pending or applied.suspected or applied.quorum_reached:
-        # (a pending report that was not recorded changes nothing, creates no item)
-        write(item)
+    """What a report's answer says, from what the rule did (``Effect``)."""
     return ReportOutcome(
-        report.broker_name,
-        report.latency_ms,
-        applied.duration_ms,
-        item.available_at,
+        r.broker_name,
+        r.latency_ms,
+        e.duration_ms,
+        now_ms if e.item is None else e.item.available_at,
         now_ms,
-        report.isolation,
-        None if tier is None else config.latency_max[tier],
-        strategy.window_change(old_end, item.available_at, now_ms),
+        r.isolation,
+        None if e.tier is None else config.latency_max[e.tier],
+        e.change,
         degraded,
-        "reached" if applied.quorum_reached else "suspected" if applied.suspected else None,
-        applied.reporters,
-        applied.probe,
-        pending=report.pending,
+        e.quorum,
+        e.reporters,
+        e.probe,
+        pending=r.pending,
     )
+
+
+def jitter_rolls(config: Config, n: int) -> list[int]:
+    """One jitter draw per report (jitterPercent), none when jitter is off."""
+    if not config.jitter_percent:
+        return []
+    return [random.randrange(policy.JITTER_SCALE) for _ in range(n)]
+
+
+def apply_locally(
+    view: TableView,
+    reports: Sequence[ReportIn],
+    now_ms: int,
+    cap: int,
+    drop: Callable[[str], None],
+    write: Callable[[FaultItem], None],
+    namespace: str,
+    ended: EndedIndex | None = None,
+) -> Applied:
+    """Apply ``reports`` to ``view``'s table with the one rule: ``drop`` each item evicted
+    to make room, ``write`` each item a report created or changed, in order.
+
+    Raises TableFull (nothing applied) when open windows fill the table.
+    """
+    applied = apply_reports(
+        view.faults,
+        reports,
+        now_ms,
+        Rules(view.config, cap),
+        jitter_rolls(view.config, len(reports)),
+        ended,
+    )
+    for broker in applied.evicted:
+        drop(broker)
+    if applied.full:
+        raise TableFull(namespace, cap)
+    for e in applied.effects:
+        if e.written and e.item is not None:
+            write(e.item)
+    return applied

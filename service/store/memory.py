@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, deque
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
-from detour import policy, strategy
+from detour import policy
+from detour.apply import scan_ended
 from detour.model import Config, FaultItem, Route
 from detour.view import TableView
 from service import metrics
-from service.errors import TableFull
 from service.store.base import (
-    REPORT_ID_CAP,
-    REPORT_ID_WINDOW_MS,
     Event,
     LogEntry,
     ReportIn,
     ReportOutcome,
 )
-from service.store.local import report_locally
+from service.store.ids import ReportIds
+from service.store.local import apply_locally, outcome
 
 
 def _wall_ms() -> int:
@@ -52,8 +52,8 @@ class MemoryStore:
         self._event_seq = 0
         #: No item of a full table can have ended before this (ms): skip the scan until then.
         self._prune_at = 0
-        #: report id -> when first applied (ms): the bounded anti-replay window
-        self._report_ids: OrderedDict[str, int] = OrderedDict()
+        #: the producers' report ids, per scope, with the answer each got first
+        self._ids = ReportIds()
 
     def _next_version(self) -> int:
         self._version += 1
@@ -83,81 +83,77 @@ class MemoryStore:
     def report_now(self, reports: Sequence[ReportIn]) -> list[ReportOutcome]:
         # Nothing here waits: the table is this process's.
         now = self.view.now_ms()
-        if self.view.config.send_latency_fault_enable:
-            self._make_room({r.broker_name for r in reports}, now)
-        out = []
-        self._forget_report_ids(now)
-        for r in reports:
-            if r.report_id and r.report_id in self._report_ids:
-                out.append(self._duplicate(r, now))
-                continue
-            if r.report_id:
-                self._report_ids[r.report_id] = now
+        config = self.view.config
+        batch = list(reports)
+        self._ids.check(batch, now)
+        out: list[ReportOutcome | None] = [None] * len(batch)
+        fresh: list[tuple[int, ReportIn]] = []
+        first_in_call: dict[tuple[str, str], int] = {}
+        repeats: list[tuple[int, int]] = []
+        for i, r in enumerate(batch):
+            prior = self._ids.first(r, now)
+            if prior is not None:
+                metrics.DUPLICATE_REPORTS.inc()
+                out[i] = prior
+            elif r.report_id and (r.scope, r.report_id) in first_in_call:
+                repeats.append((i, first_in_call[(r.scope, r.report_id)]))
+            else:
+                if r.report_id:
+                    first_in_call[(r.scope, r.report_id)] = i
+                fresh.append((i, r))
+        applied = apply_locally(
+            self.view,
+            [r for _, r in fresh],
+            now,
+            self.max_brokers,
+            self._evict,
+            self._write,
+            self.namespace,
+            self._ended,
+        )
+        if applied.evicted:
+            metrics.EVICTED.labels(self.namespace).inc(len(applied.evicted))
+        for (i, r), e in zip(fresh, applied.effects, strict=True):
+            answer = outcome(r, e, now, config)
+            out[i] = answer
+            self._ids.remember(r, answer, now)
             if not r.pending:
                 # (a send still outstanding has no latency yet for the log)
                 self._log_report(r, now)
-            outcome = report_locally(self.view, r, now, self._write)
-            out.append(outcome)
-            event = policy.window_event(
-                outcome.change, r.isolation, outcome.quorum == "reached", outcome.probe, r.pending
-            )
-            if event is not None:
+                self.view.observe_latency(r.broker_name, r.latency_ms, now)
+            if e.event is not None:
                 self._event(
-                    *event,
+                    *e.event,
                     r.broker_name,
-                    outcome.tier_ms,
-                    outcome.reporters,
-                    outcome.available_at,
+                    answer.tier_ms,
+                    answer.reporters,
+                    answer.available_at,
                     now - r.age_ms,
                     now,
                 )
-            if not r.pending:
-                self.view.observe_latency(r.broker_name, r.latency_ms, now)
-        return out
+        for i, first in repeats:
+            metrics.DUPLICATE_REPORTS.inc()
+            answered = out[first]
+            assert answered is not None
+            out[i] = replace(answered, duplicate=True)
+        return [o for o in out if o is not None]
 
-    def _forget_report_ids(self, now: int) -> None:
-        ids = self._report_ids
-        while ids and (
-            len(ids) > REPORT_ID_CAP or next(iter(ids.values())) <= now - REPORT_ID_WINDOW_MS
-        ):
-            ids.popitem(last=False)
+    def _ended(self, now: int, n: int) -> list[str]:
+        """Up to ``n`` brokers whose window ended, oldest first (the cap's eviction). A table
+        found full of open windows is not scanned again before the earliest of them ends,
+        unless an item is written meanwhile (``_write``)."""
+        if now < self._prune_at:
+            return []
+        found = scan_ended(self.view.faults)(now, n)
+        if not found:
+            self._prune_at = min((i.available_at for i in self.view.faults.values()), default=0)
+        return found
 
-    def _duplicate(self, r: ReportIn, now: int) -> ReportOutcome:
-        """A report whose id was applied already: nothing changes; the window as it is."""
-        metrics.DUPLICATE_REPORTS.inc()
-        config = self.view.config
-        item = self.view.faults.get(r.broker_name)
-        tier = strategy.tier(config, r.latency_ms, r.isolation)
-        return ReportOutcome(
-            r.broker_name,
-            r.latency_ms,
-            0 if tier is None else config.not_available_duration[tier],
-            now if item is None else item.available_at,
-            now,
-            r.isolation,
-            None if tier is None else config.latency_max[tier],
-            duplicate=True,
-        )
-
-    def _make_room(self, brokers: set[str], now: int) -> None:
-        """The Redis script's cap rule (service/store/lua/report.lua), step for step."""
-        faults = self.view.faults
-        new = len(brokers - faults.keys())
-        if new == 0:
-            return
-        if len(faults) + new > self.max_brokers:
-            if now >= self._prune_at:
-                ended = [b for b, item in faults.items() if item.available_at <= now]
-                for broker in ended:
-                    self.view.apply_fault(broker, None, self._next_version())
-                metrics.EVICTED.labels(self.namespace).inc(len(ended))
-                if len(faults) + len(brokers - faults.keys()) > self.max_brokers:
-                    self._prune_at = min((i.available_at for i in faults.values()), default=0)
-            if len(faults) + len(brokers - faults.keys()) > self.max_brokers:
-                raise TableFull(self.namespace, self.max_brokers)
-        self._prune_at = 0
+    def _evict(self, broker: str) -> None:
+        self.view.apply_fault(broker, None, self._next_version())
 
     def _write(self, item: FaultItem) -> None:
+        self._prune_at = 0
         self.view.apply_fault(item.broker_name, item, self._next_version())
 
     def _event(
@@ -249,3 +245,9 @@ class MemoryStore:
 
     async def put_config(self, config: Config) -> None:
         self.view.apply_config(config, self._next_version())
+
+    async def patch_config(self, update: Callable[[Config], Config]) -> Config:
+        # one process, no await between the read and the write: nothing comes in between
+        config = update(self.view.config)
+        self.view.apply_config(config, self._next_version())
+        return config

@@ -2,62 +2,65 @@
 
 Layout (all keys share the ``{namespace}`` hash tag, so one Cluster slot):
 
-    {prefix}:{ns}:faults   hash broker -> "latencyMs,availableAt"
-    {prefix}:{ns}:routes   hash topic  -> JSON [[brokerName, writeQueueNums, address], ...]
-    {prefix}:{ns}:meta     hash version (bumped by every visible change),
-                                config_version (version that wrote config), config (JSON),
-                                epoch (a random id the table got when it was first written)
+    {prefix}:{ns}:faults   hash broker -> item ("stamp@latencyMs,availableAt,...",
+                           service/store/lua/lib/item.lua)
+    {prefix}:{ns}:routes   hash topic  -> "stamp|" + JSON [[brokerName, writeQueueNums,
+                           address], ...]
+    {prefix}:{ns}:meta     hash version (bumped by every visible change), hlc (the last
+                           stamp given), config (JSON), config_stamp, epoch (a random id the
+                           table got when it was first written)
+    {prefix}:{ns}:graves   hash "r#topic" / "f#broker" -> the stamp of its delete, and
+    {prefix}:{ns}:graves-by-time  sorted set of the same by time (kept 7 days, 65,536 most)
     {prefix}:{ns}:ends     sorted set broker -> availableAt: the eviction index
-    {prefix}:{ns}:writers  hash replica -> sequence high-water mark, and replica|seq -> 1 for
-                           the sequence numbers of its anti-replay window
+    {prefix}:{ns}:writers  hash replica -> sequence high-water mark, and replica|gaps
     {prefix}:{ns}:writers-seen  sorted set replica -> last write ms (bounds the writers)
-    {prefix}:{ns}:report-ids    sorted set reportId -> first seen ms (bounded window)
-    {prefix}:{ns}:latency-log  stream: every report (broker, latency, isolation, producer,
-                           time), trimmed to about ``latency_log_max`` entries
-    {prefix}:{ns}:events   stream: the event log (windows opened, extended, ended early,
-                           opened by quorum, restored), trimmed to about ``events_max`` entries
+    {prefix}:{ns}:ids      hash "scope#reportId" -> first seen, fingerprint, first answer
+    {prefix}:{ns}:ids-index  sorted set of "scope#ms#reportId" (each scope's oldest first)
+    {prefix}:{ns}:latency-log  stream: reports and summaries (trimmed, ``latency_log_max``)
+    {prefix}:{ns}:events   stream: the event log (trimmed, ``events_max``)
     {prefix}:{ns}:changes  pub/sub channel: one message per visible change
 
-Writes are Lua scripts (one round trip, atomic, Redis's clock). A report that
-changes no window bumps nothing and pushes nothing. This module holds the
-commands and the recovery of a lost table; ``follower`` keeps the view current,
-``topology`` knows Sentinel and Cluster, ``journal`` holds and replays reports
-taken while Redis did not answer, ``replies`` names the scripts' reply fields.
+Writes are Lua scripts (one round trip, atomic, Redis's clock), each write stamped by a
+hybrid logical clock. A report that changes no window bumps nothing and pushes nothing.
+This module holds the commands and the decision to merge; ``follower`` keeps the view
+current, ``merge`` says what a merge sends, ``topology`` knows Sentinel and Cluster,
+``journal`` holds and replays reports taken while Redis did not answer, ``replies`` names
+the scripts' reply fields.
 
-Integrity (docs/reliability.md): every write names the table's epoch and every
-report carries this replica's sequence number. A table without the epoch, or
-whose high-water mark for this replica is below what this replica saw applied,
-lost data: the replica re-seeds it (config, routes, every open window, merged
-extend-only) before writing into it. A report whose sequence number or id the
-table applied already changes nothing.
+Integrity (docs/reliability.md): Redis is the meeting point, not the only copy. Every
+replica holds the table; when there is any sign that Redis lost or rolled back data (the
+server under a reconnection lost this replica's mark, the table's epoch is gone or another,
+this replica's acknowledged sequence numbers, the table's version or its last stamp went
+back, a config older than this replica's, a Sentinel master change, another replica's
+merge), the replica merges what it holds into the table by detour.merge's rules, which only
+ever move the table forward. Reports carry this replica's sequence number and the
+producer's id, so a replayed or retried one is applied once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import logging
 import os
 import random
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
-from importlib import resources
 from typing import Any
 
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from detour import policy, strategy
 from detour.model import MAX_REPORT_AGE_MS, Config, FaultItem, Route
-from detour.view import Snapshot, TableView
+from detour.view import Graves, Snapshot, TableView
 from service import metrics
-from service.errors import StoreUnavailable, TableFull
-from service.store import codec
-from service.store.aggregate import Aggregate, RecentIds, Summary
+from service.errors import ReportIdReused, StoreUnavailable, TableFull
+from service.store import codec, scripts
+from service.store.aggregate import Aggregate, Summary
 from service.store.base import (
     REPORT_ID_CAP,
     REPORT_ID_WINDOW_MS,
@@ -68,10 +71,13 @@ from service.store.base import (
 )
 from service.store.connect import StoreClients, parse_redis_url
 from service.store.follower import Follower, FollowerTimes, RedisClock, mono_ms
+from service.store.ids import ReportIds
 from service.store.journal import Journal, replay
-from service.store.local import report_locally
+from service.store.local import apply_locally, outcome
+from service.store.merge import Candidates, calls, candidates
 from service.store.options import StoreOptions
 from service.store.replies import (
+    ID_REUSED,
     STALE_CONFIG,
     TABLE_FULL,
     TABLE_LOST,
@@ -86,14 +92,11 @@ log = logging.getLogger("detour.store")
 
 _QUORUM_STATES: tuple[str | None, ...] = (None, "suspected", "reached")
 _PROBE_STATES: tuple[str | None, ...] = (None, "passed", "failed")
-_SCRIPTS = ("report", "set_entry", "snapshot", "fault_items", "reach", "lease", "poll", "reseed")
 
 #: Gaps (sequence numbers below the high-water mark not applied yet: a call that failed or
 #: is still in flight) report.lua keeps per writer; an older gap counts as applied. A
 #: replica's calls in flight at once stay far below it.
 SEQ_WINDOW = 256
-#: Windows per re-seed call: a lost table of 10,000 goes back without holding Redis long.
-_RESEED_CHUNK = 200
 #: Summaries per flush call (Lua's unpack takes at most about 8,000 values; a call stays
 #: short): a namespace of 10,000 brokers flushes in ten calls.
 _FLUSH_CHUNK = 1000
@@ -117,8 +120,8 @@ def _policy_arg(config: Config, events_max: int = 0) -> str:
 
 def _vote(config: Config, report: ReportIn, duration_ms: int) -> int:
     """report.lua's quorum value for a report: 1 a failure that waits for the isolation
-    quorum, 2 a slow answer that waits for the latency quorum, 3 an in-flight signal
-    (policy.apply_pending), 0 none of these."""
+    quorum, 2 a slow answer that waits for the latency quorum, 3 an in-flight signal, 0 none
+    of these."""
     if report.pending:
         return 3
     if policy.counts_toward_quorum(config, report.isolation, report.origin):
@@ -143,10 +146,6 @@ def integrity_arg(acked: int) -> str:
     )
 
 
-def _load_lua(name: str) -> str:
-    return (resources.files("service.store") / "lua" / f"{name}.lua").read_text()
-
-
 @contextlib.asynccontextmanager
 async def _wrap_errors() -> AsyncIterator[None]:
     """Callers handle one error type whatever went wrong on the wire."""
@@ -162,6 +161,15 @@ def _log_entry(entry_id: str, f: Mapping[str, str]) -> LogEntry:
         counts = tuple(int(c) for c in f["h"].split(",") if c)
         return LogEntry(entry_id, f["b"], -1, False, f["p"], int(f["t"]), counts, int(f["s"]))
     return LogEntry(entry_id, f["b"], int(f["l"]), f["i"] == "1", f["p"], int(f["t"]))
+
+
+class ConfigChanged(StoreUnavailable):
+    """The config changed between reading it and writing a change made on it (another
+    replica's write): nothing was written; the caller reads it again and retries."""
+
+    def __init__(self, stamp: int) -> None:
+        super().__init__(f"the config changed meanwhile (stamp {stamp}); retry")
+        self.stamp = stamp
 
 
 class RedisStore:
@@ -182,7 +190,8 @@ class RedisStore:
         self._ends = f"{base}:ends"
         self._writers = f"{base}:writers"
         self._writers_seen = f"{base}:writers-seen"
-        self._report_ids = f"{base}:report-ids"
+        self._ids, self._ids_index = f"{base}:ids", f"{base}:ids-index"
+        self._graves, self._graves_index = f"{base}:graves", f"{base}:graves-by-time"
         self._replica_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._events_max = settings.events_max
         # Reports are on the producers' send path: they get their own connections
@@ -194,7 +203,7 @@ class RedisStore:
         )
         self._client = self._conn.main
         self._scripts: dict[str, AsyncScript] = {
-            name: self._client.register_script(_load_lua(name)) for name in _SCRIPTS
+            name: self._client.register_script(scripts.source(name)) for name in scripts.NAMES
         }
         self._fast = self._conn.fast
         self._fast_report = self._fast.register_script(self._scripts["report"].script)
@@ -208,13 +217,21 @@ class RedisStore:
         self._epoch = ""
         self._candidate = uuid.uuid4().hex
         #: this replica's last sequence number given, and the highest Redis confirmed applied
+        #: in the table as it is now (after a merge: what the table still has)
         self._seq = 0
         self._acked = 0
-        #: a re-seed is under way: the table in Redis may lack what this replica holds
+        #: the highest stamp this replica saw the table give: the floor of its writes' stamps
+        #: (a hybrid logical clock), and a table whose last stamp is below it lost writes
+        self._seen_stamp = 0
+        #: this replica's mark in the Redis process it talks to, and whether it was ever set
+        self._marker = self._client.register_script(scripts.marker(self._replica_id))
+        self._marked = False
+        #: why the next resync merges whatever it finds (a sign of a discontinuity that the
+        #: table itself may not show: another process at the address, a Sentinel master
+        #: change, another replica's merge), None when there is none
+        self._doubt: str | None = None
+        #: a merge is under way: the table in Redis may lack what this replica holds
         self._recovering = False
-        #: the next resync merges this replica's table into Redis's whatever it finds
-        #: (Sentinel: a new master may be a replica that missed the last writes)
-        self._merge_next = False
         self._topology = Topology(self._conn, settings.redis_timeout_s, self._meta)
         self._follower = Follower(
             self,
@@ -230,7 +247,7 @@ class RedisStore:
         self._flush_ms = settings.report_flush_ms
         self._quiet = Aggregate(settings.max_brokers)
         self._unflushed: list[Summary] = []
-        self._quiet_ids = RecentIds(REPORT_ID_WINDOW_MS, REPORT_ID_CAP)
+        self._quiet_ids = ReportIds()
         self._flusher: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------
@@ -244,6 +261,7 @@ class RedisStore:
             async with _wrap_errors():
                 for script in self._scripts.values():
                     await self._client.script_load(script.script)
+                await self.check_identity()
                 await self.resync()
         except StoreUnavailable as exc:
             log.warning("redis not reachable at start, will retry: %s", exc.message)
@@ -275,8 +293,8 @@ class RedisStore:
 
     @property
     def degraded(self) -> bool:
-        """Redis is not answering, a lost table is being re-seeded, or reports taken
-        meanwhile are not replayed yet."""
+        """Redis is not answering, a merge is under way, or reports taken meanwhile are not
+        replayed yet."""
         return not self.synced.is_set() or self._recovering or bool(self._journal)
 
     @property
@@ -320,6 +338,11 @@ class RedisStore:
         """A script accepted the epoch argument: a table that had none now has the candidate."""
         if not self._epoch:
             self._epoch = self._candidate
+
+    def saw(self, stamp: int) -> None:
+        """The table gave ``stamp`` (a reply, a push): the floor of this replica's writes."""
+        if stamp > self._seen_stamp:
+            self._seen_stamp = stamp
 
     def _number(self, reports: Sequence[ReportIn]) -> list[ReportIn]:
         """Give each report this replica's next sequence number: its identity for replay."""
@@ -380,33 +403,54 @@ class RedisStore:
         self, reports: Sequence[ReportIn], now: int | None = None
     ) -> dict[int, ReportOutcome]:
         """The reports that change nothing another replica must see (policy.quiet, decided
-        on this replica's copy), summed for the next flush and answered from the copy."""
+        on this replica's copy), summed for the next flush and answered from the copy.
+
+        Their ids are this replica's to remember (``ReportIds``): a repeat is answered as
+        the first time, an id reused with other content is refused before anything of the
+        call is kept (raises ReportIdReused)."""
         view, config = self.view, self.view.config
         if now is None:
             now = view.now_ms()
+        quiet = [
+            (i, r)
+            for i, r in enumerate(reports)
+            if policy.quiet(
+                view.faults.get(r.broker_name),
+                r.latency_ms,
+                r.isolation,
+                now - r.age_ms,
+                config,
+                r.pending,
+            )
+        ]
+        self._quiet_ids.check([r for _, r in quiet], now)
         kept: dict[int, ReportOutcome] = {}
-        for i, r in enumerate(reports):
-            at = now - r.age_ms
-            old = view.faults.get(r.broker_name)
-            if not policy.quiet(old, r.latency_ms, r.isolation, at, config, r.pending):
-                continue
-            t = strategy.tier(config, r.latency_ms) if config.send_latency_fault_enable else None
-            latency_max = None if t is None else config.latency_max[t]
-            if r.report_id and self._quiet_ids.seen(r.report_id, now):
+        for i, r in quiet:
+            first = self._quiet_ids.first(r, now)
+            if first is not None:
                 metrics.DUPLICATE_REPORTS.inc()
-                end = old.available_at if old is not None else now
-                kept[i] = ReportOutcome(
-                    r.broker_name, r.latency_ms, 0, end, now, False, latency_max, duplicate=True
-                )
+                kept[i] = first
                 continue
+            at = now - r.age_ms
             if not self._quiet.add(r.broker_name, r.producer, r.latency_ms, at):
                 continue
             metrics.REPORTS_LOCAL.inc()
             view.observe_latency(r.broker_name, r.latency_ms, now)
+            old = view.faults.get(r.broker_name)
             end = max(old.available_at, at) if old is not None else at
             if config.ramp_ms:
                 end = policy.ramp_end(old, end, at)
-            kept[i] = ReportOutcome(r.broker_name, r.latency_ms, 0, end, now, False, latency_max)
+            t = strategy.tier(config, r.latency_ms) if config.send_latency_fault_enable else None
+            kept[i] = ReportOutcome(
+                r.broker_name,
+                r.latency_ms,
+                0,
+                end,
+                now,
+                False,
+                None if t is None else config.latency_max[t],
+            )
+            self._quiet_ids.remember(r, kept[i], now)
         return kept
 
     async def _flush_forever(self) -> None:
@@ -460,6 +504,8 @@ class RedisStore:
                     sm.producer,
                     sm.seq,
                     "",
+                    "",
+                    "",
                 ]
             reply = ReportReply.decode(
                 await self._eval("flush", keys, args, self._scripts["report"])
@@ -469,37 +515,35 @@ class RedisStore:
                 await self.resync()
                 continue
             self._wrote()
+            self._saw_values(reply.values)
             self._acked = max(self._acked, *(sm.seq for sm in batch))
             metrics.FLUSHES.inc()
             return
         raise StoreUnavailable("the table kept changing during the flush; retry")
 
     def _report_locally(self, reports: Sequence[ReportIn]) -> list[ReportOutcome]:
-        """Apply to this replica's view at once and journal for replay."""
-        now = self.view.now_ms()
-        new = {r.broker_name for r in reports} - self.view.faults.keys()
-        cap = self._settings.max_brokers
-        if new and len(self.view.faults) + len(new) > cap:
-            self._make_room_locally(len(self.view.faults) + len(new) - cap, now)
+        """Apply to this replica's view at once (the one rule, ``detour.apply``) and journal
+        for replay. Items dropped to make room had ended windows: selects see no change, and
+        the next snapshot brings the copy in line with Redis."""
+        view = self.view
+        now, config = view.now_ms(), view.config
+        applied = apply_locally(
+            view,
+            reports,
+            now,
+            self._settings.max_brokers,
+            view.drop_local_fault,
+            view.set_local_fault,
+            self.namespace,
+        )
         received = mono_ms()
         out = []
-        for r in reports:
+        for r, e in zip(reports, applied.effects, strict=True):
             self._journal.append(r, received)
-            out.append(report_locally(self.view, r, now, self.view.set_local_fault, True))
+            out.append(outcome(r, e, now, config, degraded=True))
             if not r.pending:
-                self.view.observe_latency(r.broker_name, r.latency_ms, now)
+                view.observe_latency(r.broker_name, r.latency_ms, now)
         return out
-
-    def _make_room_locally(self, needed: int, now: int) -> None:
-        """The copy is full: drop ``needed`` items whose window ended longest ago, as
-        report.lua will in Redis at replay; TABLE_FULL only when live windows fill it."""
-        ended = [(i.available_at, b) for b, i in self.view.faults.items() if i.available_at <= now]
-        if len(ended) < needed:
-            raise TableFull(self.namespace, self._settings.max_brokers)
-        for _, broker in heapq.nsmallest(needed, ended):
-            # An ended window avoids nothing: selects see no change, and the next snapshot
-            # brings the copy in line with Redis.
-            self.view.faults.pop(broker, None)
 
     async def replay_journal(self) -> None:
         """Hand journaled reports to Redis in order (their identities make it once only)."""
@@ -534,15 +578,18 @@ class RedisStore:
                 r.voter_id,
                 r.seq,
                 r.report_id,
+                r.scope,
+                r.fingerprint if r.report_id else "",
             ]
         return args, tiers
 
     def _head_args(self, config: Config) -> list[Any]:
-        """report.lua's ARGV[1..9]: the config, rule, bounds, epoch, writer and integrity."""
+        """report.lua's ARGV[1..10]: the config, rule, bounds, epoch, writer, integrity and
+        the stamp floor."""
         enabled = config.send_latency_fault_enable
         rule = ("overwrite" if config.last_report_wins else "extend") if enabled else "off"
         return [
-            self.view.config_version,
+            max(self.view.config_stamp, 0),
             rule,
             self._channel,
             self._log_max,
@@ -551,6 +598,7 @@ class RedisStore:
             self._epoch_arg(),
             self._replica_id,
             integrity_arg(self._acked),
+            self._seen_stamp,
         ]
 
     def _report_keys(self) -> tuple[str, ...]:
@@ -562,8 +610,14 @@ class RedisStore:
             self._ends,
             self._writers,
             self._writers_seen,
-            self._report_ids,
+            self._ids,
+            self._ids_index,
         )
+
+    def _saw_values(self, values: Sequence[str]) -> None:
+        for value in values:
+            if value:
+                self.saw(codec.item_stamp(value))
 
     async def _report_remote(
         self, reports: Sequence[ReportIn], script: AsyncScript | None = None
@@ -581,14 +635,18 @@ class RedisStore:
                 await self.resync()
                 continue
             if reply.status == TABLE_LOST:
-                # The table is not the one this replica holds: re-seed it, then write.
+                # The table is not the one this replica holds: merge, then write.
                 await self.resync()
                 continue
+            if reply.status == ID_REUSED:
+                index = int(reply.extra) - 1
+                raise ReportIdReused(reports[index].report_id, index)
             if reply.extra:
                 metrics.EVICTED.labels(self.namespace).inc(int(reply.extra))
             self._wrote()
             if reply.status == TABLE_FULL:
                 raise TableFull(self.namespace, self._settings.max_brokers)
+            self._saw_values(reply.values)
             self._acked = max(self._acked, *(r.seq for r in reports))
             return [
                 self._outcome(r, t, reply, i, config)
@@ -601,17 +659,23 @@ class RedisStore:
     ) -> ReportOutcome:
         """One report's outcome from the script's reply; the view takes a changed item."""
         view = self.view
+        tier_ms = None if t is None else config.latency_max[t]
         if reply.duplicates[i]:
+            # applied before: the first answer, as the script kept it
             metrics.DUPLICATE_REPORTS.inc()
             return ReportOutcome(
                 r.broker_name,
                 r.latency_ms,
-                0 if t is None else config.not_available_duration[t],
+                reply.durations[i],
                 reply.ends[i],
                 reply.now_ms,
                 r.isolation,
-                None if t is None else config.latency_max[t],
+                tier_ms,
+                strategy.WindowChange(reply.changes[i]),
+                quorum=_QUORUM_STATES[reply.quorums[i]],
+                probe=_PROBE_STATES[reply.probes[i]],
                 duplicate=True,
+                pending=r.pending,
             )
         if reply.versions[i]:
             view.apply_fault(
@@ -631,7 +695,7 @@ class RedisStore:
             reply.ends[i],
             reply.now_ms,
             r.isolation,
-            None if t is None else config.latency_max[t],
+            tier_ms,
             strategy.WindowChange(reply.changes[i]),
             quorum=_QUORUM_STATES[reply.quorums[i]],
             probe=_PROBE_STATES[reply.probes[i]],
@@ -670,10 +734,18 @@ class RedisStore:
         ]
 
     async def _set_entry(
-        self, key: str, kind: str, field: str, value: str, events: bool = False
-    ) -> int:
-        """One entry written into the table this replica holds (re-seeded first if lost)."""
-        keys = (key, self._meta, self._events, self._ends)
+        self,
+        key: str,
+        kind: str,
+        field: str,
+        value: str,
+        events: bool = False,
+        expected: int | None = None,
+    ) -> tuple[int, int]:
+        """One entry written into the table this replica holds (merged first if lost);
+        (version, stamp). ``expected``: the config stamp the change was made on (a table
+        whose config changed meanwhile is not written: raises ConfigChanged)."""
+        keys = (key, self._meta, self._events, self._ends, self._graves, self._graves_index)
         for _ in range(3):
             args = (
                 self._channel,
@@ -682,11 +754,18 @@ class RedisStore:
                 value,
                 self._events_max if events else 0,
                 self._epoch_arg(),
+                self._seen_stamp,
+                "" if expected is None else expected,
+                Graves.TTL_MS,
+                Graves.CAP,
             )
-            version = int(await self._eval("set_entry", keys, args))
+            version, stamp = (int(x) for x in await self._eval("set_entry", keys, args))
             if version >= 0:
                 self._wrote()
-                return version
+                self.saw(stamp)
+                return version, stamp
+            if version == -2:
+                raise ConfigChanged(stamp)
             await self.resync()
         raise StoreUnavailable("the table kept changing during the write; retry")
 
@@ -698,79 +777,106 @@ class RedisStore:
     async def set_reachability(self, readings: Mapping[str, bool]) -> None:
         config = self.view.config
         early = config.early_recovery and config.send_latency_fault_enable
-        args: list[str | int] = [self._channel, int(early)]
+        args: list[str | int] = [self._channel, int(early), self._seen_stamp]
         for broker, reachable in readings.items():
             args += [broker, int(reachable)]
         changed = await self._eval("reach", (self._faults, self._meta, self._ends), args)
         for broker, version, value in changed:
-            self.view.apply_fault(broker, codec.decode_fault(broker, value), int(version))
+            item = codec.decode_fault(broker, value)
+            self.saw(item.stamp)
+            self.view.apply_fault(broker, item, int(version))
 
     async def delete_fault(self, broker: str) -> bool:
         item = self.view.faults.get(broker)
-        version = await self._set_entry(self._faults, "fault", broker, "", events=True)
+        version, stamp = await self._set_entry(self._faults, "fault", broker, "", events=True)
         if version and item is not None and item.available_at > self.view.now_ms():
             metrics.EVENTS.labels(self.namespace, "ended", "operator").inc()
         if version:
-            self.view.apply_fault(broker, None, version)
+            self.view.apply_fault(broker, None, version, stamp)
         return version > 0
 
     async def put_route(self, route: Route) -> None:
         encoded = codec.encode_route(route)
-        version = await self._set_entry(self._routes, "route", route.topic, encoded)
-        self.view.apply_route(route.topic, route, version)
+        version, stamp = await self._set_entry(self._routes, "route", route.topic, encoded)
+        self.view.apply_route(route.topic, route, version, stamp)
 
     async def delete_route(self, topic: str) -> bool:
-        version = await self._set_entry(self._routes, "route", topic, "")
+        version, stamp = await self._set_entry(self._routes, "route", topic, "")
         if version:
-            self.view.apply_route(topic, None, version)
+            self.view.apply_route(topic, None, version, stamp)
         return version > 0
 
     async def put_config(self, config: Config) -> None:
-        version = await self._set_entry(self._meta, "config", "config", codec.encode_config(config))
-        self.view.apply_config(config, version)
+        encoded = codec.encode_config(config)
+        version, stamp = await self._set_entry(self._meta, "config", "config", encoded)
+        self.view.apply_config(config, version, stamp)
+
+    async def patch_config(self, update: Callable[[Config], Config]) -> Config:
+        """Read, change, write only if the table's config is still the one read (its stamp):
+        a change another replica made meanwhile is read and changed again, never lost."""
+        for _ in range(5):
+            view = self.view
+            config, stamp = update(view.config), max(view.config_stamp, 0)
+            encoded = codec.encode_config(config)
+            try:
+                version, written = await self._set_entry(
+                    self._meta, "config", "config", encoded, expected=stamp
+                )
+            except ConfigChanged:
+                await self.resync()
+                continue
+            view.apply_config(config, version, written)
+            return config
+        raise StoreUnavailable("the config kept changing during the change; retry")
 
     # -- reads -------------------------------------------------------------
     async def fault_items(self) -> tuple[int, list[FaultItem]]:
-        """The table as Redis holds it; one that lost data is re-seeded before it is shown,
-        so the answer never leaves out a window a replica still holds."""
+        """The table as Redis holds it; one that lost data is merged first, so the answer
+        never leaves out a window a replica still holds."""
         for _ in range(3):
             held = self.held()
-            now, flat, epoch, version, high_water = await self._eval(
+            now, flat, epoch, version, high_water, hlc = await self._eval(
                 "fault_items", (self._faults, self._meta, self._writers), (self._replica_id,)
             )
-            if self._loss(epoch, int(high_water), int(version), held) is None:
+            if self._loss(epoch, int(high_water), int(version), int(hlc), held) is None:
                 return int(now), [codec.decode_fault(b, v) for b, v in codec.pairs(flat)]
             await self.resync()
         raise StoreUnavailable("the table kept changing during the read; retry")
 
-    # -- sync and recovery -------------------------------------------------
+    # -- sync and merges ---------------------------------------------------
     async def _snapshot(self) -> tuple[Snapshot, SnapshotReply]:
         raw = await self._eval(
             "snapshot", (self._faults, self._routes, self._meta, self._writers), (self._replica_id,)
         )
         reply = SnapshotReply.decode(raw)
         self._clock.observe(reply.now_ms, mono_ms())
+        routes = codec.pairs(reply.routes)
         snap = Snapshot(
             version=reply.version,
             config=codec.decode_config(reply.config),
-            config_version=reply.config_version,
-            routes={t: codec.decode_route(t, r) for t, r in codec.pairs(reply.routes)},
+            config_version=reply.version if reply.config else 0,
+            routes={t: codec.decode_route(t, r) for t, r in routes},
             faults={b: codec.decode_fault(b, v) for b, v in codec.pairs(reply.faults)},
+            # a table without a config: -1, so that a config this replica holds goes back
+            config_stamp=reply.config_stamp if reply.config else -1,
+            route_stamps={t: codec.route_stamp(r) for t, r in routes},
         )
         return snap, reply
 
-    def held(self) -> tuple[int, int]:
-        """What this replica knows Redis had: its highest acknowledged report and its
-        view's version. Taken before a read is sent: a report acknowledged or a push
-        applied while the read is in flight must not make its older answer look lost."""
-        return self._acked, self.view.version
+    def held(self) -> tuple[int, int, int]:
+        """What this replica knows Redis had: its highest acknowledged report, its view's
+        version and the highest stamp it saw. Taken before a read is sent: a report
+        acknowledged or a push applied while the read is in flight must not make its older
+        answer look lost."""
+        return self._acked, self.view.version, self._seen_stamp
 
-    def _loss(self, epoch: str, high_water: int, version: int, held: tuple[int, int]) -> str | None:
-        """Why the table in Redis is not (all of) the one this replica holds, or None.
+    def _loss(
+        self, epoch: str, high_water: int, version: int, hlc: int, held: tuple[int, int, int]
+    ) -> str | None:
+        """Why the table in Redis may not be (all of) the one this replica holds, or None.
 
-        Version numbers alone cannot tell (a replay into an emptied table pushes the
-        version past this replica's): the epoch and this replica's own high-water mark can.
-        ``held`` is ``held()`` from before the read.
+        ``held`` is ``held()`` from before the read. Each sign leads to a merge, which is
+        harmless and cheap when nothing was lost.
         """
         if not self._epoch:
             return None  # the first sync: nothing held yet
@@ -778,14 +884,12 @@ class RedisStore:
             return "empty"
         if epoch != self._epoch:
             return "epoch"
-        acked, view_version = held
-        if high_water < acked or version < view_version:
+        acked, view_version, seen_stamp = held
+        if high_water < acked or version < view_version or hlc < seen_stamp:
             return "behind"
-        if self._merge_next:
-            return "failover"
-        return None
+        return self._doubt
 
-    def table_lost(self, reply: PollReply, held: tuple[int, int]) -> bool:
+    def table_lost(self, reply: PollReply, held: tuple[int, int, int]) -> bool:
         """The follower's poll: does Redis's table lack what this replica held when it
         sent the poll (``held()``)?"""
         self._clock.observe(reply.now_ms, mono_ms())
@@ -793,103 +897,114 @@ class RedisStore:
             # Another replica's first write gave the table its epoch: this view, kept by
             # its pushes, is a copy of that table now.
             self._epoch = reply.epoch
-        return self._loss(reply.epoch, reply.high_water, reply.version, held) is not None
+        return self._loss(reply.epoch, reply.high_water, reply.version, reply.hlc, held) is not None
 
     async def poll(self) -> PollReply:
         raw = await self._eval("poll", (self._meta, self._writers), (self._replica_id,))
         return PollReply.decode(raw)
 
+    async def check_identity(self) -> None:
+        """On each (re)connection: is it the Redis process this replica synced with? This
+        replica's mark (lua/marker.lua) lives in that process's script cache, which nothing
+        persists or replicates: a restart (from any copy of the data, or empty), a failover
+        or another server at the address does not know it, and the next resync merges. It
+        needs no command beyond the scripting ones (INFO is out of Detour's ACL)."""
+        async with _wrap_errors():
+            try:
+                await self._client.evalsha(self._marker.sha, 1, self._meta)
+            except NoScriptError:
+                if self._marked:
+                    self._doubt = self._doubt or "restart"
+                await self._client.script_load(self._marker.script)
+        self._marked = True
+
+    def doubt(self, cause: str, replica: str = "") -> None:
+        """The next resync merges: another replica announced a merge (its own announcement
+        ``replica`` is this one's is ignored)."""
+        if replica != self._replica_id:
+            self._doubt = self._doubt or cause
+
+    async def _master_changed(self) -> None:
+        self.doubt("failover")
+
     async def resync(self) -> None:
-        """Replace the view with Redis's table; a table that lost data is re-seeded first."""
+        """Replace the view with Redis's table; a table that may have lost data is merged
+        with what this replica holds first."""
         held = self.held()
         snap, reply = await self._snapshot()
-        cause = self._loss(reply.epoch, reply.high_water, snap.version, held)
+        cause = self._loss(reply.epoch, reply.high_water, snap.version, reply.hlc, held)
         if cause is not None or (not reply.epoch and snap.version > 0):
             # (a table written before epochs existed gets one now; a new one, with its
             # first write)
             self._recovering = True
             try:
-                await self._reseed(cause)
+                wrote = await self._merge(cause, snap, needs_epoch=not reply.epoch)
             finally:
                 self._recovering = False
-            snap, reply = await self._snapshot()
+            if wrote:
+                snap, reply = await self._snapshot()
         self.view.replace(snap, reset=cause is not None)
         self._epoch = reply.epoch
+        if cause is not None:
+            # The table as it is now is the one this replica holds: what Redis lost of this
+            # replica's reports is no longer expected of it (the merge put their windows
+            # back; the journal replays what was never acknowledged).
+            self._acked = reply.high_water
+            self._seen_stamp = reply.hlc
+            self._doubt = None
+        self.saw(reply.hlc)
         self.synced.set()
         self._ever_synced = True
         metrics.RESYNCS.inc()
 
-    async def _master_changed(self) -> None:
-        self._merge_next = True
+    async def _merge(self, cause: str | None, snap: Snapshot, needs_epoch: bool) -> bool:
+        """Merge what this replica holds into the table (service/store/merge.py says what,
+        reseed.lua applies it by detour.merge's rules), in calls of ``merge.CHUNK`` items so
+        none holds Redis long; the last one announces it, so every other replica merges
+        what it holds too.
 
-    async def _reseed(self, cause: str | None) -> None:
-        """Give the table an epoch and write back what this replica holds that it lacks.
-
-        ``cause`` None: the table never had an epoch (a new one, or one written before
-        epochs): only the epoch is set. Otherwise Redis lost data (a restart without
-        persistence, a flush, a failover to a replica that missed writes): config,
-        routes and every open window this replica holds go back, merged by reseed.lua
-        with the extend-only rule (calls of ``_RESEED_CHUNK`` windows, so none holds
-        Redis long), so replicas re-seeding at once converge and no window gets shorter.
-        The latency log and the event log are not held by any replica: what they lost
-        is gone (counted).
+        ``cause`` None: the table has no epoch but was written (a new one, or one written
+        before epochs): it only gets one. The latency log and the event log are held by no
+        replica: what Redis lost of them is gone (counted). A merge that finds nothing to
+        send into a table that has its epoch costs no call at all (False: nothing written).
         """
-        view = self.view
-        head: list[Any] = [
-            self._channel,
-            uuid.uuid4().hex,
-            self._replica_id,
-            self._acked,
-            self._events_max,
-        ]
-        first: list[Any] = ["", 0]
-        windows: list[list[str]] = []
-        if cause is not None:
-            now = view.now_ms()
-            first = [codec.encode_config(view.config) if view.config_version > 0 else ""]
-            first.append(len(view.routes))
-            for topic, route in view.routes.items():
-                first += [topic, codec.encode_route(route)]
-            windows = [
-                [broker, codec.encode_fault(item)]
-                for broker, item in list(view.faults.items())
-                if item.available_at > now
-            ]
+        now = self.view.now_ms()
+        c = candidates(self.view, snap, now) if cause is not None else None
+        if cause is not None and not c and not needs_epoch:
+            metrics.RESEEDS.labels(cause).inc()
+            return False
         keys = (
             self._faults,
             self._routes,
             self._meta,
             self._events,
             self._ends,
-            self._writers,
-            self._writers_seen,
+            self._graves,
+            self._graves_index,
         )
-        # Several calls for a large table (each call a few ms), the
-        # config and routes in the first, the other replicas told by the last.
-        chunks = [windows[i : i + _RESEED_CHUNK] for i in range(0, len(windows), _RESEED_CHUNK)]
-        written = [0, 0, 0]
-        for n, chunk in enumerate(chunks or [[]]):
-            last = n == max(len(chunks) - 1, 0)
-            args = [*head, int(last), *(first if n == 0 else ["", 0])]
-            for pair in chunk:
-                args += pair
+        head = [self._channel, uuid.uuid4().hex, self._events_max, self._replica_id]
+        # A merge this replica saw the cause of is announced, so that every replica merges
+        # what it holds; one made on another's announcement is not (it would echo back).
+        announce = cause is not None and cause != "merge"
+        written = [0, 0, 0, 0, 0]
+        for args in calls(c or Candidates(), head, self._settings.max_brokers, announce):
             reply = ReseedReply.decode(await self._eval("reseed", keys, args))
-            written = [
-                written[0] + reply.config,
-                written[1] + reply.routes,
-                written[2] + reply.windows,
-            ]
-        self._merge_next = False
+            for i, n in enumerate(
+                (reply.config, reply.routes, reply.items, reply.graves, reply.refused)
+            ):
+                written[i] += n
         if cause is None:
-            return
+            return True
         log.warning(
-            "redis table lost data (%s): re-seeded config %d, routes %d, windows %d",
+            "redis table may have lost data (%s): merged config %d, routes %d, items %d, "
+            "deletes %d (%d items found no room)",
             cause,
             *written,
         )
         metrics.RESEEDS.labels(cause).inc()
-        for kind, count in zip(("config", "route", "window"), written, strict=True):
+        for kind, count in zip(("config", "route", "window", "delete"), written, strict=False):
             metrics.RESEEDED.labels(kind).inc(count)
         if cause in ("empty", "epoch"):
             metrics.UNRECOVERABLE.labels("latency_log").inc()
             metrics.UNRECOVERABLE.labels("events").inc()
+        return True

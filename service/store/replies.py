@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 #: report.lua's statuses
-APPLIED, STALE_CONFIG, TABLE_FULL, TABLE_LOST = 1, -1, -2, -3
+APPLIED, STALE_CONFIG, TABLE_FULL, TABLE_LOST, ID_REUSED = 1, -1, -2, -3, -4
 
 
 def _text(x: Any) -> str:
@@ -27,8 +27,8 @@ class ReportReply:
     ends: list[int]
     versions: list[int]
     changes: list[int]
-    #: status 1/-2: items evicted to make room; -1: the current config version; -3: the
-    #: table's epoch ("" = none)
+    #: status 1/-2: items evicted to make room; -1: the table's config stamp; -3: the
+    #: table's epoch ("" = none); -4: the 1-based index of the report whose id was reused
     extra: Any
     quorums: list[int]
     durations: list[int]
@@ -60,7 +60,7 @@ class SnapshotReply:
     """snapshot.lua's reply: the whole table at one version, with its identity."""
 
     version: int
-    config_version: int
+    config_stamp: int
     config: str
     now_ms: int
     faults: list[str]
@@ -68,19 +68,22 @@ class SnapshotReply:
     epoch: str
     #: this writer's sequence high-water mark in the table
     high_water: int
+    #: the last stamp the table gave
+    hlc: int
 
     @classmethod
     def decode(cls, raw: Sequence[Any]) -> SnapshotReply:
-        version, config_version, config, now, faults, routes, epoch, high_water = raw
+        version, config_stamp, config, now, faults, routes, epoch, high_water, hlc = raw
         return cls(
             int(version),
-            int(config_version),
+            int(config_stamp),
             _text(config),
             int(now),
             list(faults),
             list(routes),
             _text(epoch),
             int(high_water),
+            int(hlc),
         )
 
 
@@ -92,26 +95,43 @@ class PollReply:
     now_ms: int
     epoch: str
     high_water: int
+    #: the last stamp the table gave
+    hlc: int
 
     @classmethod
     def decode(cls, raw: Sequence[Any]) -> PollReply:
-        version, sec, usec, epoch, high_water = raw
+        version, sec, usec, epoch, high_water, hlc = raw
         return cls(
-            int(version or 0), int(sec) * 1000 + int(usec) // 1000, _text(epoch), int(high_water)
+            int(version or 0),
+            int(sec) * 1000 + int(usec) // 1000,
+            _text(epoch),
+            int(high_water),
+            int(hlc),
         )
 
 
 @dataclass(frozen=True, slots=True)
 class ReseedReply:
-    """reseed.lua's reply: the epoch the table has now and what was written back."""
+    """reseed.lua's reply: the epoch the table has now and what a merge wrote into it."""
 
     epoch: str
     version: int
     config: int
     routes: int
-    windows: int
+    items: int
+    graves: int
+    #: items the table had no room for
+    refused: int
 
     @classmethod
     def decode(cls, raw: Sequence[Any]) -> ReseedReply:
-        epoch, version, config, routes, windows = raw
-        return cls(_text(epoch), int(version), int(config), int(routes), int(windows))
+        epoch, version, config, routes, items, graves, refused = raw
+        return cls(
+            _text(epoch),
+            int(version),
+            int(config),
+            int(routes),
+            int(items),
+            int(graves),
+            int(refused),
+        )

@@ -1,73 +1,159 @@
--- reseed.lua: give the table an epoch and write back what a replica holds that the table
--- lacks, merged so that several replicas re-seeding at once converge and no window shrinks.
+-- reseed.lua: merge what a replica holds into the table after a discontinuity (Redis lost
+-- or rolled back data, or may have): the rules are detour.merge's, applied atomically per
+-- entry, so that replicas merging at once, in any order, converge, and no merge moves the
+-- table back.
+--   config and routes: the newer stamp wins; a grave (a delete's stamp) beats every copy
+--     stamped before it
+--   a fault item: the later window end wins (extend-only), everything else comes from the
+--     copy with the newer stamp (ties: the larger stored value); a grave beats copies
+--     stamped before it; a new broker only while the table has room (open windows first:
+--     the caller sends them first)
 -- KEYS[1] faults hash   KEYS[2] routes hash   KEYS[3] meta hash   KEYS[4] event log stream
--- KEYS[5] window ends sorted set   KEYS[6] writers hash   KEYS[7] writers seen sorted set
+-- KEYS[5] window ends sorted set   KEYS[6] graves hash   KEYS[7] graves index (by time)
 -- ARGV[1] change channel
--- ARGV[2] a fresh epoch: taken when the table has none (it was emptied, flushed or never had
---         one); a table with an epoch keeps it, so every replica ends up with the same
--- ARGV[3] the writer (replica id)   ARGV[4] its acked sequence number: the high-water mark
---         is raised to it (the writer's own reports up to it are in what it re-seeds)
--- ARGV[5] event log cap (0 = no events)
--- ARGV[6] announce (0/1): push a "reseed" change so the other replicas resync and merge
---         theirs (the last of a re-seed's calls: a large table goes back in several, so no
---         one call holds Redis long)
--- ARGV[7] config JSON ("" = none): written when the table has none
--- ARGV[8] n, the number of routes; ARGV[9 .. 8 + 2n] topic, route JSON: a topic the table
---         lacks is written (an operator's newer route wins)
--- ARGV[9 + 2n ..] broker, fault item (report.lua's format): written when the table lacks the
---         broker or holds an earlier window end (extend-only), with an event (k=opened
---         r=recovery) for each
--- returns {epoch, version, config written (0/1), routes written, windows written}
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- ARGV[2] a fresh epoch: taken when the table has none (emptied, flushed, never had one)
+-- ARGV[3] event log cap (0 = no events)   ARGV[4] the merging replica's id
+-- ARGV[5] announce (0/1): push a "reseed" change (field: the replica's id) so the other
+--         replicas merge theirs too (the last call of a merge a replica saw the cause of)
+-- ARGV[6] table cap
+-- ARGV[7] config JSON ("" = none)   ARGV[8] its stamp
+-- ARGV[9] n routes, then n pairs: topic, stored route ("stamp|json")
+-- then m graves, then m pairs: "r#topic" | "f#broker", the delete's stamp
+-- then pairs: broker, stored item
+-- returns {epoch, version, config written (0/1), routes written, items written, graves
+--   applied, items refused for want of room}
+local now = clock_ms()
 local epoch = redis.call('HGET', KEYS[3], 'epoch')
 if not epoch then
   epoch = ARGV[2]
   redis.call('HSET', KEYS[3], 'epoch', epoch)
 end
-local function push(kind, field, value)
-  local v = redis.call('HINCRBY', KEYS[3], 'version', 1)
-  redis.call('PUBLISH', ARGV[1], cjson.encode({k = kind, v = v, f = field, x = value}))
+local top_stamp = 0
+local function seen(stamp)
+  if stamp > top_stamp then
+    top_stamp = stamp
+  end
+end
+local wrote_config, wrote_routes, wrote_items, graves_applied, refused = 0, 0, 0, 0, 0
+if ARGV[7] ~= '' then
+  local stamp = tonumber(ARGV[8])
+  seen(stamp)
+  local cur = -1
+  if redis.call('HEXISTS', KEYS[3], 'config') == 1 then
+    cur = tonumber(redis.call('HGET', KEYS[3], 'config_stamp') or '0')
+  end
+  if stamp > cur then
+    redis.call('HSET', KEYS[3], 'config', ARGV[7], 'config_stamp', ARGV[8])
+    push(KEYS[3], ARGV[1], 'config', 'config', ARGV[7], stamp)
+    wrote_config = 1
+  end
+end
+-- detour.merge._rest: a copy's stored form without its window (the tiebreak of one stamp)
+local function rest(it)
+  local e, why = it.e, it.why
+  it.e, it.why = 0, nil
+  local v = encode_item(it)
+  it.e, it.why = e, why
   return v
 end
-local wrote_config, wrote_routes, wrote_faults = 0, 0, 0
-if ARGV[7] ~= '' and not redis.call('HGET', KEYS[3], 'config') then
-  redis.call('HSET', KEYS[3], 'config', ARGV[7])
-  redis.call('HSET', KEYS[3], 'config_version', push('config', 'config', ARGV[7]))
-  wrote_config = 1
+local function grave_of(member)
+  return tonumber(redis.call('HGET', KEYS[6], member) or '-1')
 end
-local n = tonumber(ARGV[8])
-for i = 9, 8 + 2 * n, 2 do
-  if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1]) == 1 then
-    push('route', ARGV[i], ARGV[i + 1])
+local i = 9
+local n = tonumber(ARGV[i])
+for j = i + 1, i + 2 * n, 2 do
+  local topic, value = ARGV[j], ARGV[j + 1]
+  local stamp = split_route(value)
+  seen(stamp)
+  local cur = redis.call('HGET', KEYS[2], topic)
+  local cur_stamp = cur and split_route(cur) or -1
+  if stamp > cur_stamp and stamp > grave_of('r#' .. topic) then
+    redis.call('HSET', KEYS[2], topic, value)
+    push(KEYS[3], ARGV[1], 'route', topic, value, stamp)
     wrote_routes = wrote_routes + 1
   end
 end
-local event_cap = tonumber(ARGV[5])
-for i = 9 + 2 * n, #ARGV, 2 do
-  local broker, value = ARGV[i], ARGV[i + 1]
-  local new_end = tonumber(string.match(value, '^%d+,(%d+)'))
-  local old = redis.call('HGET', KEYS[1], broker)
-  local old_end = old and tonumber(string.match(old, '^%d+,(%d+)')) or nil
-  if old_end == nil or old_end < new_end then
-    redis.call('HSET', KEYS[1], broker, value)
-    redis.call('ZADD', KEYS[5], new_end, broker)
-    push('fault', broker, value)
-    wrote_faults = wrote_faults + 1
-    if event_cap > 0 then
+i = i + 2 * n + 1
+local m = tonumber(ARGV[i])
+for j = i + 1, i + 2 * m, 2 do
+  local member, stamp = ARGV[j], tonumber(ARGV[j + 1])
+  seen(stamp)
+  local kind, name = string.sub(member, 1, 1), string.sub(member, 3)
+  local hash = kind == 'f' and KEYS[1] or KEYS[2]
+  local cur = redis.call('HGET', hash, name)
+  if cur then
+    local cur_stamp = kind == 'f' and item_stamp(cur) or split_route(cur)
+    if cur_stamp < stamp then
+      redis.call('HDEL', hash, name)
+      if kind == 'f' then
+        redis.call('ZREM', KEYS[5], name)
+      end
+      push(KEYS[3], ARGV[1], kind == 'f' and 'fault' or 'route', name, '', stamp)
+      graves_applied = graves_applied + 1
+    end
+  end
+  if stamp > grave_of(member) then
+    redis.call('HSET', KEYS[6], member, fmt(stamp))
+    redis.call('ZADD', KEYS[7], now, member)
+  end
+end
+i = i + 2 * m + 1
+local cap = tonumber(ARGV[6])
+local event_cap = tonumber(ARGV[3])
+for j = i, #ARGV, 2 do
+  local broker, value = ARGV[j], ARGV[j + 1]
+  local mine = parse_item(value)
+  seen(mine.stamp)
+  local cur = redis.call('HGET', KEYS[1], broker)
+  local merged, old_end = nil, nil
+  if not cur then
+    if mine.stamp > grave_of('f#' .. broker) then
+      if redis.call('HLEN', KEYS[1]) < cap then
+        merged = value
+      else
+        refused = refused + 1
+      end
+    end
+  else
+    local theirs = parse_item(cur)
+    old_end = theirs.e
+    -- detour.merge.merge_items: the rest from the newer copy, the later window end with
+    -- the reason it is open
+    local newer, other = theirs, mine
+    if mine.stamp > theirs.stamp then
+      newer, other = mine, theirs
+    elseif mine.stamp == theirs.stamp then
+      local rm, rt = rest(mine), rest(theirs)
+      if rm > rt or (rm == rt and value > cur) then
+        newer, other = mine, theirs
+      end
+    end
+    if other.e > newer.e then
+      newer.e, newer.why = other.e, other.why
+    end
+    local v = encode_item(newer)
+    if v ~= cur then
+      merged = v
+    end
+  end
+  if merged ~= nil then
+    local e = item_end(merged)
+    redis.call('HSET', KEYS[1], broker, merged)
+    redis.call('ZADD', KEYS[5], e, broker)
+    push(KEYS[3], ARGV[1], 'fault', broker, merged, item_stamp(merged))
+    wrote_items = wrote_items + 1
+    if event_cap > 0 and e > now and (old_end == nil or e > old_end) then
       redis.call('XADD', KEYS[4], 'MAXLEN', '~', event_cap, '*', 'k', 'opened', 'r', 'recovery',
-        'b', broker, 't', '', 'n', 0, 'e', string.format('%.0f', new_end),
-        'a', string.format('%.0f', now))
+        'b', broker, 't', '', 'n', 0, 'e', fmt(e), 'a', fmt(now))
     end
   end
 end
-local acked = tonumber(ARGV[4])
-if acked > tonumber(redis.call('HGET', KEYS[6], ARGV[3]) or '0') then
-  redis.call('HSET', KEYS[6], ARGV[3], acked)
-  redis.call('ZADD', KEYS[7], now, ARGV[3])
+-- Stamps the table gives from now on are above everything merged into it.
+if top_stamp > tonumber(redis.call('HGET', KEYS[3], 'hlc') or '0') then
+  redis.call('HSET', KEYS[3], 'hlc', fmt(top_stamp))
 end
 local version = tonumber(redis.call('HGET', KEYS[3], 'version') or '0')
-if ARGV[6] == '1' then
-  version = push('reseed', '', epoch)
+if ARGV[5] == '1' then
+  version = push(KEYS[3], ARGV[1], 'reseed', ARGV[4], epoch, top_stamp)
 end
-return {epoch, version, wrote_config, wrote_routes, wrote_faults}
+return {epoch, version, wrote_config, wrote_routes, wrote_items, graves_applied, refused}

@@ -1,17 +1,27 @@
--- set_entry.lua: write or delete one entry of the shared table and push the change.
--- Used for routes (hash routes, field topic), config (hash meta, field "config") and an
--- operator clearing a fault item (hash faults, field broker, delete).
--- KEYS[1] the hash   KEYS[2] meta hash (version, config_version, epoch)
--- KEYS[3] event log stream   KEYS[4] window ends sorted set (report.lua's eviction index)
+-- set_entry.lua: write or delete one entry of the shared table, stamp it and push it.
+-- Used for routes (hash routes, field topic, stored "stamp|json"), the config (meta
+-- "config" and "config_stamp") and an operator clearing a fault item (hash faults, delete).
+-- A delete leaves a grave (the delete's stamp), so that a merge (reseed.lua) never brings
+-- back what an operator removed.
+-- KEYS[1] the hash   KEYS[2] meta hash (version, hlc, config_stamp, epoch)
+-- KEYS[3] event log stream   KEYS[4] window ends sorted set (report.lua's KEYS[5])
+-- KEYS[5] graves hash: "r#topic" / "f#broker" -> the delete's stamp
+-- KEYS[6] graves index: sorted set of the same members by delete time (ms)
 -- ARGV[1] change channel   ARGV[2] kind ("route" | "config" | "fault")   ARGV[3] field
--- ARGV[4] value; "" deletes the field
+-- ARGV[4] value (a route's JSON, the config's JSON); "" deletes the field
 -- ARGV[5] event log cap (0 = no event): an operator's delete of a broker whose window was
 --         open is an event (k=ended r=operator, as report.lua's)
 -- ARGV[6] the table epoch the caller holds: a table with another one (or none) is not
---         written: it was lost, and the caller re-seeds it first. "+id": the caller holds no
---         table yet: a table without an epoch takes id as its epoch (report.lua's ARGV[7])
--- returns the new version, 0 when deleting a field that does not exist (nothing pushed),
---   or -1 when the epoch differs (nothing written)
+--         written: it was lost, and the caller merges first. "+id": the caller holds no
+--         table yet: a table without an epoch takes id (report.lua's ARGV[7])
+-- ARGV[7] the caller's stamp floor (lib/item.lua stamper)
+-- ARGV[8] config only: the config stamp the caller's change was made on ("" = any): a
+--         table whose config has another stamp is not written (a concurrent change)
+-- ARGV[9] graves kept: ms   ARGV[10] graves kept: most
+-- returns {version, stamp}: version 0 when deleting a field that does not exist (nothing
+--   pushed); -1 when the epoch differs, -2 when the config changed meanwhile (stamp: the
+--   table's config stamp); nothing written then
+local now = clock_ms()
 local epoch, held = redis.call('HGET', KEYS[2], 'epoch') or '', ARGV[6]
 if string.sub(held, 1, 1) == '+' then
   held = string.sub(held, 2)
@@ -21,32 +31,52 @@ if string.sub(held, 1, 1) == '+' then
   end
 end
 if epoch ~= held then
-  return -1
+  return {-1, '0'}
 end
-if ARGV[4] == '' then
-  local old = redis.call('HGET', KEYS[1], ARGV[3])
+local kind, field, value = ARGV[2], ARGV[3], ARGV[4]
+if kind == 'config' and ARGV[8] ~= '' then
+  local current = redis.call('HGET', KEYS[2], 'config_stamp') or '0'
+  if current ~= ARGV[8] then
+    return {-2, current}
+  end
+end
+local stamps = stamper(KEYS[2], now, ARGV[7])
+local stamp = stamps.next()
+local stored = value
+if value == '' then
+  local old = redis.call('HGET', KEYS[1], field)
   if not old then
-    return 0
+    return {0, '0'}
   end
-  redis.call('HDEL', KEYS[1], ARGV[3])
-  if ARGV[2] == 'fault' then
-    redis.call('ZREM', KEYS[4], ARGV[3])
-  end
-  if ARGV[2] == 'fault' and tonumber(ARGV[5]) > 0 then
-    local t = redis.call('TIME')
-    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    local e = tonumber(string.match(old, '^%d+,(%d+)'))
-    if e > now then
-      redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'k', 'ended', 'r', 'operator',
-        'b', ARGV[3], 't', '', 'n', 0, 'e', string.format('%.0f', now), 'a', string.format('%.0f', now))
+  redis.call('HDEL', KEYS[1], field)
+  local grave = (kind == 'fault' and 'f#' or 'r#') .. field
+  redis.call('HSET', KEYS[5], grave, fmt(stamp))
+  redis.call('ZADD', KEYS[6], now, grave)
+  local gone = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now - tonumber(ARGV[9]), 'LIMIT', 0, 16)
+  local extra = redis.call('ZCARD', KEYS[6]) - #gone - tonumber(ARGV[10])
+  if extra > 0 then
+    for _, g in ipairs(redis.call('ZRANGE', KEYS[6], 0, math.min(extra, 16) + #gone - 1)) do
+      gone[#gone + 1] = g
     end
   end
+  for _, g in ipairs(gone) do
+    redis.call('HDEL', KEYS[5], g)
+    redis.call('ZREM', KEYS[6], g)
+  end
+  if kind == 'fault' then
+    redis.call('ZREM', KEYS[4], field)
+    local e = item_end(old)
+    if tonumber(ARGV[5]) > 0 and e > now then
+      redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'k', 'ended', 'r', 'operator',
+        'b', field, 't', '', 'n', 0, 'e', fmt(now), 'a', fmt(now))
+    end
+  end
+elseif kind == 'config' then
+  redis.call('HSET', KEYS[2], 'config', value, 'config_stamp', fmt(stamp))
 else
-  redis.call('HSET', KEYS[1], ARGV[3], ARGV[4])
+  stored = fmt(stamp) .. '|' .. value
+  redis.call('HSET', KEYS[1], field, stored)
 end
-local version = redis.call('HINCRBY', KEYS[2], 'version', 1)
-if ARGV[2] == 'config' then
-  redis.call('HSET', KEYS[2], 'config_version', version)
-end
-redis.call('PUBLISH', ARGV[1], cjson.encode({k = ARGV[2], v = version, f = ARGV[3], x = ARGV[4]}))
-return version
+stamps.done()
+local version = push(KEYS[2], ARGV[1], kind, field, stored, stamp)
+return {version, fmt(stamp)}

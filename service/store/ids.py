@@ -1,0 +1,91 @@
+"""Report ids a replica answered itself: each producer's retry is answered as its first.
+
+A ``reportId`` is the producer's identity for one report (the SDK's replay after a lost
+reply, a retried batch). Ids live in scopes: the token's name when tokens are on, one
+open scope otherwise, so no other token can claim an id or push it out. A scope keeps an
+id for ``window_ms`` and at most ``cap`` ids (past it, its own oldest go: only the scope's
+own traffic can evict them). With the id comes what the report said (its fingerprint) and
+the answer it got: an id sent again with the same content is answered as it was the first
+time (``duplicate``); with other content it is refused (``ReportIdReused``), as an
+idempotency key reused with other parameters is.
+
+The memory store keeps every id here; the Redis store keeps the ids of reports it kept
+local (policy.quiet) here and the others in Redis (report.lua, with the same bounds).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import replace
+
+from detour.apply import ReportIn
+from service.errors import ReportIdReused
+from service.store.base import REPORT_ID_CAP, REPORT_ID_WINDOW_MS, ReportOutcome
+
+
+class ReportIds:
+    """Scoped, bounded memory of report ids with their fingerprint and first answer."""
+
+    def __init__(self, window_ms: int = REPORT_ID_WINDOW_MS, cap: int | None = None) -> None:
+        self._window_ms = window_ms
+        self._cap = REPORT_ID_CAP if cap is None else cap
+        #: scope -> report id -> (first seen ms, fingerprint, first answer), oldest first
+        self._scopes: dict[str, OrderedDict[str, tuple[int, str, ReportOutcome]]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(ids) for ids in self._scopes.values())
+
+    def scopes(self) -> int:
+        return len(self._scopes)
+
+    def check(self, reports: list[ReportIn], now_ms: int) -> None:
+        """Raises ReportIdReused, naming the report's index, when one carries an id seen
+        with other content (in the memory or earlier in ``reports``): checked for the whole
+        call before anything is applied, so a refused call changes nothing."""
+        seen: dict[tuple[str, str], str] = {}
+        for i, r in enumerate(reports):
+            if not r.report_id:
+                continue
+            key = (r.scope, r.report_id)
+            fp = r.fingerprint
+            known = self._get(r, now_ms)
+            first = known[1] if known is not None else seen.get(key)
+            if first is not None and first != fp:
+                raise ReportIdReused(r.report_id, i)
+            seen.setdefault(key, fp)
+
+    def first(self, r: ReportIn, now_ms: int) -> ReportOutcome | None:
+        """The answer ``r``'s id got the first time, marked ``duplicate``; None when the id is
+        new (or ``r`` has none). ``check`` ran before: the content is the same."""
+        known = self._get(r, now_ms) if r.report_id else None
+        if known is None:
+            return None
+        return replace(known[2], duplicate=True)
+
+    def remember(self, r: ReportIn, answer: ReportOutcome, now_ms: int) -> None:
+        if not r.report_id:
+            return
+        ids = self._scopes.setdefault(r.scope, OrderedDict())
+        ids[r.report_id] = (now_ms, r.fingerprint, answer)
+        while len(ids) > self._cap:
+            ids.popitem(last=False)
+
+    def _get(self, r: ReportIn, now_ms: int) -> tuple[int, str, ReportOutcome] | None:
+        ids = self._scopes.get(r.scope)
+        if ids is None:
+            return None
+        self._expire(r.scope, ids, now_ms)
+        return ids.get(r.report_id)
+
+    def _expire(
+        self, scope: str, ids: OrderedDict[str, tuple[int, str, ReportOutcome]], now_ms: int
+    ) -> None:
+        horizon = now_ms - self._window_ms
+        for _ in range(64):  # bounded per call; the cap bounds the rest
+            if not ids:
+                del self._scopes[scope]
+                return
+            first_seen = next(iter(ids.values()))[0]
+            if first_seen > horizon:
+                return
+            ids.popitem(last=False)

@@ -1,0 +1,124 @@
+-- lib/item.lua: prepended to every script (service/store/scripts.py). A fault item, a route
+-- and a table write's stamp, each read and written in one place.
+--
+-- A fault item is stored as codec.encode_fault writes it:
+--   "stamp@latencyMs,availableAt[,isolations[,probation 0/1[,reachable 0/1]]]" then
+--   ";producer=at" per suspect, ";producer=at=end" per slow vote, ";~producer=since=at" per
+--   in-flight signal; the fields after availableAt only as far as the item keeps more; then
+--   ";!reason=since=latencyMs=by" while a window is open (detour.model.Why). An item
+--   written before stamps existed has no "stamp@" (stamp 0).
+-- A route is stored as "stamp|" then its JSON; one written before stamps, as the JSON alone.
+-- Stamps order the writes of a table (a hybrid logical clock): a write's stamp is above
+-- every stamp the table gave before and every stamp the writer has seen (its floor), and
+-- near Redis's clock (ms * 1000), so a table restored from an older copy still stamps new
+-- writes above the lost ones. They are what merges (reseed.lua) compare.
+
+local function fmt(n)
+  return string.format('%.0f', n)
+end
+
+local function parse_item(v)
+  local stamp, rest = string.match(v, '^(%d+)@(.*)$')
+  if stamp == nil then
+    stamp, rest = '0', v
+  end
+  local head, tail = string.match(rest, '^([^;]*)(.*)$')
+  local l, e, n, pr, rc = string.match(head, '^(%d+),(%d+),?(%d*),?(%d*),?(%d*)$')
+  local it = {stamp = tonumber(stamp), lat = l, e = tonumber(e), iso = tonumber(n) or 0,
+    prob = pr == '1', reach = rc, suspects = {}, slow = {}, signals = {}, why = nil}
+  for entry in string.gmatch(tail, ';([^;]*)') do
+    local mark = string.sub(entry, 1, 1)
+    if mark == '!' then
+      local reason, since, lat, by = string.match(entry, '^!([^=]*)=(%d+)=(%d+)=(.*)$')
+      it.why = {reason, tonumber(since), lat, by}
+    else
+      local who, when, ends_at = string.match(entry, '^([^=]*)=(%d+)=?(%d*)$')
+      if mark == '~' then
+        it.signals[#it.signals + 1] = {string.sub(who, 2), tonumber(when), tonumber(ends_at)}
+      elseif ends_at == '' then
+        it.suspects[#it.suspects + 1] = {who, tonumber(when)}
+      else
+        it.slow[#it.slow + 1] = {who, tonumber(when), tonumber(ends_at)}
+      end
+    end
+  end
+  return it
+end
+
+local function encode_item(it)
+  local value = fmt(it.stamp) .. '@' .. it.lat .. ',' .. fmt(it.e)
+  if it.iso > 0 or #it.suspects > 0 or #it.slow > 0 or #it.signals > 0 or it.prob
+      or it.reach ~= '' then
+    value = value .. ',' .. fmt(it.iso)
+    if it.reach ~= '' then
+      value = value .. ',' .. (it.prob and '1' or '0') .. ',' .. it.reach
+    elseif it.prob then
+      value = value .. ',1'
+    end
+    for _, s in ipairs(it.suspects) do
+      value = value .. ';' .. s[1] .. '=' .. fmt(s[2])
+    end
+    for _, s in ipairs(it.slow) do
+      value = value .. ';' .. s[1] .. '=' .. fmt(s[2]) .. '=' .. fmt(s[3])
+    end
+    for _, s in ipairs(it.signals) do
+      value = value .. ';~' .. s[1] .. '=' .. fmt(s[2]) .. '=' .. fmt(s[3])
+    end
+  end
+  if it.why ~= nil then
+    local w = it.why
+    value = value .. ';!' .. w[1] .. '=' .. fmt(w[2]) .. '=' .. w[3] .. '=' .. w[4]
+  end
+  return value
+end
+
+-- The window end of a stored item, without parsing the rest.
+local function item_end(v)
+  return tonumber(string.match(v, '^%d+@%d+,(%d+)') or string.match(v, '^%d+,(%d+)'))
+end
+
+-- The stamp of a stored item (0 before stamps existed).
+local function item_stamp(v)
+  return tonumber(string.match(v, '^(%d+)@') or '0')
+end
+
+-- The stamp of a stored route, and its JSON.
+local function split_route(v)
+  local stamp, json = string.match(v, '^(%d+)|(.*)$')
+  if stamp == nil then
+    return 0, v
+  end
+  return tonumber(stamp), json
+end
+
+-- Redis's clock in ms.
+local function clock_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Stamps for this call's writes: next() gives one per write, above the table's last stamp
+-- (meta "hlc"), the caller's floor and now * 1000; done() keeps the last one given.
+local function stamper(meta, now, floor)
+  local last = math.max(tonumber(redis.call('HGET', meta, 'hlc') or '0'), tonumber(floor) or 0)
+  local base, n = math.max(now * 1000, last + 1), -1
+  return {
+    next = function()
+      n = n + 1
+      return base + n
+    end,
+    done = function()
+      if n >= 0 then
+        redis.call('HSET', meta, 'hlc', fmt(base + n))
+      end
+    end,
+  }
+end
+
+-- Push one change to the other replicas: {k=kind, v=version, f=field, x=value, s=stamp}.
+local function push(meta, channel, kind, field, value, stamp)
+  local v = redis.call('HINCRBY', meta, 'version', 1)
+  redis.call('PUBLISH', channel,
+    cjson.encode({k = kind, v = v, f = field, x = value, s = fmt(stamp or 0)}))
+  return v
+end

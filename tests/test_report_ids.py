@@ -1,0 +1,203 @@
+"""Report ids on both stores: a report sent again is answered as the first time and says so,
+changes nothing and starts no merge; ids are scoped by token, so no other token can claim
+or push one out; an id reused with other content is refused and changes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.settings import Settings
+from service.store import ids as ids_module
+from service.store import redis as redis_store
+from tests.procs import PATIENT_CALL_TIMEOUT_S, write_tokens
+
+pytestmark = pytest.mark.integration
+
+TOKENS = {"alpha": ("tok-alpha", "producer", "default"),
+          "beta": ("tok-beta", "producer", "default"),
+          "admin": ("tok-admin", "admin", "default")}
+
+
+def auth(name: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKENS[name][0]}"}
+
+
+@pytest.fixture
+def tokens_file(tmp_path: Path) -> Path:
+    return write_tokens(tmp_path / "tokens.json", TOKENS)
+
+
+def tokened_client(store_kind: str, tokens_file: Path, request: pytest.FixtureRequest
+                   ) -> Iterator[TestClient]:
+    fields: dict[str, Any] = {"tokens_file": str(tokens_file)}
+    if store_kind == "redis":
+        fields |= {"redis_url": request.getfixturevalue("redis_url"),
+                   "redis_call_timeout_s": PATIENT_CALL_TIMEOUT_S}
+    with TestClient(create_app(Settings(**fields))) as c:
+        yield c
+
+
+@pytest.fixture
+def tokened(store_kind: str, tokens_file: Path, request: pytest.FixtureRequest
+            ) -> Iterator[TestClient]:
+    yield from tokened_client(store_kind, tokens_file, request)
+
+
+def merges(c: TestClient) -> float:
+    text = c.get("/metrics", headers=auth("admin")).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("detour_store_reseeds_total{"))
+
+
+def isolation(broker: str, rid: str, **extra: Any) -> dict[str, Any]:
+    return {"brokerName": broker, "latencyMs": 5, "isolation": True, "reportId": rid, **extra}
+
+
+def test_a_report_sent_again_is_answered_as_the_first_and_starts_no_merge(
+        tokened: TestClient) -> None:
+    first = tokened.post("/report-latency", json=isolation("a", "r-1"), headers=auth("alpha"))
+    assert first.status_code == 200, first.text
+    body = first.json()
+    assert body["duplicate"] is False and body["notAvailableDurationMs"] == 600_000
+    before = merges(tokened)
+    for _ in range(20):
+        again = tokened.post("/report-latency", json=isolation("a", "r-1"), headers=auth("alpha"))
+        assert again.status_code == 200
+        assert again.json() == {**body, "duplicate": True}
+    # the same id inside a batch, replayed with its age (the SDK's replay): the same answer
+    batch = tokened.post("/report-latency:batch", headers=auth("alpha"),
+                         json={"reports": [isolation("a", "r-1", ageMs=300)]})
+    assert batch.status_code == 200
+    (out,) = batch.json()["results"]
+    assert out["duplicate"] is True and out["availableAt"] == body["availableAt"]
+    assert merges(tokened) == before
+    items = tokened.get("/fault-items", headers=auth("admin")).json()["items"]
+    assert [i["availableAt"] for i in items if i["brokerName"] == "a"] == [body["availableAt"]]
+    log = tokened.get("/latency-log", headers=auth("admin")).json()["entries"]
+    assert [e["brokerName"] for e in log].count("a") == 1
+
+
+def test_another_token_reusing_an_id_is_its_own_report(tokened: TestClient) -> None:
+    """The id names alpha's report; beta's report with that id, for another broker, is
+    beta's own: applied, its isolation kept (not dropped as a duplicate)."""
+    a = tokened.post("/report-latency", json=isolation("a", "shared"), headers=auth("alpha"))
+    b = tokened.post("/report-latency", json=isolation("b", "shared"), headers=auth("beta"))
+    assert a.status_code == b.status_code == 200
+    assert b.json()["duplicate"] is False
+    assert b.json()["notAvailableDurationMs"] == 600_000
+    items = {i["brokerName"]: i for i in
+             tokened.get("/fault-items", headers=auth("admin")).json()["items"]}
+    assert items["b"]["available"] is False and items["a"]["available"] is False
+
+
+@pytest.mark.parametrize("path", ["/report-latency", "/report-latency:batch"])
+def test_an_id_reused_with_other_content_is_refused_and_changes_nothing(
+        tokened: TestClient, path: str) -> None:
+    assert tokened.post("/report-latency", json=isolation("a", "r-7"),
+                        headers=auth("alpha")).status_code == 200
+    table = tokened.get("/fault-items", headers=auth("admin")).json()["items"]
+    other = isolation("b", "r-7")
+    body: dict[str, Any] = other if path == "/report-latency" else {
+        "reports": [isolation("c", "r-8"), other]}
+    r = tokened.post(path, json=body, headers=auth("alpha"))
+    assert r.status_code == 422, r.text
+    assert r.json()["error"] == "REPORT_ID_REUSED"
+    assert r.json()["field"] == ("reportId" if path == "/report-latency"
+                                 else "reports[1].reportId")
+    # nothing of the request was applied, not even the batch's first report
+    assert tokened.get("/fault-items", headers=auth("admin")).json()["items"] == table
+    # the same id twice in one batch with different content: refused too
+    r = tokened.post("/report-latency:batch", headers=auth("alpha"), json={
+        "reports": [isolation("d", "r-9"), isolation("e", "r-9")]})
+    assert r.status_code == 422 and r.json()["field"] == "reports[1].reportId"
+
+
+def test_a_batch_applied_in_chunks_names_the_reused_item_and_keeps_its_word(
+        tokened: TestClient) -> None:
+    """A batch is applied in chunks of 25: an id repeated with other content within it is
+    refused before any chunk is applied; one the store knew from an earlier request is
+    refused in its chunk, with the earlier chunks applied (as documented), and either way
+    ``field`` names the item in the batch, not in its chunk."""
+    from service.api.reports import BATCH_CHUNK
+
+    def broker_names() -> set[str]:
+        items = tokened.get("/fault-items", headers=auth("admin")).json()["items"]
+        return {i["brokerName"] for i in items}
+
+    size = 2 * BATCH_CHUNK + 10
+    late = 2 * BATCH_CHUNK + 5
+    within = [isolation(f"w{i}", f"w-{i}") for i in range(size)]
+    within[late] = isolation("w-late", "w-3")  # item 3's id, other content
+    r = tokened.post("/report-latency:batch", headers=auth("alpha"), json={"reports": within})
+    assert r.status_code == 422, r.text
+    assert (r.json()["error"], r.json()["field"]) == ("REPORT_ID_REUSED",
+                                                      f"reports[{late}].reportId")
+    assert broker_names() == set()  # nothing of it applied
+
+    assert tokened.post("/report-latency", json=isolation("known", "k-1"),
+                        headers=auth("alpha")).status_code == 200
+    stored = [isolation(f"s{i}", f"s-{i}") for i in range(size)]
+    stored[late] = isolation("s-late", "k-1")  # the stored id, other content
+    r = tokened.post("/report-latency:batch", headers=auth("alpha"), json={"reports": stored})
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == f"reports[{late}].reportId"
+    before = late // BATCH_CHUNK * BATCH_CHUNK
+    assert broker_names() == {"known"} | {f"s{i}" for i in range(before)}
+
+
+def test_another_tokens_flood_of_ids_never_pushes_one_out(
+        store_kind: str, tokens_file: Path, request: pytest.FixtureRequest,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a scope cap of 20 ids: beta's 100 ids leave alpha's one where it is (its replay
+    is still a duplicate)."""
+    monkeypatch.setattr(redis_store, "REPORT_ID_CAP", 20)
+    monkeypatch.setattr(ids_module, "REPORT_ID_CAP", 20)
+    # built after the cap is set (a store reads it when it starts)
+    for tokened in tokened_client(store_kind, tokens_file, request):
+        _flood(tokened)
+
+
+def _flood(tokened: TestClient) -> None:
+    first = tokened.post("/report-latency", json=isolation("a", "keep"), headers=auth("alpha"))
+    assert first.status_code == 200
+    for start in range(0, 100, 25):
+        r = tokened.post("/report-latency:batch", headers=auth("beta"), json={"reports": [
+            isolation(f"x{i}", f"flood-{i}") for i in range(start, start + 25)]})
+        assert r.status_code == 200, r.text
+    again = tokened.post("/report-latency", json=isolation("a", "keep"), headers=auth("alpha"))
+    assert again.json()["duplicate"] is True
+    assert again.json()["availableAt"] == first.json()["availableAt"]
+
+
+def test_ids_are_bounded_per_scope(store_kind: str, request: pytest.FixtureRequest,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """However many ids a scope sends, it keeps at most the cap of them."""
+    monkeypatch.setattr(redis_store, "REPORT_ID_CAP", 30)
+    monkeypatch.setattr(ids_module, "REPORT_ID_CAP", 30)
+    fields: dict[str, Any] = {}
+    if store_kind == "redis":
+        fields |= {"redis_url": request.getfixturevalue("redis_url"),
+                   "redis_call_timeout_s": PATIENT_CALL_TIMEOUT_S, "report_flush_ms": 0}
+    with TestClient(create_app(Settings(**fields))) as c:
+        for start in range(0, 200, 50):
+            r = c.post("/report-latency:batch", json={"reports": [
+                isolation(f"y{i}", f"id-{i}") for i in range(start, start + 50)]})
+            assert r.status_code == 200, r.text
+        # the newest are remembered, the oldest went: only the open scope's own traffic
+        assert c.post("/report-latency", json=isolation("y199", "id-199")).json()["duplicate"]
+        assert not c.post("/report-latency", json=isolation("y0", "id-0")).json()["duplicate"]
+        if store_kind == "redis":
+            import redis as redis_client
+
+            raw = redis_client.Redis.from_url(fields["redis_url"], decode_responses=True)
+            assert raw.hlen("detour:{default}:ids") <= 30
+            assert raw.zcard("detour:{default}:ids-index") <= 30
+            raw.close()
+        else:
+            assert len(c.app_state["store"]._ids) <= 30
