@@ -131,12 +131,17 @@ class TableView:
     #: one, and the next resync repairs it.
     MAX_TOMBSTONES = 65_536
 
-    def __init__(self, clock: Callable[[], int], namespace: str = "default") -> None:
+    def __init__(
+        self, clock: Callable[[], int], namespace: str = "default", config: Config | None = None
+    ) -> None:
         #: Epoch ms on the store's clock (Redis TIME for Redis, the process clock for memory).
         self.now_ms = clock
         #: Whose table this is (a label on the metrics it feeds).
         self.namespace = namespace
-        self.config = Config()
+        #: The table's config; before any was written, the one a new table starts with
+        #: (detour/profiles.py), at stamp 0.
+        self.initial_config = Config() if config is None else config
+        self.config = self.initial_config
         #: Store version at which ``config`` was written; reports carry it so a
         #: replica never applies tiers it has not seen yet.
         self.config_version = 0

@@ -172,6 +172,31 @@ def _patch_field(f: ConfigField) -> tuple[Any, Any]:
     )
 
 
+#: The named configs (detour/profiles.py).
+ProfileName = Literal["recommended", "rocketmq-4"]
+_PROFILE_OUT = (
+    ProfileName | None,
+    Field(
+        None,
+        description="The profile (detour/profiles.py) whose every field this config has, or "
+        "null for a config of its own: `recommended` (what a new table starts with, "
+        "docs/policy.md) or `rocketmq-4` (exactly RocketMQ 4.x, docs/semantics.md). Read "
+        "only: a `PUT` may send it back with the rest of a `GET`'s body, and it is ignored "
+        "there (the fields say it all); `PATCH` with a profile starts from it.",
+        examples=["recommended"],
+    ),
+)
+_PROFILE_PATCH = (
+    ProfileName | None,
+    Field(
+        None,
+        description="Start from this profile (every field to its value; detour/profiles.py), "
+        'then apply the other fields named: `{"profile": "rocketmq-4"}` is exact '
+        'RocketMQ 4.x, `{"profile": "recommended"}` the out-of-the-box config.',
+        examples=["rocketmq-4"],
+    ),
+)
+
 # The fields exist only at run time: type checkers see the rules' class, FastAPI and the
 # OpenAPI document the whole model.
 if TYPE_CHECKING:
@@ -184,6 +209,7 @@ else:
         __base__=_ConfigRules,
         __module__=__name__,
         __doc__="The fault strategy's settings, one per deployment.",
+        profile=_PROFILE_OUT,
         **{f.name: _config_field(f) for f in CONFIG_FIELDS},
     )
     ConfigReplace = create_model(
@@ -193,6 +219,7 @@ else:
         __doc__="A whole config for `PUT /config`: every field, none left out (a partial "
         "body would silently put the others back to their defaults, so it is refused with "
         "422 naming what is missing; `PATCH /config` changes only what it names).",
+        profile=_PROFILE_OUT,
         **{f.name: _config_field(f, required=True) for f in CONFIG_FIELDS},
     )
     ConfigPatch = create_model(
@@ -202,6 +229,7 @@ else:
         __doc__="A JSON merge patch of the config (RFC 7396, `application/merge-patch+json`): "
         "the fields named change, the others stay as they are; `null` puts a field back to "
         "its default. The result must be a valid config (422 naming the field otherwise).",
+        profile=_PROFILE_PATCH,
         **{f.name: _patch_field(f) for f in CONFIG_FIELDS},
     )
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -87,6 +89,11 @@ class Settings(BaseSettings):
     #: Fault items one namespace's table may hold. A report for a new broker when it is
     #: full first drops items whose window has ended; if none has, it is refused (409).
     max_brokers: int = Field(10_000, ge=1, le=1_000_000)
+    #: The config a new table starts with (detour/profiles.py): ``recommended`` (the
+    #: settings docs/policy.md recommends for a shared table) or ``rocketmq-4`` (exactly
+    #: RocketMQ 4.x). Only a table that never had a config written takes it; with Redis,
+    #: the first replica to find none writes it, and the table's config is then shared.
+    profile: Literal["recommended", "rocketmq-4"] = "recommended"
 
     # The HTTP edge: bounds on what a client can hold or send before Detour's app runs,
     # as nginx and Envoy bound them (docs/security.md, "The HTTP edge").

@@ -118,9 +118,13 @@ def seed(client: TestClient) -> State:
         "available": False,
         "probation": False,
         "reachable": None,
+        # why the broker is avoided: set by the report (its ``since`` is the store's clock)
+        "why": client.get("/fault-items").json()["items"][0]["why"],
     }
+    assert item["why"]["reason"] == "latency", item
     return {
-        "config": {**DEFAULT_CONFIG, **SEED_CONFIG},
+        # GET /config names the profile a config is: none, for this one
+        "config": {"profile": None, **DEFAULT_CONFIG, **SEED_CONFIG},
         "routes": {"routes": [{"topic": TOPIC, **SEED_ROUTE}]},
         "faults": {"items": [item]},
     }

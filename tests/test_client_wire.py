@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from detour.client import wire
-from detour.model import FaultItem
+from detour.model import FaultItem, Why
 from service.api.render import fault_event
 
 pytestmark = pytest.mark.unit
@@ -37,6 +37,8 @@ ANSWER: dict[str, Any] = {
             "broker-a", 30000, 1_764_000_600_000, 3, (("p1", 1_764_000_000_000),), True, False
         ),
         FaultItem("broker-b", 0, 0, 0, (("p1", 5), ("p2", 7)), False, True),
+        FaultItem("broker-c", 0, 1_764_000_600_000,
+                  why=Why("isolation", 1_764_000_000_000, 3000, "orders-app")),
     ],
 )
 def test_a_fault_item_survives_the_stream(item: FaultItem) -> None:
@@ -52,11 +54,12 @@ def test_a_fault_item_from_an_older_service_has_none_of_the_policy_fields() -> N
 
 @pytest.mark.parametrize(
     "bad",
-    [{"reachable": "yes"}, {"suspects": [["p1"]]}, {"suspects": [["p1", "soon"]]}],
+    [{"reachable": "yes"}, {"suspects": [["p1"]]}, {"suspects": [["p1", "soon"]]},
+     {"why": "isolation"}, {"why": {"reason": "latency"}}],
 )
 def test_a_malformed_fault_item_is_refused(bad: dict[str, Any]) -> None:
     body = {"brokerName": "broker-a", "currentLatencyMs": 5, "availableAt": 9, **bad}
-    with pytest.raises((TypeError, ValueError)):
+    with pytest.raises((TypeError, ValueError, KeyError)):
         wire.fault(body)
 
 

@@ -25,7 +25,7 @@ from prometheus_client import REGISTRY
 
 from detour.model import BrokerRoute, Config, Route
 from service.settings import Settings
-from service.store import ReportIn
+from service.store import ReportIn, codec
 from service.store.redis import RedisStore
 from tests.procs import RedisServer, wait_until_async
 from tests.proxy import DelayProxy
@@ -101,8 +101,6 @@ def recovered(stores: list[RedisStore]) -> Callable[[], bool]:
 
 def table(c: redis.Redis) -> dict[str, int]:
     """Broker -> window end, as Redis holds it."""
-    from service.store import codec
-
     return {b: codec.decode_fault(b, v).available_at
             for b, v in c.hgetall(f"{PREFIX}:faults").items()}
 
@@ -180,10 +178,17 @@ def test_an_older_snapshot_restart_keeps_every_later_write(
                 assert "t" in c.hkeys(f"{PREFIX}:routes")
                 logged = [e["b"] for _, e in c.xrange(f"{PREFIX}:latency-log")]
                 assert logged.count("j1") == 1
+                # why each window is open came back with it
+                for b in after:
+                    why = codec.decode_fault(b, c.hget(f"{PREFIX}:faults", b)).why
+                    assert why is not None and (why.reason, why.by) == ("isolation", "p"), b
             for s in others:
                 assert s.view.config.max_avoided_percent == 70 and s.view.config.latency_quorum == 2
                 assert "gone" not in s.view.routes and "t" in s.view.routes
                 assert {"w1", "w2", "n1", "n2", "n3", "j1"} <= s.view.faults.keys()
+                assert s.view.faults["n1"].why is not None
+                assert s.view.faults["j1"].why is not None
+                assert s.view.faults["j1"].why.by == "q"
             # the bound on degraded after Redis is back: reconnection (backoff at most
             # 5 s, with jitter) and the merge; measured here, documented in reliability.md
             assert took < 10, took

@@ -9,6 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter
 
 from detour.model import CONFIG_FIELDS, Config
+from detour.profiles import PROFILES
 from service.api.bodies import parse, request_body, validated
 from service.api.deps import ERRORS, UNAVAILABLE, BrokerPath, StoreDep, not_found
 from service.api.render import config_in, config_out, why_out
@@ -87,10 +88,16 @@ async def patch_config(request: Request, store: StoreDep) -> ConfigBody:
     is checked as a whole (422 naming the field) and written atomically: a change another
     replica made meanwhile is kept, this one applied on top of it."""
     patch = await parse(request, PATCH)
-    named = {CONFIG_BY_NAME[name]: getattr(patch, name) for name in patch.model_fields_set}
+    named = {
+        CONFIG_BY_NAME[name]: getattr(patch, name)
+        for name in patch.model_fields_set
+        if name != "profile"
+    }
+    profile = getattr(patch, "profile", None)
+    base = PROFILES[profile] if profile is not None else None
 
     def update(current: Config) -> Config:
-        wire = current.to_wire()
+        wire = (current if base is None else base).to_wire()
         for f, value in named.items():
             wire[f.wire] = (
                 (list(f.default) if f.kind is tuple else f.default) if value is None else value

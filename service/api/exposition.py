@@ -83,6 +83,18 @@ class TableCollector(Collector):
             "times this plus one (repeatMultiplier; 0 when off).",
             labels=[*ns, "broker"],
         )
+        reason = GaugeMetricFamily(
+            "detour_broker_avoided_reason",
+            "1 while the broker's window is open, labelled with why it was set (the fault "
+            "item's why: isolation, latency, quorum, pending, probe; unknown for an item "
+            "written before reasons were kept).",
+            labels=[*ns, "broker", "reason"],
+        )
+        since = GaugeMetricFamily(
+            "detour_broker_avoided_since_seconds",
+            "When the report that set the broker's open window was sent (epoch seconds).",
+            labels=[*ns, "broker"],
+        )
         open_total = GaugeMetricFamily(
             "detour_brokers_avoided", "Brokers whose avoidance window is open now.", labels=ns
         )
@@ -126,6 +138,13 @@ class TableCollector(Collector):
                 if item is not None:
                     latency.add_metric([name, broker], item.current_latency_ms / 1000)
                     isolations.add_metric([name, broker], float(item.isolations))
+                    if left[broker] > 0:
+                        why = item.why
+                        reason.add_metric(
+                            [name, broker, "unknown" if why is None else why.reason], 1.0
+                        )
+                        if why is not None:
+                            since.add_metric([name, broker], why.since / 1000)
             open_total.add_metric([name], sum(1 for v in left.values() if v > 0))
             items.add_metric([name], len(faults))
             in_panic = 0
@@ -137,7 +156,8 @@ class TableCollector(Collector):
             panic_total.add_metric([name], in_panic)
             degraded.add_metric([name], 1.0 if table.degraded else 0.0)
             enabled.add_metric([name], 1.0 if table.enabled else 0.0)
-        yield from (avoided, until, latency, isolations, open_total, items, panic, panic_total)
+        yield from (avoided, until, latency, isolations, reason, since, open_total, items)
+        yield from (panic, panic_total)
         yield from (degraded, enabled)
 
 

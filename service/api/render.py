@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from detour.model import Config, FaultItem, Route, Why, route_brokers
+from detour.profiles import profile_of
 from service.schemas import BrokerSpec, ConfigBody, ReportResponse, RouteOut, WhyOut
 from service.store import ReportOutcome
 
 
 def config_out(c: Config) -> ConfigBody:
-    return ConfigBody.model_validate(c.to_wire())
+    return ConfigBody.model_validate({**c.to_wire(), "profile": profile_of(c)})
 
 
 def config_in(body: ConfigBody) -> Config:

@@ -41,10 +41,11 @@ class MemoryStore:
         namespace: str = "default",
         max_brokers: int = 10_000,
         events_max: int = 10_000,
+        config: Config | None = None,
     ) -> None:
         self.namespace = namespace
         self.max_brokers = max_brokers
-        self.view = TableView(_wall_ms, namespace)
+        self.view = TableView(_wall_ms, namespace, config)
         self._version = 0
         self._log: deque[LogEntry] = deque(maxlen=latency_log_max)
         self._log_seq = 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, Self, TypeVar
 
+from detour.profiles import PROFILES
 from service.store.base import FaultStore
 from service.store.connect import read_password_file, with_password
 from service.store.memory import MemoryStore
@@ -55,7 +56,11 @@ async def open_store(options: StoreOptions | object, namespace: str | None = Non
         store = RedisStore(settings, namespace)
     else:
         store = MemoryStore(
-            settings.latency_log_max, namespace, settings.max_brokers, settings.events_max
+            settings.latency_log_max,
+            namespace,
+            settings.max_brokers,
+            settings.events_max,
+            PROFILES[settings.profile],
         )
     await store.start()
     return store

@@ -24,6 +24,7 @@ class StoreOptions:
     max_brokers: int = 10_000
     sync_interval_s: float = 1.0
     report_flush_ms: int = 1000
+    profile: str = "recommended"
 
     @classmethod
     def of(cls, source: object) -> StoreOptions:

@@ -56,6 +56,7 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from detour import policy, strategy
 from detour.model import MAX_REPORT_AGE_MS, Config, FaultItem, Route
+from detour.profiles import PROFILES
 from detour.view import Graves, Snapshot, TableView
 from service import metrics
 from service.errors import ReportIdReused, StoreUnavailable, TableFull
@@ -209,7 +210,7 @@ class RedisStore:
         self._fast_report = self._fast.register_script(self._scripts["report"].script)
         self._journal = Journal(settings.journal_max)
         self._clock = RedisClock()
-        self.view = TableView(self._clock.now_ms, self.namespace)
+        self.view = TableView(self._clock.now_ms, self.namespace, PROFILES[settings.profile])
         self.synced = asyncio.Event()
         self._ever_synced = False
         #: the epoch of the table this replica's view is a copy of ("" until it has one: a
@@ -853,7 +854,8 @@ class RedisStore:
         routes = codec.pairs(reply.routes)
         snap = Snapshot(
             version=reply.version,
-            config=codec.decode_config(reply.config),
+            # none written yet: the one a new table starts with (written by start())
+            config=codec.decode_config(reply.config) if reply.config else self.view.initial_config,
             config_version=reply.version if reply.config else 0,
             routes={t: codec.decode_route(t, r) for t, r in routes},
             faults={b: codec.decode_fault(b, v) for b, v in codec.pairs(reply.faults)},
