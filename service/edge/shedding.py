@@ -81,7 +81,13 @@ class TurnBudget:
     drain (p99 of hundreds of ms). So a saturation window that closes while shedding
     (``squeeze``) halves the limit further, below one: a limit of 1/8 starts one request
     every eighth turn. While squeezed the limit does not grow; after, it grows 5% a turn
-    up to one, then one a turn as before.
+    up to one, then one a turn as before, and each window that closes unsaturated
+    doubles a limit below one. Turns alone are not enough: when requests come one a
+    turn, seconds apart (SDK producers backing off), 5% a turn took about 114 of them
+    from the floor back to one, each refused and each renewing the hold, so a replica
+    with CPU to spare kept refusing the producers' report batches for minutes
+    (docs/BENCHMARKS.md, "Overload as producers see it"). By windows, the floor is back
+    to one within eight unsaturated ones.
 
     CPU time, not wall time, so that an idle loop waiting for the next request does not
     look like a long turn. Pure bookkeeping, clocks injected: the caller marks where a
@@ -133,10 +139,13 @@ class TurnBudget:
 
     def squeeze(self, saturated: bool) -> None:
         """A saturation window closed: ``saturated`` while shedding halves the limit
-        (down to ``FLOOR``), which then does not grow until a window closes otherwise."""
+        (down to ``FLOOR``), which then does not grow until a window closes otherwise;
+        a window that closes otherwise doubles a limit below one (up to one)."""
         self.squeezed = saturated and self.budget_ns > 0
         if self.squeezed:
             self.limit = max(self.FLOOR, self.limit / 2)
+        elif self.limit < 1:
+            self.limit = min(1.0, self.limit * 2)
 
     def may_start(self) -> bool:
         return self.started < self.allowed
