@@ -57,6 +57,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.cgroup import CpuCap
 from bench.loadgen import run_wrk, wait_for_quiet, write_script
 from detour.client import DetourClient
+from detour.client.errors import DetourUnavailable
 from tests.procs import RedisServer, ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,8 +102,11 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
         # Producers start with Detour answering: each knows the route and the config before
         # the overload (a producer that starts during one and never got them cannot decide
         # at all; the SDK has no public "knows" yet, hence the core's).
+        # Detour may still be working off the capacity measurement's backlog: a select
+        # that finds it unavailable before the route is known is tried again.
         while not client._core.knows(TOPIC) and time.monotonic() < deadline:
-            client.select(TOPIC)
+            with contextlib.suppress(DetourUnavailable):
+                client.select(TOPIC)
             time.sleep(0.05)
     phases = [("over", cfg["start"], cfg["start"] + cfg["over_s"], cfg["rate_over"]),
               ("after", cfg["start"] + cfg["over_s"],
@@ -283,6 +287,8 @@ def run_one(cap: tuple[int, int], mode: str, args: argparse.Namespace,
             try:
                 for p in procs:
                     out, _ = p.communicate(timeout=args.over + args.after + 120)
+                    if p.returncode != 0 or not out.strip():
+                        raise RuntimeError(f"a producer process failed ({p.returncode})")
                     results.append(json.loads(out.splitlines()[-1]))
             finally:
                 done.set()
