@@ -29,6 +29,9 @@ brokers (8 ``redis-server`` processes x 2 queues, ``pipeline.brokers``), one
 ``detour-all``
     ``detour-cached`` with every recommended setting at once (``RECOVER`` and
     ``PENDING``): what a deployment following docs/policy.md runs.
+``detour-default``
+    Detour as it comes: the ``recommended`` profile (detour/profiles.py), which is
+    ``detour-all`` plus ``latencyQuorum`` 2, set by naming the profile only.
 
 The fault schedule (``--faults``, seconds from the start of each arm):
 
@@ -96,7 +99,7 @@ from pipeline.brokers import Fleet, free_port
 from tests.procs import end_process
 
 ARMS = ("no-avoidance", "per-producer", "detour-cached", "detour-http", "detour-recover",
-        "detour-pending", "detour-all")
+        "detour-pending", "detour-all", "detour-default")
 #: The recovery arm's extra Config (docs/policy.md's recommended recovery settings).
 RECOVER: dict[str, Any] = {
     "rampMs": 3000, "earlyRecovery": True, "detectorEnable": True, "detectIntervalMs": 500,
@@ -106,9 +109,13 @@ RECOVER: dict[str, Any] = {
 PENDING = {"pendingQuorum": 2}
 #: Arms on the cached SDK, and the extra Config each adds: detour-all is every recommended
 #: setting at once (docs/policy.md), what a new deployment following the docs runs.
+#: Each starts from a named profile (detour/profiles.py), so no arm inherits the one before
+#: it: detour-default is the out-of-the-box config (``recommended``) with nothing added.
+ROCKETMQ = {"profile": "rocketmq-4"}
 CACHED_ARMS: dict[str, dict[str, Any]] = {
-    "detour-cached": {}, "detour-recover": RECOVER, "detour-pending": PENDING,
-    "detour-all": {**RECOVER, **PENDING},
+    "detour-cached": ROCKETMQ, "detour-recover": {**ROCKETMQ, **RECOVER},
+    "detour-pending": {**ROCKETMQ, **PENDING}, "detour-all": {**ROCKETMQ, **RECOVER, **PENDING},
+    "detour-default": {"profile": "recommended"},
 }
 #: A send at least this long is a bad attempt: RocketMQ's first tier that opens a window.
 SLOW_MS = 550.0
@@ -608,7 +615,7 @@ def run_arm(arm: str, repeat: int, producers: Producers, detour: str | None,
             args: argparse.Namespace, faults: Sequence[FaultSpec],
             tick: Callable[[float], None]) -> ArmResult:
     topic = f"efficacy-{arm}-{repeat}"
-    extra = {**CACHED_ARMS.get(arm, {}), **args.config}
+    extra = {**CACHED_ARMS.get(arm, ROCKETMQ), **args.config}
     config = scaled_config(args.scale, extra)
     slow = [f for f in faults if f.action == "slow"]
     with Fleet(args.brokers, topic, args.queues) as fleet:
@@ -795,7 +802,7 @@ def markdown(results: Sequence[ArmResult], args: argparse.Namespace, command: st
 
 COLORS = {"no-avoidance": "tab:gray", "per-producer": "tab:red",
           "detour-cached": "tab:blue", "detour-http": "tab:cyan", "detour-recover": "tab:green",
-          "detour-pending": "tab:purple", "detour-all": "tab:red"}
+          "detour-pending": "tab:purple", "detour-all": "tab:red", "detour-default": "tab:olive"}
 SHADE = {"crash": "tab:red", "hang": "tab:orange", "slow": "gold"}
 
 

@@ -7,6 +7,13 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.store.options import StoreOptions
+
+#: The stores' options are declared once, with their defaults, in StoreOptions (the stores
+#: read no Settings); the fields of the same names below take those defaults and add the
+#: bounds and the environment.
+_STORE = StoreOptions()
+
 
 class Settings(BaseSettings):
     """How this process runs; the fault strategy's config lives in the store, not here."""
@@ -24,7 +31,7 @@ class Settings(BaseSettings):
     #: ``redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service[/db]``
     #: (``rediss+sentinel://`` for TLS): the master the listed sentinels (port 26379 by
     #: default) monitor as ``service``; ``?sentinel_password=`` if they require one.
-    redis_url: str | None = None
+    redis_url: str | None = _STORE.redis_url
     #: A file holding the Redis password (a mounted Secret), read once at start and
     #: applied to ``redis_url``'s connections, so the URL (a ConfigMap, a flag) carries no
     #: secret. The URL's user, if any, is the ACL user it authenticates as
@@ -34,30 +41,30 @@ class Settings(BaseSettings):
     workers: int = Field(1, ge=1, le=64)
     #: Every Redis key is ``{prefix}:{namespace}:...`` with the namespace as the
     #: Cluster hash tag, so one namespace's keys live in one slot.
-    redis_prefix: str = Field("detour", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
-    namespace: str = Field("default", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    redis_prefix: str = Field(_STORE.redis_prefix, pattern=r"^[A-Za-z0-9_.-]{1,32}$")
+    namespace: str = Field(_STORE.namespace, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     #: How often a replica checks the table version in Redis: the bound on how
     #: long a missed push can go unnoticed (seconds).
-    sync_interval_s: float = Field(1.0, gt=0, le=60)
+    sync_interval_s: float = Field(_STORE.sync_interval_s, gt=0, le=60)
     #: Redis socket timeout for sync, snapshots and admin writes (seconds).
-    redis_timeout_s: float = Field(1.0, gt=0, le=60)
+    redis_timeout_s: float = Field(_STORE.redis_timeout_s, gt=0, le=60)
     #: Timeout of a report's Redis call (seconds): past it the report goes to the journal.
-    redis_call_timeout_s: float = Field(0.05, gt=0, le=60)
+    redis_call_timeout_s: float = Field(_STORE.redis_call_timeout_s, gt=0, le=60)
     #: Reports the journal holds while Redis is unreachable; when full the oldest is dropped.
-    journal_max: int = Field(100_000, ge=1, le=10_000_000)
+    journal_max: int = Field(_STORE.journal_max, ge=1, le=10_000_000)
     #: Largest request body accepted (bytes); larger ones get 413.
     max_body_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
     #: The same for POST /report-latency:batch (up to 1,000 reports).
     max_batch_body_bytes: int = Field(256 * 1024, ge=1024, le=16 * 1024 * 1024)
     #: Reports kept in the latency log (a Redis stream, trimmed approximately); 0 = no log.
-    latency_log_max: int = Field(100_000, ge=0, le=10_000_000)
+    latency_log_max: int = Field(_STORE.latency_log_max, ge=0, le=10_000_000)
     #: How long a replica may sum the reports that change no window (docs/semantics.md)
     #: before it writes them (their brokers' latest latency and one latency-log histogram
     #: per broker) to the store; 0 = every report written at once, as one script call.
-    report_flush_ms: int = Field(1000, ge=0, le=60_000)
+    report_flush_ms: int = Field(_STORE.report_flush_ms, ge=0, le=60_000)
     #: Events kept in the event log (windows opened, extended, ended early; a Redis stream,
     #: trimmed approximately); 0 = no log.
-    events_max: int = Field(10_000, ge=0, le=1_000_000)
+    events_max: int = Field(_STORE.events_max, ge=0, le=1_000_000)
     #: Seconds SIGTERM waits for requests in flight (an open push stream is cut after it).
     shutdown_grace_s: int = Field(5, ge=0, le=300)
     #: Requests being handled at once before new ones get 503 SYSTEM_BUSY; the first
@@ -88,12 +95,12 @@ class Settings(BaseSettings):
     allow_open: bool = False
     #: Fault items one namespace's table may hold. A report for a new broker when it is
     #: full first drops items whose window has ended; if none has, it is refused (409).
-    max_brokers: int = Field(10_000, ge=1, le=1_000_000)
+    max_brokers: int = Field(_STORE.max_brokers, ge=1, le=1_000_000)
     #: The config a new table starts with (detour/profiles.py): ``recommended`` (the
     #: settings docs/policy.md recommends for a shared table) or ``rocketmq-4`` (exactly
     #: RocketMQ 4.x). Only a table that never had a config written takes it; with Redis,
     #: the first replica to find none writes it, and the table's config is then shared.
-    profile: Literal["recommended", "rocketmq-4"] = "recommended"
+    profile: Literal["recommended", "rocketmq-4"] = _STORE.profile
 
     # The HTTP edge: bounds on what a client can hold or send before Detour's app runs,
     # as nginx and Envoy bound them (docs/security.md, "The HTTP edge").

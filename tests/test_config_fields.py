@@ -52,12 +52,13 @@ def test_every_field_is_declared_with_a_non_default_value_here() -> None:
 @pytest.mark.unit
 def test_the_api_model_is_derived_field_by_field() -> None:
     fields = ConfigBody.model_fields
-    assert list(fields) == [f.name for f in CONFIG_FIELDS]
+    # every field of Config, and the profile the config is (read only: detour/profiles.py)
+    assert list(fields) == ["profile", *(f.name for f in CONFIG_FIELDS)]
     for f in CONFIG_FIELDS:
         # The same camelCase as every other body of the API.
         assert fields[f.name].alias == f.wire == to_camel(f.name)
         assert fields[f.name].description == f.description
-    assert ConfigBody.model_validate(BODY).model_dump() == BODY
+    assert ConfigBody.model_validate(BODY).model_dump() == {"profile": None, **BODY}
 
 
 @pytest.mark.unit
@@ -108,14 +109,14 @@ def test_put_and_get_config_carry_every_field(settings: Settings) -> None:
     with TestClient(create_app(settings)) as c:
         put = c.put("/config", json=BODY)
         assert put.status_code == 200, put.text
-        assert put.json() == BODY
+        assert put.json() == {**BODY, "profile": None}  # a config of its own
         got = c.get("/config").json()
-        assert got == BODY
+        assert got == {**BODY, "profile": None}
         assert wire.config(got) == NON_DEFAULT
     if settings.redis_url:
         # Another replica reads it back from Redis.
         with TestClient(create_app(settings)) as other:
-            assert other.get("/config").json() == BODY
+            assert other.get("/config").json() == {**BODY, "profile": None}
 
 
 def _outside(f: ConfigField) -> list[tuple[Any, str]]:
@@ -150,4 +151,4 @@ def test_each_fields_rules_hold_in_the_api_and_the_model(f: ConfigField) -> None
             if f.kind is not bool:
                 with pytest.raises(ValueError):
                     Config(**{f.name: tuple(value) if f.kind is tuple else value})
-        assert c.get("/config").json() == Config().to_wire()
+        assert c.get("/config").json() == {**Config().to_wire(), "profile": "rocketmq-4"}

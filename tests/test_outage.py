@@ -20,6 +20,9 @@ class Load:
         self.url = url
         self.stop = threading.Event()
         self.failures: list[str] = []
+        #: reports refused with 503 SYSTEM_BUSY: shed before anything was applied, and the
+        #: producer told so (it decides locally): refused, not lost
+        self.shed = 0
         self.accepted: list[tuple[str, int, bool]] = []  # broker, availableAt, degraded
         self.selects = 0
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -31,12 +34,17 @@ class Load:
                     return
                 try:
                     s = c.post("/select", json={"topic": "t"})
-                    if s.status_code != 200:
+                    if s.status_code == 503 and s.json().get("error") == "SYSTEM_BUSY":
+                        self.shed += 1
+                    elif s.status_code != 200:
                         self.failures.append(f"select {s.status_code} {s.text}")
                     self.selects += 1
                     broker = f"b{i}"
                     r = c.post("/report-latency",
                                json={"brokerName": broker, "latencyMs": 0, "isolation": True})
+                    if r.status_code == 503 and r.json().get("error") == "SYSTEM_BUSY":
+                        self.shed += 1
+                        continue
                     if r.status_code != 200:
                         self.failures.append(f"report {r.status_code} {r.text}")
                         continue

@@ -356,3 +356,57 @@ def test_a_restart_that_lost_nothing_merges_nothing() -> None:
         run(scenario)
     finally:
         persisted.stop()
+
+
+def test_another_redis_at_the_same_address_with_a_newer_looking_table_is_merged() -> None:
+    """Another redis-server comes up at the address, holding another copy of the namespace's
+    table whose version numbers are past everything the replica knew (a restore from another
+    environment's backup, a DNS name pointed elsewhere): nothing in the numbers says data is
+    missing. The table's epoch does: the replica merges, and both tables' windows, the
+    newer config and the other table's route survive in Redis and in the replica."""
+    first = RedisServer()
+    other = RedisServer()
+    swapped: RedisServer | None = None
+
+    async def scenario() -> None:
+        nonlocal swapped
+        (replica,) = await started(first.url, 1)
+        try:
+            await replica.put_route(ROUTE)
+            mine = {b: await isolate(replica, b) for b in ("m1", "m2")}
+            # the other table: more writes than the replica ever saw, a newer config
+            (elsewhere,) = await started(other.url, 1)
+            try:
+                await elsewhere.put_route(GONE)
+                theirs = {f"o{i}": await isolate(elsewhere, f"o{i}") for i in range(30)}
+                await elsewhere.put_config(Config(max_avoided_percent=60))
+            finally:
+                await elsewhere.close()
+            with other.client() as c:
+                assert int(c.hget(f"{PREFIX}:meta", "version")) > replica.view.version
+                c.save()
+            first.kill()
+            shutil.copy(Path(other.dir) / "dump.rdb", Path(first.dir) / "dump.rdb")
+            swapped = RedisServer(port=first.port, data_dir=first.dir)
+
+            def merged() -> bool:
+                with swapped.client() as c:
+                    return {*mine, *theirs} <= table(c).keys()
+
+            await until(merged, "both tables' windows in Redis")
+            await until(recovered([replica]), "recovered")
+            with swapped.client() as c:
+                held = table(c)
+                assert all(held[b] == end for b, end in {**mine, **theirs}.items())
+                assert {"t", "gone"} <= set(c.hkeys(f"{PREFIX}:routes"))
+            await until(lambda: {*mine, *theirs} <= replica.view.faults.keys()
+                        and replica.view.config.max_avoided_percent == 60, "the replica too")
+        finally:
+            await replica.close()
+
+    try:
+        run(scenario)
+    finally:
+        for s in (first, other, swapped):
+            if s is not None:
+                s.stop()

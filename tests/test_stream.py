@@ -65,6 +65,9 @@ def test_stream_sends_a_snapshot_then_changes(service: ServiceProcess) -> None:
             assert fault == {"brokerName": "y", "currentLatencyMs": 0, "availableAt": end,
                              "isolations": 0, "suspects": [], "probation": False,
                              "reachable": None, "slow": [], "pending": [],
+                             # why its window is open: the report that set it
+                             "why": {"reason": "isolation", "latencyMs": 0, "by": "",
+                                     "since": pytest.approx(end - 600000, abs=5000)},
                              "now": pytest.approx(end - 600000, abs=5000),
                              "version": fault["version"]}
             assert fault["version"] > 0

@@ -93,8 +93,8 @@ async def patch_config(request: Request, store: StoreDep) -> ConfigBody:
         for name in patch.model_fields_set
         if name != "profile"
     }
-    profile = getattr(patch, "profile", None)
-    base = PROFILES[profile] if profile is not None else None
+    profile: str | None = getattr(patch, "profile", None)
+    base = None if profile is None else PROFILES[profile]
 
     def update(current: Config) -> Config:
         wire = (current if base is None else base).to_wire()

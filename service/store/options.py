@@ -7,11 +7,14 @@ depends on no configuration machinery and a test can build one directly.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Literal
 
 
 @dataclass(frozen=True, slots=True)
 class StoreOptions:
-    """The Settings fields the stores read (same names, same meaning, same defaults)."""
+    """What the stores read, declared once: these defaults are the Settings fields' of the
+    same names (service/settings.py takes them from here and adds bounds and the
+    environment), so a default changes in one place."""
 
     redis_url: str | None = None
     redis_prefix: str = "detour"
@@ -24,7 +27,8 @@ class StoreOptions:
     max_brokers: int = 10_000
     sync_interval_s: float = 1.0
     report_flush_ms: int = 1000
-    profile: str = "recommended"
+    #: the config a new table starts with (detour/profiles.py)
+    profile: Literal["recommended", "rocketmq-4"] = "recommended"
 
     @classmethod
     def of(cls, source: object) -> StoreOptions:
