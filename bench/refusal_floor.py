@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import signal
 import subprocess
 import sys
@@ -26,13 +25,10 @@ from typing import cast
 import httptools
 import uvloop
 
-from service.errors import error_body
+from service.edge import answers
 
-_BODY = json.dumps(
-    error_body("SYSTEM_BUSY", "overloaded: retry shortly or decide locally")).encode()
-#: Byte for byte what Detour's shedder writes (service/shedding.py ``busy_response``).
-BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-        b"retry-after: 1\r\ncontent-length: %d\r\n\r\n%s" % (len(_BODY), _BODY))
+#: Byte for byte what Detour's shedder writes (service/edge/answers.py).
+BUSY = answers.BUSY
 
 
 class Refuser(asyncio.Protocol):

@@ -161,8 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         workers=settings.workers,
         # uvicorn's httptools protocol with the edge's bounds (head size and count, read
         # deadlines, open connections, Host names) and the shedder's refusals
-        # (service/protocol.py). It subclasses uvicorn's: pyproject pins uvicorn's minor.
-        http="service.protocol:EdgeProtocol",
+        # (service/edge/protocol.py, over service/edge/uvicorn_seam.py: pyproject pins
+        # uvicorn's minor).
+        http="service.edge.protocol:EdgeProtocol",
         log_level=settings.log_level,
         access_log=False,
         proxy_headers=False,

@@ -10,27 +10,21 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from types import FrameType
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from fastapi import FastAPI
-from pydantic import BaseModel
 
 from service import detector
 from service.api import admin, events, health, reports, routes, select, status, stream
-from service.api.bounds import bound_names, install_bounds
-from service.api.direct import DirectLane
+from service.api.contract import include
 from service.api.errors import install_error_handlers
-from service.api.fast import HotLane, mount_fast
-from service.api.guard import Guard
 from service.api.metrics_listener import metrics_refusal, open_metrics_listener
-from service.api.telemetry import RequestTimer, prepare_namespaces
-from service.auth import Principal, Role, TokenTable, load_tokens, requires_token
-from service.cpu_share import CpuShare
-from service.limits import BodyLimit, HostNames, JsonBodies, connection_bound
-from service.protocol import Edge, EdgeLimits
-from service.schemas import ReportRequest, SelectRequest
+from service.api.telemetry import prepare_namespaces
+from service.auth import TokenTable, load_tokens
+from service.edge.bounds import bound_names, install_bounds
+from service.edge.state import Edge
+from service.edge.wiring import install_edge
 from service.settings import Settings
-from service.shedding import Saturation, Shedder
 from service.store import FaultStore, StoreOptions, open_store, with_redis_password
 from service.store.connect import describe_redis_url
 
@@ -42,8 +36,8 @@ class State(TypedDict):
     store: FaultStore
     #: Every namespace's store, by namespace.
     stores: dict[str, FaultStore]
-    #: The server protocol's bounds and the shedder (service/protocol.py reads it as
-    #: ``EDGE_STATE``).
+    #: The HTTP edge: the server protocol's bounds, the shedder, the direct lane
+    #: (service/edge/protocol.py reads it as ``EDGE_STATE``).
     edge: Edge
 
 
@@ -54,53 +48,6 @@ def _describe(settings: Settings) -> str:
         f"store=redis at {describe_redis_url(settings.redis_url)} "
         f"namespace={settings.namespace} prefix={settings.redis_prefix}"
     )
-
-
-def _document_security(doc: dict[str, Any]) -> None:
-    """Bearer tokens (service/auth.py): required when the deployment has tokens, so each
-    call lists the token and, for an open deployment, no security as alternatives; the
-    open paths list none. ``x-detour-role`` names the least role that may call."""
-    doc["components"]["securitySchemes"] = {
-        "bearerToken": {
-            "type": "http",
-            "scheme": "bearer",
-            "description": "A token from the deployment's tokens file (docs/security.md); "
-            "needed only when tokens are configured.",
-        }
-    }
-    for path, ops in doc["paths"].items():
-        for method, op in ops.items():
-            if not requires_token(path):
-                op["security"] = []
-                continue
-            op["security"] = [{"bearerToken": []}, {}]
-            op["x-detour-role"] = next(
-                r.value
-                for r in (Role.PRODUCER, Role.METRICS, Role.ADMIN)
-                if Principal("", r, "").may(method.upper(), path)
-            )
-
-
-def _document_extra_schemas(app: FastAPI, models: tuple[type[BaseModel], ...]) -> None:
-    """Add models that routes reading raw bodies reference to the OpenAPI components."""
-    generate = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            doc = generate()
-            schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-            for model in models:
-                schema = model.model_json_schema(
-                    by_alias=True, ref_template="#/components/schemas/{model}"
-                )
-                schemas.update(schema.pop("$defs", {}))
-                schemas[model.__name__] = schema
-            doc["components"]["schemas"] = dict(sorted(schemas.items()))
-            _document_security(doc)
-            app.openapi_schema = doc
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _before_stop_signal(callback: Callable[[], None]) -> Callable[[], None]:
@@ -141,16 +88,7 @@ def create_app(settings: Settings | None = None, tokens: TokenTable | None = Non
     if refusal:
         raise ValueError(refusal)
     namespaces = tokens.namespaces if tokens else [settings.namespace]
-    # Outermost: a refused request costs as little as possible and is not timed. The
-    # protocol reaches it through the lifespan state.
-    shedder = Shedder(
-        None,
-        max_in_flight=settings.max_in_flight,
-        max_queue_wait_ms=settings.max_queue_wait_ms,
-        turn_budget_ms=settings.turn_budget_ms,
-        saturation=Saturation(CpuShare(settings.workers).cores),
-    )
-    edge = Edge(_edge_limits(settings, bool(tokens)), shedder)
+    edge: Edge | None = None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[State]:
@@ -190,6 +128,7 @@ def create_app(settings: Settings | None = None, tokens: TokenTable | None = Non
         detectors = [asyncio.create_task(detector.run(s)) for s in stores.values()]
         scrapes = None
         try:
+            assert edge is not None
             # GET /metrics on an address of its own (the sidecar's pod IP), when configured.
             scrapes = await open_metrics_listener(settings, tokens, app.state.exposition, stores)
             yield {"store": stores[namespaces[0]], "stores": stores, "edge": edge}
@@ -213,45 +152,14 @@ def create_app(settings: Settings | None = None, tokens: TokenTable | None = Non
         lifespan=lifespan,
     )
     install_bounds(app, settings)
-    _document_extra_schemas(app, (SelectRequest, ReportRequest))
     install_error_handlers(app)
-    for module in (select, reports, routes, stream, admin, events, health, status):
-        app.include_router(module.router)
-    hot = mount_fast(app, (("/select", select.select), ("/report-latency", reports.report_latency)))
-    if settings.direct_lane:
-        # The same two routes answered by the protocol when they never wait.
-        edge.direct = DirectLane(
-            hot, settings.max_body_bytes, app.exception_handlers, tokens or None
-        )
-    app.add_middleware(JsonBodies)
-    app.add_middleware(RequestTimer)
-    app.add_middleware(
-        BodyLimit,
-        max_bytes=settings.max_body_bytes,
-        overrides={"/report-latency:batch": settings.max_batch_body_bytes},
-    )
-    # The hot routes in one pass, with the same steps as the three above and the
-    # exception middleware and router below them (service/api/fast.py).
-    app.add_middleware(
-        HotLane, routes=hot, max_bytes=settings.max_body_bytes, handlers=app.exception_handlers
-    )
-    if tokens:
-        # Before the body is read: a request without a valid token costs one hash.
-        app.add_middleware(Guard, tokens=tokens)
-    app.add_middleware(shedder.wrap)
+    # Routes that need a token (when tokens are configured) declare it, for the contract.
+    for module in (select, reports, routes, stream, admin, events):
+        include(app, module.router, token=True)
+    for module in (health, status):
+        include(app, module.router, token=False)
+    # Two ways in: the routes above, and the direct lane for /select and /report-latency.
+    edge = install_edge(app, settings, tokens)
+    # A report batch paces itself while other requests arrive (service/api/pacing.py).
+    app.state.batches.arrivals = lambda: edge.requests_read
     return app
-
-
-def _edge_limits(settings: Settings, has_tokens: bool) -> EdgeLimits:
-    """The protocol's bounds. Host names are checked on an open Detour (a rebinding page
-    could drive it), and with tokens only when configured (a page cannot present one)."""
-    check_hosts = not has_tokens or settings.allowed_hosts is not None
-    return EdgeLimits(
-        max_header_bytes=settings.max_header_bytes,
-        max_headers=settings.max_headers,
-        header_timeout_s=settings.header_timeout_s,
-        body_timeout_s=settings.body_timeout_s,
-        max_connections=connection_bound(settings.max_connections),
-        stream_send_buffer=settings.stream_send_buffer_bytes,
-        hosts=HostNames.parse(settings.allowed_hosts, settings.host) if check_hosts else None,
-    )

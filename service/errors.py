@@ -4,13 +4,17 @@
     ├── NotFound                404 NOT_FOUND: no route for the topic, no such fault item
     ├── TableFull               409 TABLE_FULL: a new broker, and the table is full
     ├── ReportIdReused          422 REPORT_ID_REUSED: a reportId seen with other content
-    └── StoreUnavailable        503 STORE_UNAVAILABLE: Redis did not answer
+    ├── StoreUnavailable        503 STORE_UNAVAILABLE: Redis did not answer
+    └── Busy                    503 SYSTEM_BUSY: a namespace's batch waited too long for
+                                its turn (the shedder's own refusals are the edge's)
 
-Other codes are answered at the edge without an exception of this tree:
-422 VALIDATION_ERROR and 404/405/413 from the framework (service/api/errors.py),
-413 PAYLOAD_TOO_LARGE from the body guard (service/limits.py), 401 UNAUTHORIZED
-and 403 FORBIDDEN from the token guard (service/api/guard.py), 503 SYSTEM_BUSY
-with Retry-After from the shedder (service/shedding.py), before any handler runs.
+Other codes are answered without an exception of this tree: 422 VALIDATION_ERROR and
+404/405 from the framework (service/api/errors.py, which also renders the body guards'
+``BadBody``: 413 PAYLOAD_TOO_LARGE, 422 for a repeated key); and by the HTTP edge
+(service/edge/) before any handler runs: 400 BAD_REQUEST (a request the HTTP parser
+refuses), 401 UNAUTHORIZED and 403 FORBIDDEN (the token guard), 408, 413 by
+Content-Length, 415, 421 and 431 (the edge's bounds), 503 SYSTEM_BUSY with Retry-After
+(the shedder).
 
 Every error response is ``{"error": CODE, "message": str, "field": str | null}``.
 """
@@ -72,6 +76,14 @@ class ReportIdReused(DetourError):
 class StoreUnavailable(DetourError):
     status = 503
     code = "STORE_UNAVAILABLE"
+
+
+class Busy(DetourError):
+    """Refused for now, to be retried after ``Retry-After`` (1 s): the SDK decides locally
+    and queues its reports meanwhile."""
+
+    status = 503
+    code = "SYSTEM_BUSY"
 
 
 def error_body(code: str, message: str, field: str | None = None) -> dict[str, Any]:

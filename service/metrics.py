@@ -167,8 +167,12 @@ SHED = Counter(
 )
 EDGE_REFUSED = Counter(
     "detour_edge_refused_total",
-    "Requests or connections the HTTP edge refused before Detour's app: reason=connections, "
-    "headers_too_large, too_many_headers, header_timeout, body_timeout, host.",
+    "Requests or connections the HTTP edge refused or closed before Detour's app: "
+    "reason=connections (at the cap, none idle), peer_connections (the peer's cap), "
+    "idle_evicted (an idle connection closed for a new one), idle_timeout (no request "
+    "begun in time by a connection that had not proven itself), headers_too_large, "
+    "too_many_headers, header_timeout, body_timeout, send_timeout (answers not taken while "
+    "the pipelining bound held the connection), host, malformed (the HTTP parser refused it).",
     ["reason"],
 )
 STREAMS_REFUSED = Counter(
@@ -272,6 +276,11 @@ for _reason in ("in_flight", "turn_budget", "queue_wait"):
     SHED.labels(_reason)
 for _reason in (
     "connections",
+    "peer_connections",
+    "idle_evicted",
+    "idle_timeout",
+    "send_timeout",
+    "malformed",
     "headers_too_large",
     "too_many_headers",
     "header_timeout",

@@ -10,6 +10,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationInfo,
+    WithJsonSchema,
     create_model,
     field_validator,
 )
@@ -84,8 +85,33 @@ class ErrorBody(Body):
     )
 
 
+def _same_length_schema(schema: dict[str, Any]) -> None:
+    """State in the JSON schema what ``_same_length`` checks: ``latencyMax`` and
+    ``notAvailableDuration`` have as many entries (an omitted one is its default)."""
+    fields = {f.name: f for f in CONFIG_FIELDS}
+    tiers, windows = fields["latency_max"], fields["not_available_duration"]
+    given = len(tiers.default)
+
+    def length(n: int) -> dict[str, int]:
+        return {"minItems": n, "maxItems": n}
+
+    schema["anyOf"] = [
+        {"not": {"required": [tiers.wire]}, "properties": {windows.wire: length(given)}},
+        {"not": {"required": [windows.wire]}, "properties": {tiers.wire: length(given)}},
+        *(
+            {
+                "required": [tiers.wire, windows.wire],
+                "properties": {tiers.wire: length(n), windows.wire: length(n)},
+            }
+            for n in range(1, tiers.max_items + 1)
+        ),
+    ]
+
+
 class _ConfigRules(Body):
     """The rules across Config fields; ConfigBody adds the fields, derived from Config."""
+
+    model_config = ConfigDict(json_schema_extra=_same_length_schema)
 
     @field_validator("latency_max", check_fields=False)
     @classmethod
@@ -231,7 +257,10 @@ class RouteBody(Body):
     brokers: list[BrokerSpec] = Field(
         min_length=1,
         max_length=256,
-        description="1..256 brokers with distinct names.",
+        # The names are distinct (``_distinct``): JSON Schema states distinct items, and
+        # ``x-unique-item-properties`` the property that must differ.
+        json_schema_extra={"uniqueItems": True, "x-unique-item-properties": ["brokerName"]},
+        description="1..256 brokers with distinct names (no two with the same `brokerName`).",
         examples=[[{"brokerName": "broker-a", "writeQueueNums": 4, "address": "10.0.0.5:10911"}]],
     )
 
@@ -433,11 +462,19 @@ class BatchReport(ReportRequest):
     )
 
 
+#: One report of a batch as the route takes it: a JSON object, validated as a ``BatchReport``
+#: by the route itself, a few at a time with the event loop free between them (a whole
+#: batch's validation held it for ~10 ms: service/api/reports.py). The contract shows the
+#: model.
+BatchItem = Annotated[dict[str, Any], WithJsonSchema(BatchReport.model_json_schema(by_alias=True))]
+
+
 class BatchReportRequest(Body):
-    reports: list[BatchReport] = Field(
+    reports: list[BatchItem] = Field(
         min_length=1,
         max_length=MAX_BATCH,
-        description="1..1000 reports, applied in order, all in one atomic store operation.",
+        description="1..1000 reports, all validated, then applied in order in chunks of 25 "
+        "(each chunk one atomic store operation).",
         examples=[[{"brokerName": "broker-a", "latencyMs": 120, "isolation": False}]],
     )
 

@@ -103,7 +103,7 @@ class Settings(BaseSettings):
     #: turn. 0 = off (the in-flight bound alone). docs/reliability.md, "Overload".
     turn_budget_ms: float = Field(0.5, ge=0, le=1_000)
     #: Selects, and reports kept on this replica, answered by the server protocol itself
-    #: when they never wait (service/api/direct.py); off: every request goes through ASGI.
+    #: when they never wait (service/edge/direct.py); off: every request goes through ASGI.
     #: Same answers either way; off costs about three times the CPU per select.
     direct_lane: bool = True
     log_level: str = Field("info", pattern=r"^(critical|error|warning|info|debug|trace)$")
@@ -136,9 +136,15 @@ class Settings(BaseSettings):
     header_timeout_s: float = Field(5.0, gt=0, le=300)
     #: Seconds a request's body may take from the end of its head: past it, 408 and close.
     body_timeout_s: float = Field(5.0, gt=0, le=300)
-    #: Open connections per process: one past it is closed when accepted (clamped below
-    #: the process's open-file limit).
+    #: Open connections per process (clamped below the process's open-file limit): at the
+    #: bound a new connection closes an idle one (one that has not proven itself first,
+    #: then from the peer holding the most, then the oldest); with none idle it is closed.
     max_connections: int = Field(512, ge=1, le=100_000)
+    #: Open connections one peer address may hold: past it, its new ones are closed.
+    max_connections_per_peer: int = Field(256, ge=1, le=100_000)
+    #: Seconds a connection that has not proven itself (no valid token shown; on an open
+    #: Detour, no request served yet) may stay idle; a proven one keeps uvicorn's 5 s.
+    unproven_idle_s: float = Field(1.0, gt=0, le=300)
     #: Host names (comma-separated, no port) requests may name besides loopback names
     #: and IP literals; ``*`` allows any. Against DNS rebinding: a web page that makes its
     #: own name resolve to 127.0.0.1 still sends that name as Host. Checked on an open

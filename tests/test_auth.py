@@ -336,11 +336,12 @@ def test_token_cli_and_sdk_against_the_live_service(tmp_path: Path) -> None:
         assert httpx.post(f"{svc.url}/select", json={"topic": "t"}, timeout=5).status_code == 401
         # 2 s: the default 200 ms can pass on a busy machine, and the client then decides
         # locally, without the report's window.
-        with DetourClient(svc.url, token=made["spark"][0], timeout=2.0) as client:
+        with DetourClient(svc.url, decide_within=None, token=made["spark"][0],
+                          timeout=2.0) as client:
             assert client.select("t").broker_name in {"x", "y"}
             client.report("x", 0, isolation=True)
             assert {client.select("t").broker_name for _ in range(4)} == {"y"}
-        with DetourClient(svc.url, token="wrong", timeout=2.0) as client, \
+        with DetourClient(svc.url, decide_within=None, token="wrong", timeout=2.0) as client, \
                 pytest.raises(Exception) as err:
             client.select("t")
         assert "401" in str(err.value) or "UNAUTHORIZED" in str(err.value)

@@ -308,8 +308,9 @@ def test_clients_that_never_read_are_dropped_and_memory_stays_bounded(
         tokens_file: Path, tmp_path: Path) -> None:
     env = {"DETOUR_TOKENS_FILE": str(tokens_file), "DETOUR_STREAM_MAX": "1000",
            "DETOUR_STREAM_MAX_PER_TOKEN": "1000", "DETOUR_STREAM_SEND_TIMEOUT_S": "2",
-           # 600 streams plus the other tenant's: above the edge's default of 512.
-           "DETOUR_MAX_CONNECTIONS": "2000"}
+           # 600 streams plus the other tenant's: above the edge's default of 512, and
+           # all from 127.0.0.1, one peer (default cap 256).
+           "DETOUR_MAX_CONNECTIONS": "2000", "DETOUR_MAX_CONNECTIONS_PER_PEER": "2000"}
     with ServiceProcess(env=env, log_path=tmp_path / "detour.log") as svc, \
             httpx.Client(base_url=svc.url, timeout=30) as http:
         _calm_tenant(http)

@@ -54,7 +54,7 @@ def test_a_failed_delivery_is_retried_elsewhere_and_isolated_for_everyone(
         return f"{q.broker_name}/{q.queue_id}"
 
     # 2 s, not the default 200 ms a busy machine can miss: this test is about Detour's answers.
-    with DetourClient(service.url, timeout=2.0) as client:
+    with DetourClient(service.url, decide_within=None, timeout=2.0) as client:
         results: list[SendResult[str]] = []
         # The service's round-robin walk reaches send-a within two sends.
         while not any(r.attempts[0].error for r in results):
@@ -95,7 +95,7 @@ def test_the_deadline_stops_new_attempts(service: ServiceProcess, admin: httpx.C
             time.sleep(max(0.0, start + deadline_s + 0.1 - time.monotonic()))
         raise TimeoutError("broker did not answer")
 
-    with DetourClient(service.url, retries=5, deadline=deadline_s) as client:
+    with DetourClient(service.url, decide_within=None, retries=5, deadline=deadline_s) as client:
         start = time.monotonic()
         with pytest.raises(SendError) as info:
             client.send("deadline-t", b"m", slow_failure)
@@ -111,7 +111,7 @@ def test_the_deadline_stops_new_attempts(service: ServiceProcess, admin: httpx.C
 
 
 def test_programming_mistakes_are_raised(service: ServiceProcess) -> None:
-    with DetourClient(service.url, timeout=2.0) as client:
+    with DetourClient(service.url, decide_within=None, timeout=2.0) as client:
         with pytest.raises(TopicNotFound):
             client.select("no-such-topic")
         with pytest.raises(DetourRequestError) as info:

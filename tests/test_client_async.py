@@ -37,7 +37,7 @@ def test_async_send_retries_elsewhere_and_isolates(service: ServiceProcess) -> N
         return len(payload)
 
     async def main() -> None:
-        async with AsyncDetourClient(service.url, timeout=2.0) as client:
+        async with AsyncDetourClient(service.url, decide_within=None, timeout=2.0) as client:
             results: list[SendResult[int]] = []
             while not any(r.attempts[0].error for r in results):
                 assert len(results) < 4
@@ -63,7 +63,8 @@ def test_async_deadline_cuts_a_hanging_deliver(service: ServiceProcess) -> None:
         await asyncio.sleep(60)
 
     async def main() -> SendError:
-        async with AsyncDetourClient(service.url, retries=3, deadline=0.3) as client:
+        async with AsyncDetourClient(service.url, decide_within=None, retries=3,
+                                     deadline=0.3) as client:
             with pytest.raises(SendError) as info:
                 at["send"] = time.monotonic()
                 await client.send("async-dl", b"m", hang)

@@ -81,7 +81,7 @@ def test_sends_survive_a_detour_restart_and_the_queued_reports_arrive(
     brokers = Brokers()
     # 2 s, not the default 200 ms: the warm sends must be answered on a busy machine too
     # (once Detour is stopped, its port refuses at once).
-    with DetourClient(service.url, timeout=2.0) as client:
+    with DetourClient(service.url, decide_within=None, timeout=2.0) as client:
         for i in range(3):  # warm: Detour answers, the route is known locally
             assert not client.send(TOPIC, i, brokers.deliver).queue.local
 
@@ -154,7 +154,7 @@ def test_a_frozen_detour_costs_one_timeout_not_one_per_send(
     put_route(service.url)
     brokers = Brokers()
     # A 2 s backoff (0.5 s by default): the 50 sends below fit in it on a busy machine too.
-    with DetourClient(service.url, timeout=0.2, backoff_initial=2.0) as client:
+    with DetourClient(service.url, decide_within=None, timeout=0.2, backoff_initial=2.0) as client:
         assert not client.select(TOPIC).local
         os.killpg(service.proc.pid, signal.SIGSTOP)  # accepts connections, answers nothing
         try:

@@ -61,7 +61,7 @@ def bodies(front: FaultyFront, path: str) -> list[dict[str, object]]:
 def test_remote_select_sends_the_token_and_fetches_route_and_config_once(
     front: FaultyFront, topic: str
 ) -> None:
-    with DetourClient(front.url, token=PRODUCER, timeout=2.0) as c:
+    with DetourClient(front.url, decide_within=None, token=PRODUCER, timeout=2.0) as c:
         sel = c.select(topic, f"{topic}-a")
         c.select(topic)
     assert not sel.local and sel.decision is Decision.AVAILABLE
@@ -76,7 +76,7 @@ def test_5xx_and_load_shedding_fail_open_then_the_circuit_opens(
     status: int, front: FaultyFront, topic: str
 ) -> None:
     error = json.dumps({"error": "STORE_UNAVAILABLE", "message": "", "field": None}).encode()
-    with DetourClient(front.url, token=PRODUCER, timeout=2.0) as c:
+    with DetourClient(front.url, decide_within=None, token=PRODUCER, timeout=2.0) as c:
         c.select(topic)  # learns the route
         front.misbehave(lambda r: answer(status, error, {"content-type": "application/json"}))
         before = len(front.requests)
@@ -96,7 +96,7 @@ def test_5xx_and_load_shedding_fail_open_then_the_circuit_opens(
 
 
 def test_report_batch_is_split_by_a_thousand(front: FaultyFront, topic: str) -> None:
-    with DetourClient(front.url, token=PRODUCER, timeout=2.0) as c:
+    with DetourClient(front.url, decide_within=None, token=PRODUCER, timeout=2.0) as c:
         t0 = time.monotonic()
         c.report_batch(Report(f"{topic}-b{i % 7}", i % 100, age_ms=i) for i in range(2500))
         took_ms = (time.monotonic() - t0) * 1000
@@ -115,14 +115,16 @@ def test_report_batch_is_split_by_a_thousand(front: FaultyFront, topic: str) -> 
 
 
 def test_no_route_and_no_detour_is_a_clear_error() -> None:
-    with DetourClient(f"http://127.0.0.1:{free_port()}") as c:  # nothing listens there
+    # Nothing listens there.
+    with DetourClient(f"http://127.0.0.1:{free_port()}", decide_within=None) as c:
         with pytest.raises(DetourUnavailable, match="no route is known for topic 't'"):
             c.select("t")
 
 
 def test_the_async_client_fails_open_the_same_way(front: FaultyFront, topic: str) -> None:
     async def main() -> None:
-        async with AsyncDetourClient(front.url, token=PRODUCER, timeout=2.0) as c:
+        async with AsyncDetourClient(front.url, decide_within=None, token=PRODUCER,
+                                     timeout=2.0) as c:
             assert not (await c.select(topic)).local
             front.misbehave(lambda r: hang_up())
             assert (await c.select(topic)).local
@@ -138,7 +140,7 @@ def test_the_async_client_fails_open_the_same_way(front: FaultyFront, topic: str
 
 
 def test_reports_carry_the_producer_id(front: FaultyFront, topic: str) -> None:
-    with DetourClient(front.url, token=PRODUCER, timeout=2.0,
+    with DetourClient(front.url, decide_within=None, token=PRODUCER, timeout=2.0,
                       producer="host-1/exec-2/p3") as client:
         client.report(f"{topic}-a", 3)
         assert client.stats().sent_reports == 1  # Detour took it
@@ -147,6 +149,6 @@ def test_reports_carry_the_producer_id(front: FaultyFront, topic: str) -> None:
         "brokerName": f"{topic}-a", "latencyMs": 3, "isolation": False,
         "producer": "host-1/exec-2/p3", "reportId": ""}
     with pytest.raises(ValueError, match="producer"):
-        DetourClient(front.url, producer="no spaces")
+        DetourClient(front.url, decide_within=None, producer="no spaces")
 
 

@@ -27,6 +27,7 @@ from detour.client import (
     DetourClient,
     SelectedQueue,
     SendResult,
+    TopicNotFound,
 )
 from tests.faulty import (
     STREAM_PATH,
@@ -143,6 +144,9 @@ def producer(
     made: list[Producer] = []
 
     def make(**settings: Any) -> tuple[Producer, ClientStats]:
+        # Each call is awaited whole (or to its timeout and deadline), which is what these
+        # scenarios are about; the decision deadline has its own (test_client_deadline.py).
+        settings.setdefault("decide_within", None)
         p = Producer(kind, front.url, **settings)
         made.append(p)
         # A busy machine may miss a 200 ms timeout once: the counters are compared from here.
@@ -250,6 +254,11 @@ def test_a_2xx_of_the_wrong_shape_means_decide_locally(
     (404, b"<html>404 Not Found</html>", "text/html"),  # a proxy that does not know /select
     (405, b"Method Not Allowed", "text/plain"),
     (400, b'{"detail": "bad"}', "application/json"),  # JSON, but not Detour's error body
+    # A gateway's own JSON with an "error" key: not Detour's shape (no message, no field,
+    # not a code), so not raised as Detour's 404 for the topic.
+    (404, b'{"error": "Not Found"}', "application/json"),
+    (404, b'{"error": "NOT_FOUND", "message": "no route", "field": "topic", "trace": "x"}',
+     "application/json"),
 ])
 def test_a_4xx_that_is_not_detours_means_decide_locally(
     status: int, body: bytes, ctype: str, front: FaultyFront, topic: str,
@@ -259,6 +268,26 @@ def test_a_4xx_that_is_not_detours_means_decide_locally(
     front.misbehave(on("POST", "/select", answer(status, body, {"content-type": ctype})))
     assert p.send(topic).queue.local
     assert p.since(before, "bad_answers") == (1,)
+
+
+def test_an_answer_naming_a_queue_not_in_the_route_is_refused(
+    front: FaultyFront, topic: str, producer: MakeProducer
+) -> None:
+    """A 2xx of the right shape whose broker, or queue, the route this producer knows does
+    not have: the send is decided locally, the answer counted as bad, and the route
+    fetched again (a route Detour changed since is learned, not a wrong answer followed)."""
+    p, before = producer(timeout=1.0)
+    for wrong in ({"brokerName": "elsewhere"}, {"queueId": 7}):
+        front.misbehave(on("POST", "/select", answer(200, a_select_answer(topic, **wrong))))
+        result = p.send(topic)
+        assert result.queue.local and result.value in (f"{topic}-a", f"{topic}-b")
+        assert p.since(before, "bad_answers")[0] >= 1
+        front.misbehave(None)
+        # The next select, answered by Detour, comes with the route asked for again.
+        wait_until(lambda: not p.send(topic).queue.local, 10, "Detour followed again")
+        assert f"/routes/{topic}" in front.paths()
+        front.requests.clear()
+    assert p.since(before, "bad_answers") == (2,)
 
 
 def test_an_answer_too_large_is_not_read_whole(
@@ -323,6 +352,22 @@ def test_a_cached_client_counts_a_rejected_stream(front: FaultyFront, topic: str
         assert client.stats().last_rejected_status == 401
         front.misbehave(None)
         wait_until(lambda: client.stats().stream_connected, 15, "the stream back")
+
+
+def test_a_cached_client_without_its_stream_asks_for_an_unknown_route(
+    front: FaultyFront, topic: str
+) -> None:
+    """The stream refused from the start: a topic the client has never seen is not an
+    error while Detour answers ``GET /routes/{topic}``; an unknown one is still 404."""
+    busy = b'{"error": "SYSTEM_BUSY", "message": "busy", "field": null}'
+    front.misbehave(on("GET", STREAM_PATH, answer(503, busy)))
+    with DetourClient(front.url, mode="cached", timeout=1.0) as client:
+        assert not client.wait_ready(0.5)
+        result = client.send(topic, 0, lambda q, p: q.broker_name)
+        assert result.queue.local and result.value in (f"{topic}-a", f"{topic}-b")
+        assert f"/routes/{topic}" in front.paths()
+        with pytest.raises(TopicNotFound):
+            client.select("never-registered")
 
 
 # ------------------------------------------------------------ an endless stream line

@@ -130,7 +130,7 @@ def test_a_producers_own_failure_short_of_the_quorum_is_avoided_by_it_in_both(
             served_p2 = server_selects(admin, "quorum-t", producer="p2")
             local_p1 = sdk_selects(early, "quorum-t") + sdk_selects(late, "quorum-t")
             local_p2 = sdk_selects(other, "quorum-t")
-        with DetourClient(service.url, timeout=2.0, producer="p1") as remote:
+        with DetourClient(service.url, decide_within=None, timeout=2.0, producer="p1") as remote:
             remote_p1 = [remote.select("quorum-t") for _ in range(SELECTS)]
 
     assert {s["brokerName"] for s in served_p1} == {b}
@@ -189,7 +189,8 @@ def test_a_sharding_key_picks_the_same_queue_in_both(
     names = [f"key-{x}" for x in "abc"]
     setup_table(admin, {"orderedFallback": "remap"}, "key-t", names)
     report(admin, names[0], 3000, True)
-    with cached(service) as client, DetourClient(service.url, timeout=2.0) as remote:
+    with cached(service) as client, \
+            DetourClient(service.url, decide_within=None, timeout=2.0) as remote:
         for key in ("order-1", "order-2", "order-3", "customer-9", "x"):
             served = admin.post("/select", json={"topic": "key-t", "shardingKey": key}).json()
             local = client.select("key-t", sharding_key=key)
@@ -212,7 +213,8 @@ def test_fail_open_selects_decide_with_the_fetched_config() -> None:
     with ServiceProcess() as svc:
         with httpx.Client(base_url=svc.url, timeout=10) as admin:
             setup_table(admin, {"maxAvoidedPercent": 0}, "fo-t", [a, b])
-        client = DetourClient(svc.url, timeout=0.5, producer="p1", backoff_initial=0.1)
+        client = DetourClient(svc.url, decide_within=None, timeout=0.5, producer="p1",
+                              backoff_initial=0.1)
         try:
             assert not client.select("fo-t").local  # fetches the route and the config
             svc.stop()
@@ -231,7 +233,8 @@ def test_fail_open_keeps_a_producer_off_its_own_suspected_broker() -> None:
     with ServiceProcess() as svc:
         with httpx.Client(base_url=svc.url, timeout=10) as admin:
             setup_table(admin, {"isolationQuorum": 2}, "fq-t", [a, b])
-        client = DetourClient(svc.url, timeout=0.5, producer="p1", backoff_initial=0.1)
+        client = DetourClient(svc.url, decide_within=None, timeout=0.5, producer="p1",
+                              backoff_initial=0.1)
         try:
             assert not client.select("fq-t").local
             svc.stop()
@@ -261,7 +264,7 @@ def test_the_async_client_decides_with_the_policy_too(
             assert await cached_.wait_ready(10)
             local = [await cached_.select("aio-t") for _ in range(SELECTS)]
             keyed = await cached_.select("aio-t", sharding_key="k1")
-        async with AsyncDetourClient(service.url, timeout=2.0) as remote:
+        async with AsyncDetourClient(service.url, decide_within=None, timeout=2.0) as remote:
             asked = await remote.select("aio-t", sharding_key="k1")
         return local, keyed, asked
 

@@ -431,3 +431,20 @@ def test_service_clock_keeps_its_best_bound_against_late_events() -> None:
 def test_a_batch_item_carries_the_producer_id() -> None:
     assert batch_item("a", 1, True, 0, "p")["producer"] == "p"
     assert "producer" not in batch_item("a", 1, True, 0)
+
+
+def test_the_report_batch_halves_when_detour_does_not_keep_up_and_grows_back() -> None:
+    from detour.client.core import MIN_BATCH, ClientCore
+    from detour.client.wire import MAX_BATCH
+
+    core = ClientCore("cached", timeout=0.2, retries=2, deadline=3.0, max_pending=100,
+                      backoff_initial=0.5, backoff_max=5.0)
+    assert core.batch_size == MAX_BATCH
+    for _ in range(10):
+        core.batch_answered(False)
+    assert core.batch_size == MIN_BATCH
+    core.batch_answered(True)
+    assert core.batch_size == 2 * MIN_BATCH
+    for _ in range(10):
+        core.batch_answered(True)
+    assert core.batch_size == MAX_BATCH

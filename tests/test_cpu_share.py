@@ -1,4 +1,4 @@
-"""The CPU a process's event loop may use, read from its cgroup (service/cpu_share.py).
+"""The CPU a process's event loop may use, read from its cgroup (service/edge/cpu_share.py).
 
 The kernel's files are laid out in a temporary directory as cgroup v1 and v2 mount
 them; the module reads whichever the process's ``/proc/self/cgroup`` names.
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from service.cpu_share import CpuShare, quota_cores
+from service.edge.cpu_share import CpuShare, quota_cores
 
 
 def v1(root: Path, group: str, quota: int, period: int, mount: str = "cpu") -> str:

@@ -1,4 +1,4 @@
-"""The direct lane (service/api/direct.py) against the ASGI path it stands in for.
+"""The direct lane (service/edge/direct.py) against the ASGI path it stands in for.
 
 Two real uvicorn servers in this process (threads of their own), each running Detour's
 app and ``EdgeProtocol``: one with the direct lane, one without (``direct_lane=False``).
@@ -26,7 +26,7 @@ from prometheus_client import REGISTRY
 
 from service.app import create_app
 from service.auth import Role, TokenEntry, TokenTable, hash_token
-from service.protocol import EdgeProtocol
+from service.edge.protocol import EdgeProtocol
 from service.settings import Settings
 from tests.procs import PATIENT_CALL_TIMEOUT_S, free_port, wait_until
 

@@ -10,6 +10,7 @@ took from each read, so each test can tell the fast path from the parser's.
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import threading
 import time
@@ -20,8 +21,9 @@ import pytest
 import uvicorn
 from prometheus_client import REGISTRY
 
-from service.protocol import EDGE_STATE, Edge, EdgeLimits, EdgeProtocol
-from service.shedding import Shedder
+from service.edge.hosts import HostNames
+from service.edge.protocol import EDGE_STATE, Edge, EdgeLimits, EdgeProtocol
+from service.edge.shedding import Shedder
 from tests.procs import free_port, wait_until
 
 pytestmark = pytest.mark.integration
@@ -60,7 +62,8 @@ class Served:
 @pytest.fixture()
 def served() -> Iterator[Served]:
     shedder = Shedder(None, max_in_flight=10_000, max_queue_wait_ms=60_000)
-    edge = Edge(EdgeLimits(max_header_bytes=1024, max_headers=10, header_timeout_s=5), shedder)
+    edge = Edge(EdgeLimits(max_header_bytes=1024, max_headers=10, header_timeout_s=5,
+                           hosts=HostNames.parse(None, "127.0.0.1")), shedder)
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -202,7 +205,7 @@ def test_http_1_0_falls_back_to_the_parser(served: Served) -> None:
 
 def test_chunked_bodies_fall_back_to_the_parser(served: Served) -> None:
     served.shed()
-    chunked = (b"POST /select HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+    chunked = (b"POST /select HTTP/1.1\r\nhost: 127.0.0.1\r\ntransfer-encoding: chunked\r\n\r\n"
                b"2\r\n{}\r\n0\r\n\r\n")
     with connect(served.port) as s:
         s.sendall(chunked + request())
@@ -243,7 +246,9 @@ def test_more_headers_than_the_bound_are_left_to_the_parser(served: Served) -> N
 def refusing_server(timeout_keep_alive: int) -> Iterator[int]:
     """A server that refuses everything on the fast path; its port."""
     shedder = Shedder(None, max_in_flight=0, max_queue_wait_ms=60_000, shedding_hold_s=3600)
-    edge = Edge(EdgeLimits(header_timeout_s=30), shedder)
+    # Connections the fast path refuses never prove themselves: their idle timeout is
+    # uvicorn's keep-alive here, as these tests are about its timer.
+    edge = Edge(EdgeLimits(header_timeout_s=30, unproven_idle_s=30), shedder)
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -352,3 +357,32 @@ def test_the_refusals_are_counted_by_reason(served: Served) -> None:
         s.sendall(request() * 5)
         assert statuses(s, 5) == [503] * 5
     assert shed_count("in_flight") - before == 5
+
+
+@pytest.mark.parametrize(("raw", "status", "code"), [
+    (b"FOO /select HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n", 400, "BAD_REQUEST"),
+    (b"POST /sel\x01ect HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: 0\r\n\r\n", 400,
+     "BAD_REQUEST"),
+    (b"POST /select HTTP/1.1\r\nhost: 127.0.0.1\r\nx: a\x01b\r\ncontent-length: 0\r\n\r\n",
+     400, "BAD_REQUEST"),
+    (b"POST /select HTTP/1.1\r\nhost: rebind.example\r\ncontent-length: 0\r\n\r\n", 421,
+     "HOST_NOT_ALLOWED"),
+], ids=["unknown method", "control character in the target", "control character in a header",
+        "foreign Host"])  # fmt: skip
+def test_while_shedding_what_the_edge_refuses_is_refused_as_always(
+    served: Served, raw: bytes, status: int, code: str
+) -> None:
+    """The fast path takes nothing the parser or the edge's checks would refuse: while
+    shedding, a malformed request is still 400 and a foreign Host 421, in the Error
+    shape, and the connection is closed (not 503 with the connection kept)."""
+    served.shed()
+    with connect(served.port) as s:
+        s.sendall(raw)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 %d " % status), answer[:200]
+    body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+    assert set(body) == {"error", "message", "field"} and body["error"] == code
+    assert TAKEN == []
+    assert served.entered == 0

@@ -132,8 +132,8 @@ def test_the_sdk_replay_of_a_report_detour_applied_is_applied_once(
     replays it with the same reportId."""
     with ServiceProcess(redis_url=server.url) as svc:
         proxy = DelayProxy(int(svc.url.rsplit(":", 1)[1]))
-        client = DetourClient(f"http://127.0.0.1:{proxy.port}", timeout=0.2, retries=1,
-                              deadline=1.0)
+        client = DetourClient(f"http://127.0.0.1:{proxy.port}", decide_within=None, timeout=0.2,
+                              retries=1, deadline=1.0)
         try:
             proxy.hold_s = HOLD_S
             client.report("sdk-a", 5, isolation=True)

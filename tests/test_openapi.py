@@ -55,3 +55,38 @@ def test_every_error_response_uses_the_error_schema() -> None:
                     schema = resp["content"]["application/json"]["schema"]
                     assert schema == ref, f"{method} {path} {status}"
     assert "HTTPValidationError" not in doc["components"]["schemas"]
+
+
+def test_every_body_route_documents_413() -> None:
+    doc = served()
+    body_routes = [(path, method) for path, ops in doc["paths"].items()
+                   for method, op in ops.items() if "requestBody" in op]
+    assert len(body_routes) >= 5
+    for path, method in body_routes:
+        assert "413" in doc["paths"][path][method]["responses"], f"{method} {path}"
+
+
+def test_the_contract_states_the_config_lengths_and_distinct_brokers() -> None:
+    """What the schema can state of the rules across fields, a JSON Schema validator holds:
+    ``latencyMax`` and ``notAvailableDuration`` as long as each other (an omitted one is its
+    default of seven), and no two identical brokers in a route."""
+    import jsonschema
+
+    doc = served()
+    schemas = doc["components"]["schemas"]
+
+    def validator(name: str) -> jsonschema.Draft202012Validator:
+        # The document as the root, so that its "#/components/..." references resolve.
+        return jsonschema.Draft202012Validator({**doc, "$ref": f"#/components/schemas/{name}"})
+
+    config = validator("ConfigBody")
+    assert config.is_valid({"latencyMax": [1, 2], "notAvailableDuration": [0, 5]})
+    assert not config.is_valid({"latencyMax": [1, 2], "notAvailableDuration": [0]})
+    assert not config.is_valid({"latencyMax": [1, 2]})  # the default windows are seven
+    assert config.is_valid({"notAvailableDuration": [0, 0, 1, 2, 3, 4, 5]})
+    assert config.is_valid({})
+    route = validator("RouteBody")
+    broker = {"brokerName": "broker-a", "writeQueueNums": 4}
+    assert not route.is_valid({"brokers": [broker, broker]})
+    assert schemas["RouteBody"]["properties"]["brokers"]["x-unique-item-properties"] == [
+        "brokerName"]

@@ -387,8 +387,8 @@ def test_a_hung_broker_is_avoided_before_the_send_timeout(mode: str) -> None:
             httpx.Client(base_url=svc.url, timeout=10) as admin:
         admin.patch("/config", json={"pendingQuorum": 2}).raise_for_status()
         fleet.register(svc.url)
-        senders = [DetourClient(svc.url, mode=mode, timeout=2.0, producer=p, deadline=30,
-                                retries=0) for p in ("p1", "p2")]
+        senders = [DetourClient(svc.url, decide_within=None, mode=mode, timeout=2.0, producer=p,
+                                deadline=30, retries=0) for p in ("p1", "p2")]
         watcher = DetourClient(svc.url, mode="cached", timeout=2.0, producer="p3")
         deliverers = [Deliverer("hang", timeout_s) for _ in senders]
         hung: list[float] = []
@@ -464,8 +464,9 @@ def test_the_async_client_signals_a_hung_send() -> None:
         return payload
 
     async def scenario(url: str) -> None:
-        async with AsyncDetourClient(url, mode="remote", timeout=2.0, producer="p1",
-                                     retries=0, deadline=COLD_MS * 3 / 1000) as c:
+        async with AsyncDetourClient(url, decide_within=None, mode="remote", timeout=2.0,
+                                     producer="p1", retries=0,
+                                     deadline=COLD_MS * 3 / 1000) as c:
             await c.send("t", "warm", fast)  # reads the config
             assert c._core.tracking()
             with pytest.raises(Exception):  # noqa: B017 - the deadline cuts it

@@ -118,6 +118,39 @@ def test_an_id_reused_with_other_content_is_refused_and_changes_nothing(
     assert r.status_code == 422 and r.json()["field"] == "reports[1].reportId"
 
 
+def test_a_batch_applied_in_chunks_names_the_reused_item_and_keeps_its_word(
+        tokened: TestClient) -> None:
+    """A batch is applied in chunks of 25: an id repeated with other content within it is
+    refused before any chunk is applied; one the store knew from an earlier request is
+    refused in its chunk, with the earlier chunks applied (as documented), and either way
+    ``field`` names the item in the batch, not in its chunk."""
+    from service.api.reports import BATCH_CHUNK
+
+    def broker_names() -> set[str]:
+        items = tokened.get("/fault-items", headers=auth("admin")).json()["items"]
+        return {i["brokerName"] for i in items}
+
+    size = 2 * BATCH_CHUNK + 10
+    late = 2 * BATCH_CHUNK + 5
+    within = [isolation(f"w{i}", f"w-{i}") for i in range(size)]
+    within[late] = isolation("w-late", "w-3")  # item 3's id, other content
+    r = tokened.post("/report-latency:batch", headers=auth("alpha"), json={"reports": within})
+    assert r.status_code == 422, r.text
+    assert (r.json()["error"], r.json()["field"]) == ("REPORT_ID_REUSED",
+                                                      f"reports[{late}].reportId")
+    assert broker_names() == set()  # nothing of it applied
+
+    assert tokened.post("/report-latency", json=isolation("known", "k-1"),
+                        headers=auth("alpha")).status_code == 200
+    stored = [isolation(f"s{i}", f"s-{i}") for i in range(size)]
+    stored[late] = isolation("s-late", "k-1")  # the stored id, other content
+    r = tokened.post("/report-latency:batch", headers=auth("alpha"), json={"reports": stored})
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == f"reports[{late}].reportId"
+    before = late // BATCH_CHUNK * BATCH_CHUNK
+    assert broker_names() == {"known"} | {f"s{i}" for i in range(before)}
+
+
 def test_another_tokens_flood_of_ids_never_pushes_one_out(
         store_kind: str, tokens_file: Path, request: pytest.FixtureRequest,
         monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.shedding import ARRIVED, Saturation, Shedder, TurnBudget
+from service.edge.shedding import ARRIVED, Saturation, Shedder, TurnBudget
 from tests.procs import RedisServer, ServiceProcess, wait_until
 
 pytestmark = pytest.mark.integration
@@ -275,14 +275,15 @@ def test_a_saturated_window_squeezes_the_limit_below_one_start_a_turn() -> None:
     assert turns.limit == TurnBudget.FLOOR
     assert sum(turn() for _ in range(512)) == 2  # one start every 256 turns
     assert turns.limit == TurnBudget.FLOOR
-    turns.squeeze(False)  # an unsaturated window: it grows back
+    turns.squeeze(False)  # an unsaturated window: it grows back, doubled at once
+    assert turns.limit == 2 * TurnBudget.FLOOR and not turns.squeezed
     grown = [turns.limit]
-    for _ in range(120):
+    for _ in range(103):
         turn()
         grown.append(turns.limit)
     assert all(b == min(1.0, a * TurnBudget.REGROWTH) or b == a + 1
                for a, b in zip(grown, grown[1:], strict=False))
-    assert 1 < turns.limit < 8  # back to one within about 114 turns, then one a turn
+    assert 1 < turns.limit < 8  # back to one within about 100 turns, then one a turn
     turn(5)
     assert turns.limit >= 1  # a long turn halves, but not below one
 
@@ -449,6 +450,46 @@ def test_a_saturated_window_while_shedding_squeezes_and_the_squeeze_holds_sheddi
     asyncio.run(scenario())
 
 
+def test_unsaturated_windows_bring_a_squeezed_limit_back_however_few_the_turns() -> None:
+    """SDK producers backing off send one request a turn, seconds apart. After an
+    overload squeezed the limit to the floor, 5% a turn would take about 114 of those,
+    each refused and each renewing the hold: a replica with CPU to spare kept refusing
+    report batches for minutes (measured with bench/producers.py). Each window that
+    closes unsaturated doubles the limit instead: one request a window is started again
+    by the eighth window, and shedding then lapses on its own."""
+    async def scenario() -> None:
+        ms = 1_000_000
+        cpu, wall = CpuClock(), CpuClock()
+        shed = Shedder(Gate(), max_in_flight=3, max_queue_wait_ms=200, turn_budget_ms=1.0,
+                       shedding_hold_s=60,
+                       saturation=Saturation(lambda: 1.0, window_ms=100, cpu_ns=cpu,
+                                             wall_ns=wall))
+        turn_cpu = CpuClock()
+        shed.turns = TurnBudget(1.0, 3, cpu_ns=turn_cpu)
+
+        async def turn(wall_ms: float, cpu_ms: float) -> str | None:
+            wall.ns += int(wall_ms * ms)
+            cpu.ns += int(cpu_ms * ms)
+            turn_cpu.ns += int(cpu_ms * ms)
+            out = shed.refusal()
+            await asyncio.sleep(0)  # the turn ends
+            return out
+
+        shed.in_flight = 3
+        assert await turn(0.1, 0) == "in_flight"  # shedding starts
+        shed.in_flight = 0
+        for _ in range(12):  # saturated windows while shedding: down to the floor
+            await turn(100, 100)
+        assert shed.turns.limit == TurnBudget.FLOOR
+        # Now one request a window, the loop nearly idle: each closes a window unsaturated.
+        outcomes = [await turn(500, 0.05) for _ in range(8)]
+        assert outcomes[-1] is None, outcomes  # started again by the eighth
+        assert shed.turns.limit == 1
+        assert outcomes.count("turn_budget") <= 7
+
+    asyncio.run(scenario())
+
+
 def read_responses(sock: socket.socket, n: int) -> list[bytes]:
     """The status lines of the next ``n`` HTTP/1.1 responses on ``sock`` (bounded by the
     socket's timeout)."""
@@ -511,6 +552,46 @@ def test_the_server_refuses_past_the_turn_limit_while_shedding() -> None:
                     for ln in c.get("/metrics").text.splitlines()
                     if ln.startswith("detour_requests_shed_total{")}
             assert shed["turn_budget"] == 1 and shed["in_flight"] >= 1
+    finally:
+        redis.proc.send_signal(signal.SIGCONT)
+        redis.stop()
+
+
+@pytest.mark.e2e
+def test_a_request_queued_behind_another_does_not_free_a_slot_while_its_body_arrives() -> None:
+    """``DETOUR_MAX_IN_FLIGHT=1``, Redis stopped: a config write waits inside the app, and
+    a second one pipelined behind it on the same connection sends half its body. The
+    queued one is not in the app, so its body arriving must not count as a slot given
+    back: another client is refused SYSTEM_BUSY at once, not admitted to wait for Redis."""
+    config = json.dumps({"lastReportWins": True}).encode()
+    # PATCH: a partial PUT is refused before it reaches the store (a PUT is whole).
+    put = (b"PATCH /config HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+           b"content-length: %d\r\n\r\n" % len(config))
+    # Every refusal here is the in-flight bound's: no turn limit while shedding (it would
+    # refuse for a second after any refusal, whatever is counted), no queue-wait budget.
+    env = {"DETOUR_MAX_IN_FLIGHT": "1", "DETOUR_MAX_QUEUE_WAIT_MS": "60000",
+           "DETOUR_TURN_BUDGET_MS": "0", "DETOUR_REDIS_TIMEOUT_S": "30",
+           # The half body waits for the test, not for its deadline (which frees it).
+           "DETOUR_BODY_TIMEOUT_S": "60", **HOLD_ENV}
+    redis = RedisServer()
+    try:
+        with ServiceProcess(redis_url=redis.url, env=env) as svc, \
+                httpx.Client(base_url=svc.url, timeout=10) as c:
+            c.put("/routes/t", json={"brokers": [{"brokerName": "a", "writeQueueNums": 1}]})
+            redis.proc.send_signal(signal.SIGSTOP)
+            with socket.create_connection(("127.0.0.1", svc.port), timeout=10) as held:
+                held.sendall(put + config + put + config[: len(config) // 2])
+
+                def refused() -> bool:
+                    return c.post("/select", json={"topic": "t"}).status_code == 503
+
+                wait_until(refused, 5, "the held write's slot counted")
+                with httpx.Client(base_url=svc.url, timeout=10) as other:
+                    start = time.perf_counter()
+                    r = other.patch("/config", json={"lastReportWins": False})
+                    waited = time.perf_counter() - start
+                assert r.status_code == 503 and r.json()["error"] == "SYSTEM_BUSY", r.text
+                assert waited < 0.5, waited
     finally:
         redis.proc.send_signal(signal.SIGCONT)
         redis.stop()

@@ -21,8 +21,15 @@ import httpx
 
 from detour.client import wire
 from detour.client.cached import FLUSH_AT
-from detour.client.core import ClientCore
-from detour.client.errors import DetourRequestError, DetourUnavailable, TopicNotFound
+from detour.client.circuit import Ticket
+from detour.client.core import DECIDE_WITHIN_S, ClientCore
+from detour.client.errors import (
+    DetourBadAnswer,
+    DetourLate,
+    DetourRequestError,
+    DetourUnavailable,
+    TopicNotFound,
+)
 from detour.client.http import AsyncHTTP, Parse, headers, json_object
 from detour.client.pending import Pending, mono_ms
 from detour.client.send import ExcTypes, send_async
@@ -34,6 +41,8 @@ log = logging.getLogger("detour.client")
 
 P = TypeVar("P")
 R = TypeVar("R")
+#: What a late call's outcome is handed to: its answer, or its error.
+Late = Callable[[Any, BaseException | None], None]
 
 
 class AsyncDetourClient:
@@ -64,6 +73,7 @@ class AsyncDetourClient:
         transport: httpx.AsyncBaseTransport | None = None,
         pending_factor: float = 4.0,
         pending_floor_ms: float = 50.0,
+        decide_within: float | None = DECIDE_WITHIN_S,
     ) -> None:
         self._core = ClientCore(
             mode,
@@ -77,9 +87,12 @@ class AsyncDetourClient:
             max_event_bytes=max_event_bytes,
             pending_factor=pending_factor,
             pending_floor_ms=pending_floor_ms,
+            decide_within=decide_within,
         )
         self.url = url.rstrip("/")
         self._headers = headers(token)
+        #: Calls a send stopped waiting for, and background refreshes, still going on.
+        self._background: set[asyncio.Task[Any]] = set()
         self._http = AsyncHTTP(self.url, timeout, token, transport)
         self._flusher: FlushTask | None = None
         self._stream: StreamTask | None = None
@@ -119,6 +132,10 @@ class AsyncDetourClient:
             await self._stream.stop()
         if self._flusher is not None:
             await self._flusher.stop()
+        if self._background:
+            # They end within the call timeout; a late report that failed is queued, and
+            # the final flush sends it.
+            await asyncio.wait(set(self._background), timeout=core.timeout + 1.0)
         await self.flush(core.timeout if flush_timeout is None else flush_timeout)
         left = len(core.pending)
         if left:
@@ -193,8 +210,78 @@ class AsyncDetourClient:
             error = exc
             raise
         finally:
-            if core.calls.end(ticket, error) and core.pending.queued():
-                self._wake_flusher()
+            self._end(ticket, error)
+
+    def _end(self, ticket: Ticket, error: BaseException | None) -> None:
+        core = self._core
+        if core.calls.end(ticket, error) and core.pending.queued():
+            self._wake_flusher()
+
+    def _keep(self, task: asyncio.Task[Any]) -> None:
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _deciding_call(
+        self,
+        method: str,
+        path: str,
+        body: object,
+        parse: Parse[Any],
+        ends: float | None,
+        late: Late,
+    ) -> Any:
+        """As ``DetourClient._deciding_call``: the answer within the decision deadline, or
+        DetourLate while the call goes on; ``late(answer, error)`` gets its outcome."""
+        core = self._core
+        wait = core.decide_within
+        if wait is None:
+            return await self._call(method, path, body, parse, ends)
+        ticket, budget = core.calls.begin(ends)
+        task = asyncio.get_running_loop().create_task(
+            self._http.call(method, path, body, parse, budget)
+        )
+        try:
+            done, _ = await asyncio.wait({task}, timeout=min(wait, budget))
+        except asyncio.CancelledError:
+            self._finish_later(ticket, task, lambda answer, error: None)
+            raise
+        if not done:
+            core.late()
+            self._finish_later(ticket, task, late, counted=True)
+            raise DetourLate(
+                f"{method} {path}: no answer within {wait * 1000:.0f} ms; deciding locally"
+            )
+        try:
+            answer = task.result()
+        except BaseException as exc:
+            self._end(ticket, exc)
+            raise
+        self._end(ticket, None)
+        return answer
+
+    def _finish_later(
+        self, ticket: Ticket, task: asyncio.Task[Any], late: Late, counted: bool = False
+    ) -> None:
+        """``late`` gets the outcome of ``task`` once it ends (``counted``: a late call)."""
+
+        def finished(done: asyncio.Task[Any]) -> None:
+            error: BaseException | None
+            if done.cancelled():
+                error = DetourUnavailable("cancelled")
+            else:
+                error = done.exception()
+            try:
+                late(None if error is not None else done.result(), error)
+            except Exception:  # noqa: BLE001 - a callback: log, carry on
+                log.exception("a late answer from Detour could not be taken")
+            finally:
+                # Taught first, then calls resume (and the circuit has the call's verdict).
+                self._end(ticket, error)
+                if counted:
+                    self._core.late_ended()
+
+        self._keep(task)
+        task.add_done_callback(finished)
 
     async def _background_call(self, method: str, path: str, body: object) -> Any:
         """The flusher's call: a report batch, which no send waits for."""
@@ -231,26 +318,72 @@ class AsyncDetourClient:
                         await stream.synced.wait()
                 except TimeoutError:
                     pass
+            if not stream.connected and not core.table.has_route(topic):
+                await self._fetch_route(topic, ends)
             return core.local_select(
                 topic, last_broker, stream_connected=stream.connected, sharding_key=sharding_key
             )
+        body = wire.select_body(topic, last_broker, core.producer, sharding_key)
+
+        def parse(answer: Any) -> SelectedQueue:
+            return wire.selected(answer, topic)
+
+        def late(answer: Any, error: BaseException | None) -> None:
+            if answer is not None:
+                self._take_answer(topic, answer)
+
         try:
-            selected = await self._call(
-                "POST",
-                "/select",
-                wire.select_body(topic, last_broker, core.producer, sharding_key),
-                lambda body: wire.selected(body, topic),
-                ends,
-            )
+            if core.knows(topic):
+                if core.slow():
+                    raise DetourLate("a call to Detour is late: deciding locally meanwhile")
+                selected = await self._deciding_call("POST", "/select", body, parse, ends, late)
+            else:  # nothing to decide with locally: the whole call
+                selected = await self._call("POST", "/select", body, parse, ends)
         except DetourUnavailable as exc:
             return core.local_select(topic, last_broker, cause=exc, sharding_key=sharding_key)
         except DetourRequestError as exc:
             if exc.status == 404:
                 raise TopicNotFound(topic, exc.message) from None
             raise
+        if not self._take_answer(topic, selected):
+            return core.local_select(topic, last_broker, cause=None, sharding_key=sharding_key)
         core.remote_selects += 1
-        await self._refresh(topic, ends)
+        if not core.knows(topic):
+            await self._refresh(topic, ends)  # what a local select will need, before then
+        elif any(core.refresh_due(topic)) and core.claim_refresh(topic):
+            self._keep(asyncio.get_running_loop().create_task(self._refresh_in_background(topic)))
         return selected  # type: ignore[no-any-return]
+
+    async def _refresh_in_background(self, topic: str) -> None:
+        try:
+            await self._refresh(topic, None)
+        finally:
+            self._core.release_refresh(topic)
+
+    def _take_answer(self, topic: str, selected: SelectedQueue) -> bool:
+        """As ``DetourClient._take_answer``."""
+        core = self._core
+        try:
+            core.check_answer(selected)
+        except DetourBadAnswer as exc:
+            core.calls.refused(exc)
+            core.route_stale(topic)
+            return False
+        core.learn(selected)
+        return True
+
+    async def _fetch_route(self, topic: str, ends: float | None) -> None:
+        """As ``DetourClient._fetch_route``."""
+        try:
+            path = f"/routes/{quote(topic, safe='')}"
+            self._core.table.set_route(
+                topic, await self._call("GET", path, parse=wire.route, ends=ends)
+            )
+        except DetourRequestError as exc:
+            if exc.status == 404:
+                raise TopicNotFound(topic, exc.message) from None
+        except DetourUnavailable:
+            pass
 
     async def _refresh(self, topic: str, ends: float | None) -> None:
         """Best effort: the route and config a local select needs if Detour goes away."""
@@ -297,15 +430,22 @@ class AsyncDetourClient:
             core.apply([p])
             return
         core.apply([p])
+        body = wire.report_body(
+            broker_name, latency_ms, bool(isolation), core.producer, core.report_id(p)
+        )
+
+        def late(answer: Any, error: BaseException | None) -> None:
+            if error is None:
+                core.pending.sent += 1
+            elif isinstance(error, DetourUnavailable):
+                self._queue([p])  # replayed with its age, as any report Detour missed
+            else:
+                log.warning("detour refused a report for %s: %s", broker_name, error)
+
         try:
-            await self._call(
-                "POST",
-                "/report-latency",
-                wire.report_body(
-                    broker_name, latency_ms, bool(isolation), core.producer, core.report_id(p)
-                ),
-                ends=ends,
-            )
+            await self._deciding_call("POST", "/report-latency", body, json_object, ends, late)
+        except DetourLate:
+            pass  # it goes on; ``late`` takes its outcome
         except DetourUnavailable:
             self._queue([p])
         else:

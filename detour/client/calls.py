@@ -148,6 +148,13 @@ class Calls:
                 self.bad_answers += 1
             self._loud_bad(str(error))
 
+    def refused(self, error: DetourBadAnswer) -> None:
+        """An answer the client refused after the call (a queue not in the route): a call
+        that failed open, though Detour did answer (the circuit is not touched)."""
+        with self._lock:
+            self.failures += 1
+        self.note(error)
+
     def stream_dropped_too_large(self, reason: str) -> None:
         with self._lock:
             self.stream_too_large += 1

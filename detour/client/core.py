@@ -8,6 +8,7 @@ once.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterable
@@ -17,7 +18,7 @@ from detour.client import wire
 from detour.client.cached import FLUSH_AT, FLUSH_INTERVAL_S, ServiceClock, StreamApplier
 from detour.client.calls import MIN_BUDGET_SHARE, Calls
 from detour.client.circuit import CircuitBreaker
-from detour.client.errors import DetourUnavailable, TopicNotFound
+from detour.client.errors import DetourBadAnswer, DetourUnavailable, TopicNotFound
 from detour.client.inflight import InFlight
 from detour.client.local import LocalTable
 from detour.client.pending import Pending, PendingReports, mono_ms
@@ -26,6 +27,16 @@ from detour.client.values import ClientStats, Mode, Report, SelectedQueue
 
 #: A known route (and the config) is fetched again at most this often in remote mode (s).
 ROUTE_REFRESH_S = 30.0
+#: Remote mode: how long a send waits for Detour's select (or report) before it decides
+#: locally (s); the call goes on and its answer still teaches the local table. Under the
+#: 5 ms a producer should ever wait for advice (docs/BENCHMARKS.md, "Overload as
+#: producers see it").
+DECIDE_WITHIN_S = 0.004
+#: The smallest report batch the flusher falls back to when Detour does not keep up.
+MIN_BATCH = 50
+#: A broker a Detour answer names as avoided is avoided by local selects for this long
+#: after that answer (ms): what the remote client's own table knows of the shared one.
+HINT_MS = 10_000
 
 
 def wall_ms() -> int:
@@ -48,6 +59,7 @@ class ClientCore:
         max_event_bytes: int = MAX_EVENT_BYTES,
         pending_factor: float = 4.0,
         pending_floor_ms: float = 50.0,
+        decide_within: float | None = DECIDE_WITHIN_S,
     ) -> None:
         if mode not in ("remote", "cached"):
             raise ValueError(f"mode must be 'remote' or 'cached', got {mode!r}")
@@ -57,6 +69,8 @@ class ClientCore:
             raise ValueError("retries must be >= 0")
         if max_event_bytes < 1:
             raise ValueError("max_event_bytes must be >= 1")
+        if decide_within is not None and decide_within <= 0:
+            raise ValueError("decide_within must be > 0 (seconds) or None")
         wire.check_producer(producer)
         #: sent with every report, for Detour's latency log
         self.producer = producer
@@ -76,8 +90,18 @@ class ClientCore:
         self.circuit = CircuitBreaker(backoff_initial, backoff_max)
         self.calls = Calls(timeout, MIN_BUDGET_SHARE * min(timeout, deadline), self.circuit)
         self.applier = StreamApplier(self.table, self.service_clock, self.pending)
+        #: remote mode: seconds a send waits for Detour before deciding locally (None: the
+        #: whole call timeout)
+        self.decide_within = decide_within
         self.remote_selects = 0
         self.local_selects = 0
+        self._count_lock = threading.Lock()
+        self.late_answers = 0
+        self._late_under_way = 0
+        #: topics whose route and config a background refresh is fetching now
+        self._refreshing: set[str] = set()
+        #: reports per batch the flusher sends (``batch_answered``)
+        self.batch_size = wire.MAX_BATCH
         self._route_checked: dict[str, float] = {}
         self._config_checked: float | None = None
         #: outstanding sends, for in-flight signals (pendingQuorum)
@@ -106,13 +130,79 @@ class ClientCore:
         self.local_selects += 1
         return sel
 
+    def late(self) -> None:
+        """A call missed the decision deadline (its send decided without it) and goes on:
+        until it ends, sends decide locally and queue their reports without calling
+        Detour (``slow``), as one late answer says the next would be late too."""
+        with self._count_lock:
+            self.late_answers += 1
+            self._late_under_way += 1
+
+    def late_ended(self) -> None:
+        with self._count_lock:
+            self._late_under_way -= 1
+
+    def slow(self) -> bool:
+        """A call that missed the decision deadline is still under way."""
+        return self._late_under_way > 0
+
+    def check_answer(self, selected: SelectedQueue) -> None:
+        """Raises DetourBadAnswer when Detour's answer names a queue the route this client
+        knows does not have (a producer sends to whatever it is told: a queue that is not
+        there is no answer to follow). Nothing is checked before a route is known."""
+        if self.table.in_route(selected.topic, selected.broker_name, selected.queue_id) is False:
+            raise DetourBadAnswer(
+                f"POST /select: queue {selected.broker_name}/{selected.queue_id} is not in "
+                f"the route of topic {selected.topic!r}"
+            )
+
+    def learn(self, selected: SelectedQueue) -> None:
+        """What a Detour answer (on time or late) teaches the local table: the brokers it
+        avoided, avoided locally for ``HINT_MS`` too."""
+        if selected.avoided_brokers:
+            self.table.hint_avoided(selected.avoided_brokers, self.table.now_ms() + HINT_MS)
+
     def refresh_due(self, topic: str) -> tuple[bool, bool]:
-        """(route due, config due) for remote mode: first use, then every 30 s."""
+        """(route due, config due) for remote mode: first use, then every 30 s, and a route
+        at once after an answer it did not have (``route_stale``)."""
         now = time.monotonic()
         checked = self._route_checked.get(topic)
         route_due = checked is None or now - checked >= ROUTE_REFRESH_S
         config_due = self._config_checked is None or now - self._config_checked >= ROUTE_REFRESH_S
         return route_due, config_due
+
+    def batch_answered(self, answered: bool) -> None:
+        """How the last report batch ended: a batch Detour did not answer in time (busy,
+        throttled, away) is followed by one half as large, down to ``MIN_BATCH``; one it
+        answered lets the size double back up to ``wire.MAX_BATCH``. A batch cut by the
+        call's timeout is sent again whole; a smaller one fits where the big one did not."""
+        with self._count_lock:
+            if answered:
+                self.batch_size = min(wire.MAX_BATCH, self.batch_size * 2)
+            else:
+                self.batch_size = max(MIN_BATCH, self.batch_size // 2)
+
+    def claim_refresh(self, topic: str) -> bool:
+        """Whether a background refresh of ``topic`` may start (none is under way); the
+        caller ``release_refresh``es it when done."""
+        with self._count_lock:
+            if topic in self._refreshing:
+                return False
+            self._refreshing.add(topic)
+            return True
+
+    def release_refresh(self, topic: str) -> None:
+        with self._count_lock:
+            self._refreshing.discard(topic)
+
+    def knows(self, topic: str) -> bool:
+        """Whether a local select could decide for ``topic`` (its route and the config are
+        known): only then may a send stop waiting for Detour at the decision deadline."""
+        return self.table.has_route(topic) and self._config_checked is not None
+
+    def route_stale(self, topic: str) -> None:
+        """Detour answered with a queue the known route does not have: fetch it again."""
+        self._route_checked.pop(topic, None)
 
     def route_checked(self, topic: str, answered: bool) -> None:
         # A route never fetched is asked for again on the next remote select (the
@@ -155,8 +245,8 @@ class ClientCore:
 
     def must_queue(self) -> bool:
         """Reports go to the queue, not straight to Detour: cached mode always; remote mode
-        while Detour is down or older reports wait (so they reach Detour in order)."""
-        return self.cached or self.circuit.is_open or len(self.pending) > 0
+        while Detour is down or late, or older reports wait (so they reach Detour in order)."""
+        return self.cached or self.circuit.is_open or self.slow() or len(self.pending) > 0
 
     def report_id(self, p: Pending) -> str:
         """The report's identity on the wire: the same on its first post and any replay."""
@@ -205,7 +295,9 @@ class ClientCore:
         if pending.queued() == 0:
             return None
         wait = self.circuit.remaining_s()
-        if self.cached and not pending.urgent and pending.queued() < FLUSH_AT:
+        # Reports wait up to FLUSH_INTERVAL_S to leave as one batch (remote mode queues
+        # only while Detour is down or late, or behind older ones: no hurry then either).
+        if not pending.urgent and pending.queued() < FLUSH_AT:
             oldest = pending.oldest_at_ms()
             if oldest is not None:
                 wait = max(wait, FLUSH_INTERVAL_S - (mono_ms() - oldest) / 1000)
@@ -226,4 +318,5 @@ class ClientCore:
             last_rejected_status=self.calls.last_rejected_status,
             bad_answers=self.calls.bad_answers,
             stream_too_large=self.calls.stream_too_large,
+            late_answers=self.late_answers,
         )

@@ -8,14 +8,16 @@ message that could not be delivered in its attempts.
     DetourClientError           base of everything the SDK raises
     ├── DetourUnavailable       Detour did not answer and no local decision was possible
     │   ├── DetourRejected      401/403 or a 3xx: a token or URL to fix (fails open, loudly)
-    │   └── DetourBadAnswer     an answer that is not Detour's (wrong shape, too large)
+    │   ├── DetourBadAnswer     an answer that is not Detour's (wrong shape, too large, a
+    │   │                       queue not in the route, a proxy's 4xx page)
+    │   └── DetourLate          no answer by the decision deadline (the call goes on)
     ├── DetourRequestError      Detour answered 4xx: the request is wrong (status, code, field)
     │   └── TopicNotFound       404: the topic has no route
     └── SendError               every attempt of a send failed or the deadline passed
 
-``DetourRejected`` and ``DetourBadAnswer`` are how the HTTP layer tells the
-client why a call failed open (they are counted apart in ``stats()``); a
-producer sees them only as the cause of a ``DetourUnavailable``.
+``DetourRejected``, ``DetourBadAnswer`` and ``DetourLate`` are how the client tells why a
+call failed open (they are counted apart in ``stats()``); a producer sees them only as
+the cause of a ``DetourUnavailable``.
 """
 
 from __future__ import annotations
@@ -52,10 +54,16 @@ class DetourRejected(DetourUnavailable):
 
 class DetourBadAnswer(DetourUnavailable):
     """A 2xx that is not the JSON Detour sends (a list, empty, an unknown decision, a bad
-    queueId, HTML, too large), or a 4xx without Detour's error body (a proxy's page).
+    queueId, HTML, too large, a queue the route does not have), or a 4xx without Detour's
+    error body (a proxy's page).
 
     Whatever answered is not a Detour the client can follow, so it fails open.
     """
+
+
+class DetourLate(DetourUnavailable):
+    """Detour had not answered by the decision deadline (``decide_within``): the send
+    decides locally, and the call goes on; its answer still teaches the client."""
 
 
 class DetourRequestError(DetourClientError):

@@ -10,7 +10,8 @@ same way for the sync and async clients:
   must not stop a producer; the client decides locally and says so loudly;
 * a 2xx that is not the answer Detour sends (not JSON, a list, empty, an unknown
   decision, a bad queueId, more than ``MAX_ANSWER_BYTES``), or a 4xx without
-  Detour's error body (a proxy's page): ``DetourBadAnswer``;
+  Detour's error body, exactly (``wire.is_error_body``: a proxy's page, or a gateway's
+  own JSON): ``DetourBadAnswer``;
 
 and the client falls back to its local table for all three. Only a 4xx with
 Detour's error body is raised as ``DetourRequestError`` (``TopicNotFound`` for a
@@ -94,7 +95,7 @@ def interpret(response: httpx.Response, content: bytes, what: str, parse: Parse[
         body: object = json.loads(content)
     except (ValueError, RecursionError):
         body = None
-    if not (isinstance(body, Mapping) and isinstance(body.get("error"), str)):
+    if not wire.is_error_body(body):
         raise DetourBadAnswer(f"{what}: HTTP {status} without Detour's error body (a proxy?)")
     code, message, field = wire.error_fields(body)
     raise DetourRequestError(status, code, message, field)

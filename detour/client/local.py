@@ -17,6 +17,7 @@ stream is ordered, so the newest thing applied always wins.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import threading
@@ -127,6 +128,13 @@ class LocalTable:
     def has_route(self, topic: str) -> bool:
         return topic in self.view.routes
 
+    def in_route(self, topic: str, broker_name: str, queue_id: int) -> bool | None:
+        """Whether the known route of ``topic`` has that queue; None when no route is known."""
+        route = self.view.routes.get(topic)
+        if route is None:
+            return None
+        return any(q.queue_id == queue_id for q in route.by_broker.get(broker_name, ()))
+
     def fault(self, broker_name: str) -> FaultItem | None:
         return self.view.faults.get(broker_name)
 
@@ -154,6 +162,22 @@ class LocalTable:
                 self._apply_fault(broker_name, effect.item)
                 view.observe_latency(broker_name, report.latency_ms, now)
             return view.faults.get(broker_name)
+
+    def hint_avoided(self, brokers: Iterable[str], until_ms: int) -> None:
+        """Detour avoids ``brokers`` now (a select's ``avoidedBrokers``): a local select
+        avoids them too until at least ``until_ms``. A window already longer stays; nothing
+        else of a broker's item changes."""
+        with self._lock:
+            view = self.view
+            for broker in brokers:
+                old = view.faults.get(broker)
+                if old is None:
+                    item = FaultItem(broker, 0, until_ms)
+                elif old.available_at < until_ms:
+                    item = dataclasses.replace(old, available_at=until_ms)
+                else:
+                    continue
+                view.apply_fault(broker, item, self._next_version())
 
     # -- what the service says -------------------------------------------------
     def _apply_fault(self, broker_name: str, item: FaultItem | None) -> None:

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -20,9 +21,16 @@ import httpx
 
 from detour.client import wire
 from detour.client.cached import FLUSH_AT
-from detour.client.core import ClientCore
-from detour.client.errors import DetourRequestError, DetourUnavailable, TopicNotFound
-from detour.client.http import Parse, SyncHTTP, headers, json_object
+from detour.client.circuit import Ticket
+from detour.client.core import DECIDE_WITHIN_S, ClientCore
+from detour.client.errors import (
+    DetourBadAnswer,
+    DetourLate,
+    DetourRequestError,
+    DetourUnavailable,
+    TopicNotFound,
+)
+from detour.client.http import LIMITS, Parse, SyncHTTP, headers, json_object
 from detour.client.pending import Pending, mono_ms
 from detour.client.send import ExcTypes, send_sync
 from detour.client.sse import MAX_EVENT_BYTES
@@ -33,6 +41,8 @@ log = logging.getLogger("detour.client")
 
 P = TypeVar("P")
 R = TypeVar("R")
+#: What a late call's outcome is handed to: its answer, or its error.
+Late = Callable[[Any, BaseException | None], None]
 
 
 class DetourClient:
@@ -53,7 +63,11 @@ class DetourClient:
     one that enforces the total timeout (tests). ``pending_factor``/``pending_floor_ms``:
     a send outstanding ``max(floor, factor x the broker's recent p99)`` tells Detour
     (an in-flight signal, only while Detour's config has ``pendingQuorum`` > 0; factor
-    0 = never), see ``detour.client.inflight``.
+    0 = never), see ``detour.client.inflight``. ``decide_within``: remote mode, seconds a
+    send waits for Detour's select or report before it decides locally (default 0.004;
+    None: the whole ``timeout``); the call goes on in the background and its answer still
+    teaches the client (the brokers it avoided, the circuit). A topic whose route the
+    client does not know yet waits for the whole call.
 
     Raises ValueError for an invalid setting.
     """
@@ -75,6 +89,7 @@ class DetourClient:
         transport: httpx.BaseTransport | None = None,
         pending_factor: float = 4.0,
         pending_floor_ms: float = 50.0,
+        decide_within: float | None = DECIDE_WITHIN_S,
     ) -> None:
         self._core = ClientCore(
             mode,
@@ -88,9 +103,12 @@ class DetourClient:
             max_event_bytes=max_event_bytes,
             pending_factor=pending_factor,
             pending_floor_ms=pending_floor_ms,
+            decide_within=decide_within,
         )
         self.url = url.rstrip("/")
         self._http = SyncHTTP(self.url, timeout, token, transport)
+        #: Calls a send stopped waiting for (and background refreshes) finish here.
+        self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._flusher: FlushThread | None = None
         self._stream: StreamThread | None = None
@@ -129,6 +147,10 @@ class DetourClient:
             self._signals.stop(core.timeout + 1.0)
         if self._flusher is not None:
             self._flusher.stop(core.timeout + 1.0)
+        if self._pool is not None:
+            # Calls still going on end within the call timeout; a late report that failed
+            # is queued, and the final flush sends it.
+            self._pool.shutdown(wait=True)
         self.flush(core.timeout if flush_timeout is None else flush_timeout)
         left = len(core.pending)
         if left:
@@ -197,8 +219,70 @@ class DetourClient:
             error = exc
             raise
         finally:
-            if core.calls.end(ticket, error) and core.pending.queued():
-                self._wake_flusher()
+            self._end(ticket, error)
+
+    def _end(self, ticket: Ticket, error: BaseException | None) -> None:
+        core = self._core
+        if core.calls.end(ticket, error) and core.pending.queued():
+            self._wake_flusher()
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            with self._lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(
+                        LIMITS.max_connections, thread_name_prefix="detour-call"
+                    )
+        return self._pool
+
+    def _deciding_call(
+        self,
+        method: str,
+        path: str,
+        body: object,
+        parse: Parse[Any],
+        ends: float | None,
+        late: Late,
+    ) -> Any:
+        """A call a send waits for at most the decision deadline (``decide_within``).
+
+        Its answer, or DetourLate (a DetourUnavailable: decide locally) while the call goes
+        on in the background; ``late(answer, error)`` then gets its outcome, and the circuit
+        its verdict. Raises as ``_call`` otherwise."""
+        core = self._core
+        wait = core.decide_within
+        if wait is None:
+            return self._call(method, path, body, parse, ends)
+        ticket, budget = core.calls.begin(ends)
+        try:
+            future = self._executor().submit(self._http.call, method, path, body, parse, budget)
+        except RuntimeError as exc:  # closed meanwhile
+            self._end(ticket, DetourUnavailable(str(exc)))
+            raise DetourUnavailable(f"{method} {path}: the client is closed") from exc
+        try:
+            answer = future.result(timeout=min(wait, budget))
+        except TimeoutError:
+            core.late()
+            future.add_done_callback(lambda done: self._finish_late(ticket, done, late))
+            raise DetourLate(
+                f"{method} {path}: no answer within {wait * 1000:.0f} ms; deciding locally"
+            ) from None
+        except BaseException as exc:
+            self._end(ticket, exc)
+            raise
+        self._end(ticket, None)
+        return answer
+
+    def _finish_late(self, ticket: Ticket, done: Future[Any], late: Late) -> None:
+        error = done.exception()
+        try:
+            late(None if error is not None else done.result(), error)
+        except Exception:  # noqa: BLE001 - a background thread: log, carry on
+            log.exception("a late answer from Detour could not be taken")
+        finally:
+            # Taught first, then calls resume (and the circuit has the call's verdict).
+            self._end(ticket, error)
+            self._core.late_ended()
 
     def _background_call(self, method: str, path: str, body: object) -> Any:
         """The flusher's call: a report batch, which no send waits for."""
@@ -239,31 +323,79 @@ class DetourClient:
     ) -> SelectedQueue:
         core = self._core
         if self._stream is not None:
-            if not self._stream.synced.is_set():
-                self._stream.synced.wait(core.timeout)
+            stream = self._stream
+            if not stream.synced.is_set():
+                stream.synced.wait(core.timeout)
+            if not stream.connected.is_set() and not core.table.has_route(topic):
+                self._fetch_route(topic, ends)
             return core.local_select(
                 topic,
                 last_broker,
-                stream_connected=self._stream.connected.is_set(),
+                stream_connected=stream.connected.is_set(),
                 sharding_key=sharding_key,
             )
+        body = wire.select_body(topic, last_broker, core.producer, sharding_key)
+
+        def parse(answer: Any) -> SelectedQueue:
+            return wire.selected(answer, topic)
+
+        def late(answer: Any, error: BaseException | None) -> None:
+            if answer is not None:
+                self._take_answer(topic, answer)
+
         try:
-            selected = self._call(
-                "POST",
-                "/select",
-                wire.select_body(topic, last_broker, core.producer, sharding_key),
-                lambda body: wire.selected(body, topic),
-                ends,
-            )
+            if core.knows(topic):
+                if core.slow():
+                    raise DetourLate("a call to Detour is late: deciding locally meanwhile")
+                selected = self._deciding_call("POST", "/select", body, parse, ends, late)
+            else:  # nothing to decide with locally: the whole call
+                selected = self._call("POST", "/select", body, parse, ends)
         except DetourUnavailable as exc:
             return core.local_select(topic, last_broker, cause=exc, sharding_key=sharding_key)
         except DetourRequestError as exc:
             if exc.status == 404:
                 raise TopicNotFound(topic, exc.message) from None
             raise
+        if not self._take_answer(topic, selected):
+            return core.local_select(topic, last_broker, cause=None, sharding_key=sharding_key)
         core.remote_selects += 1
-        self._refresh(topic, ends)
+        if not core.knows(topic):
+            self._refresh(topic, ends)  # what a local select will need, before it is needed
+        elif any(core.refresh_due(topic)) and core.claim_refresh(topic):
+            self._executor().submit(self._refresh_in_background, topic)
         return selected  # type: ignore[no-any-return]
+
+    def _refresh_in_background(self, topic: str) -> None:
+        try:
+            self._refresh(topic, None)
+        finally:
+            self._core.release_refresh(topic)
+
+    def _take_answer(self, topic: str, selected: SelectedQueue) -> bool:
+        """Whether Detour's answer (on time or late) is one to follow: its queue is in the
+        known route. If so it teaches the local table; if not it is refused (a bad answer)
+        and the route fetched again."""
+        core = self._core
+        try:
+            core.check_answer(selected)
+        except DetourBadAnswer as exc:
+            core.calls.refused(exc)
+            core.route_stale(topic)
+            return False
+        core.learn(selected)
+        return True
+
+    def _fetch_route(self, topic: str, ends: float | None) -> None:
+        """Cached mode without its stream: the route of a topic it has never seen, asked
+        for once (a 404 is remembered as no route; Detour unreachable: nothing learned)."""
+        try:
+            path = f"/routes/{quote(topic, safe='')}"
+            self._core.table.set_route(topic, self._call("GET", path, parse=wire.route, ends=ends))
+        except DetourRequestError as exc:
+            if exc.status == 404:
+                raise TopicNotFound(topic, exc.message) from None
+        except DetourUnavailable:
+            pass
 
     def _refresh(self, topic: str, ends: float | None) -> None:
         """Best effort: the route and config a local select needs if Detour goes away."""
@@ -312,15 +444,22 @@ class DetourClient:
             core.apply([p])
             return
         core.apply([p])
+        body = wire.report_body(
+            broker_name, latency_ms, bool(isolation), core.producer, core.report_id(p)
+        )
+
+        def late(answer: Any, error: BaseException | None) -> None:
+            if error is None:
+                core.pending.sent += 1
+            elif isinstance(error, DetourUnavailable):
+                self._queue([p])  # replayed with its age, as any report Detour missed
+            else:
+                log.warning("detour refused a report for %s: %s", broker_name, error)
+
         try:
-            self._call(
-                "POST",
-                "/report-latency",
-                wire.report_body(
-                    broker_name, latency_ms, bool(isolation), core.producer, core.report_id(p)
-                ),
-                ends=ends,
-            )
+            self._deciding_call("POST", "/report-latency", body, json_object, ends, late)
+        except DetourLate:
+            pass  # it goes on; ``late`` takes its outcome
         except DetourUnavailable:
             self._queue([p])
         else:

@@ -23,7 +23,6 @@ from detour.client.http import LIMITS, check_stream
 from detour.client.pending import mono_ms
 from detour.client.reconnect import Jitter
 from detour.client.sse import EventTooLarge, SSEParser
-from detour.client.wire import MAX_BATCH
 
 log = logging.getLogger("detour.client")
 
@@ -31,11 +30,12 @@ AsyncCall = Callable[[str, str, object], Awaitable[Any]]
 
 
 async def flush_once(core: ClientCore, call: AsyncCall) -> bool:
-    """Send the oldest reports (up to 1,000) in one batch; True when Detour took them.
+    """Send the oldest reports (up to ``core.batch_size``) in one batch; True when Detour
+    took them.
 
     Never raises (but lets cancellation through, putting the batch back first).
     """
-    batch = core.pending.take(MAX_BATCH)
+    batch = core.pending.take(core.batch_size)
     if not batch:
         return True
     try:
@@ -47,6 +47,7 @@ async def flush_once(core: ClientCore, call: AsyncCall) -> bool:
     except DetourUnavailable as exc:
         log.debug("report batch not sent: %s", exc)
         core.pending.retry(batch)
+        core.batch_answered(False)
         return False
     except BaseException as exc:
         core.pending.retry(batch)
@@ -55,6 +56,7 @@ async def flush_once(core: ClientCore, call: AsyncCall) -> bool:
         log.exception("report batch failed")
         return False
     core.pending.done(batch, accepted=True)
+    core.batch_answered(True)
     return True
 
 

@@ -26,19 +26,19 @@ from detour.client.http import check_stream
 from detour.client.pending import Pending, mono_ms
 from detour.client.reconnect import Jitter
 from detour.client.sse import EventTooLarge, SSEParser
-from detour.client.wire import MAX_BATCH
 
 log = logging.getLogger("detour.client")
 
 
 def flush_once(core: ClientCore, call: Callable[[str, str, object], Any]) -> bool:
-    """Send the oldest reports (up to 1,000) in one batch; True when Detour took them.
+    """Send the oldest reports (up to ``core.batch_size``) in one batch; True when Detour
+    took them.
 
     Never raises: a batch Detour does not answer goes back to the front of the
     queue; one it refuses (4xx, which the client's own checks should prevent) is
     dropped and counted, since resending it would fail the same way.
     """
-    batch = core.pending.take(MAX_BATCH)
+    batch = core.pending.take(core.batch_size)
     if not batch:
         return True
     try:
@@ -50,12 +50,14 @@ def flush_once(core: ClientCore, call: Callable[[str, str, object], Any]) -> boo
     except DetourUnavailable as exc:
         log.debug("report batch not sent: %s", exc)
         core.pending.retry(batch)
+        core.batch_answered(False)
         return False
     except Exception:  # noqa: BLE001 - keep the reports, log, carry on
         log.exception("report batch failed")
         core.pending.retry(batch)
         return False
     core.pending.done(batch, accepted=True)
+    core.batch_answered(True)
     return True
 
 

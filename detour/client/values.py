@@ -109,9 +109,14 @@ class ClientStats:
     rejected_calls: int = 0
     #: the status of the last of those, None if there was none.
     last_rejected_status: int | None = None
-    #: answers that were not Detour's (a 2xx of the wrong shape, not JSON or over 4 MiB; a
-    #: 4xx without Detour's error body): decided locally as well.
+    #: answers that were not Detour's (a 2xx of the wrong shape, not JSON or over 4 MiB, or
+    #: naming a queue the route does not have; a 4xx without Detour's error body, such as a
+    #: proxy's page): decided locally as well.
     bad_answers: int = 0
     #: cached mode: stream connections dropped (and reconnected) because a line or an event
     #: was longer than ``max_event_bytes``.
     stream_too_large: int = 0
+    #: remote mode: selects and reports Detour had not answered by the decision deadline
+    #: (``decide_within``): decided locally (the report queued if it then failed) while the
+    #: call went on, its answer still teaching the local table.
+    late_answers: int = 0

@@ -237,6 +237,24 @@ def _flag(body: Mapping[str, Any], key: str) -> bool:
     return value
 
 
+#: Detour's error codes: upper-case words joined by ``_`` (``NOT_FOUND``, ``SYSTEM_BUSY``).
+ERROR_CODE = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*")
+
+
+def is_error_body(body: object) -> bool:
+    """Whether ``body`` is Detour's Error shape exactly: ``{"error": CODE, "message": str,
+    "field": str | null}`` and nothing else. A proxy or gateway in front of Detour answers
+    its own 4xx (``{"error": "Not Found"}``, an HTML page); only Detour's are raised."""
+    return (
+        isinstance(body, Mapping)
+        and set(body) == {"error", "message", "field"}
+        and isinstance(body["error"], str)
+        and ERROR_CODE.fullmatch(body["error"]) is not None
+        and isinstance(body["message"], str)
+        and (body["field"] is None or isinstance(body["field"], str))
+    )
+
+
 def error_fields(body: object) -> tuple[str, str, str | None]:
     """(code, message, field) of an error body, tolerant of a proxy's non-JSON answer."""
     if isinstance(body, Mapping):

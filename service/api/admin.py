@@ -10,8 +10,8 @@ from pydantic import TypeAdapter
 
 from detour.model import CONFIG_FIELDS, Config
 from detour.profiles import PROFILES
+from service.api.bodies import parse, request_body, validated
 from service.api.deps import ERRORS, UNAVAILABLE, BrokerPath, StoreDep, not_found
-from service.api.fast import parse, request_body, validated
 from service.api.render import config_in, config_out, why_out
 from service.errors import NotFound
 from service.schemas import ConfigBody, ConfigPatch, ConfigReplace, FaultItemOut, FaultItemsOut

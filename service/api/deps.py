@@ -54,8 +54,14 @@ BrokerPath = Annotated[
 #: parameter, not a store error.
 STREAM_ID_PATTERN = r"^[0-9]{1,19}-[0-9]{1,19}$"
 
-#: Error responses every route may give, for the OpenAPI document.
+#: Error responses every route may give, for the OpenAPI document (a body may come with any
+#: request, so 413, 415 and a repeated key's 422 too).
 ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {
+        "model": ErrorBody,
+        "description": "BAD_REQUEST: the HTTP parser refused the request (not HTTP/1.1 as "
+        "written, an unknown method, control characters); the connection is closed.",
+    },
     401: {
         "model": ErrorBody,
         "description": "Tokens are configured and this one is missing or unknown.",
@@ -64,6 +70,12 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         "model": ErrorBody,
         "description": "The token's role may not do this, or "
         "`X-Detour-Namespace` names another namespace than the token's.",
+    },
+    408: {
+        "model": ErrorBody,
+        "description": "REQUEST_TIMEOUT: the request line and headers, or the body, took "
+        "longer than `DETOUR_HEADER_TIMEOUT_S` / `DETOUR_BODY_TIMEOUT_S`; the connection is "
+        "closed.",
     },
     413: {
         "model": ErrorBody,

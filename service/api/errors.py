@@ -11,14 +11,24 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic.alias_generators import to_camel
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from service.errors import DetourError, error_body
-from service.limits import BadBody
+from service.errors import Busy, DetourError, error_body
 
 log = logging.getLogger("detour")
+
+
+class BadBody(HTTPException):
+    """A body refused before its model: a repeated key (422) or a streamed body past its
+    limit (413), naming the field. An HTTPException, so that it passes through FastAPI's
+    body reading to the handler below (anything else raised there becomes a 400)."""
+
+    def __init__(self, status: int, message: str, field: str) -> None:
+        super().__init__(status, message)
+        self.field = field
+
 
 _HTTP_CODES = {
     404: "NOT_FOUND",
@@ -77,7 +87,10 @@ def _validation_message(err: dict[str, Any]) -> str:
 def install_error_handlers(app: FastAPI) -> None:
     async def on_detour_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, DetourError)
-        return JSONResponse(error_body(exc.code, exc.message, exc.field), status_code=exc.status)
+        headers = {"Retry-After": "1"} if isinstance(exc, Busy) else None
+        return JSONResponse(
+            error_body(exc.code, exc.message, exc.field), status_code=exc.status, headers=headers
+        )
 
     async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
@@ -93,7 +106,7 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
     async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, StarletteHTTPException)
+        assert isinstance(exc, HTTPException)
         if isinstance(exc, BadBody):
             code = _HTTP_CODES.get(exc.status_code, "HTTP_ERROR")
             return JSONResponse(error_body(code, exc.detail, exc.field), exc.status_code)
@@ -125,6 +138,6 @@ def install_error_handlers(app: FastAPI) -> None:
 
     app.add_exception_handler(DetourError, on_detour_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
-    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(HTTPException, on_http_error)
     app.add_exception_handler(ClientDisconnect, on_disconnect)
     app.add_exception_handler(Exception, on_unexpected)

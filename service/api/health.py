@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from service.api.contract import TOKEN
 from service.api.deps import ERRORS, StoresDep
 from service.api.exposition import Exposition
 from service.schemas import ErrorBody, Health
@@ -43,6 +44,7 @@ async def readyz(stores: StoresDep) -> Health:
     "/metrics",
     response_class=Response,
     summary="Prometheus metrics",
+    dependencies=[TOKEN],
     responses={
         200: {
             "description": "Prometheus text exposition format.",

@@ -101,7 +101,7 @@ class PushResponse(StreamingResponse):
     """An event stream whose client must keep reading: a send that cannot go out within
     ``send_timeout_s`` ends the stream and closes the connection. The socket's kernel
     buffer is fixed (``stream_send_buffer_bytes``) and the transport's at 16 KiB above
-    it (both set by the server protocol, service/shedding.py), and a snapshot goes out in
+    it (both set by the server protocol, service/edge/shedding.py), and a snapshot goes out in
     16 KiB slices: so a client that
     stops reading holds at most those buffers, one slice or event and the backlog of
     changes, for at most ``send_timeout_s``."""

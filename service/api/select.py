@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
-from pydantic import TypeAdapter
 
 from detour.model import Queue
-from service.api.deps import ERRORS, UNAVAILABLE, not_found
-from service.api.fast import json_response, parse, request_body, store_of, voter_of
+from service.api.caller import principal_of, voter
+from service.api.deps import ERRORS, UNAVAILABLE, StoreDep, not_found
 from service.api.telemetry import observe_policy, observe_select
 from service.errors import NotFound
 from service.schemas import SelectRequest, SelectResponse
 from service.selector import choose
 from service.store import FaultStore
-
-REQUEST = TypeAdapter(SelectRequest)
 
 router = APIRouter(tags=["select"])
 
@@ -24,9 +21,8 @@ router = APIRouter(tags=["select"])
     response_model=SelectResponse,
     responses={**ERRORS, **not_found("Unknown topic."), **UNAVAILABLE},
     summary="Choose a queue for one send attempt",
-    openapi_extra=request_body(SelectRequest),
 )
-async def select(request: Request) -> Response:
+async def select(body: SelectRequest, store: StoreDep, request: Request) -> Response:
     """Choose the queue for one send attempt (RocketMQ's `selectOneMessageQueue`).
 
     The queue list is the route's, ordered by brokerName then queueId (or the inline
@@ -57,16 +53,15 @@ async def select(request: Request) -> Response:
     obeyed (`unenforcedBrokers`, `panic`, `dryRun`); `selection: p2c-ewma` picks the
     faster of two random available queues instead of walking round-robin.
     """
-    body = await parse(request, REQUEST)
-    store = store_of(request)
     # The identity the producer's reports vote with (the token's when tokens are on).
-    return json_response(answer(store, body, voter_of(request, body.producer) or None))
+    producer = voter(principal_of(request.scope["state"]), body.producer) or None
+    return Response(answer(store, body, producer), media_type="application/json")
 
 
 def answer(store: FaultStore, body: SelectRequest, producer: str | None) -> str:
     """The select's answer as JSON text; raises NotFound (counted) for an unknown topic.
 
-    Synchronous: the server's direct lane (service/api/direct.py) calls it too."""
+    Synchronous: the server's direct lane (service/edge/direct.py) calls it too."""
     inline = [Queue(q.broker_name, q.queue_id) for q in body.queues] if body.queues else None
     view = store.view
     try:

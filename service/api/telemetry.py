@@ -203,7 +203,7 @@ class RequestTimer:
 
 def observe_request(scope: Scope, status: int, start: float) -> None:
     """One request's duration since ``start`` (``perf_counter``), by route template,
-    method and status (the hot lane, service/api/fast.py, times its requests with it)."""
+    method and status (the direct lane, service/edge/direct.py, times its requests with it)."""
     route = scope.get("route")
     template = getattr(route, "path", None) or "unmatched"
     if template != "/fault-items/stream":  # endless by design

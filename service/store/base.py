@@ -120,7 +120,7 @@ class FaultStore(Protocol):
         """``report_many``'s outcomes when the store can apply them without waiting for
         I/O (the memory table; reports a Redis replica keeps local), or None, having
         changed nothing: the caller then awaits ``report_many``. The server answers the
-        first kind in the loop turn that read the request (service/api/direct.py)."""
+        first kind in the loop turn that read the request (service/edge/direct.py)."""
         ...
 
     async def latency_log(self, after: str | None, limit: int) -> list[LogEntry]:

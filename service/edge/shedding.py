@@ -27,7 +27,7 @@ with 503 ``{"error": "SYSTEM_BUSY"}`` and ``Retry-After`` and counted in
 * ``queue_wait``: the request waited longer than ``max_queue_wait_ms`` between
   being read off the socket and being served — the event loop is behind, like a
   send request that sat in RocketMQ's queue past ``waitTimeMillsInSendQueue``.
-  The arrival time comes from ``EdgeProtocol`` (service/protocol.py, uvicorn's
+  The arrival time comes from ``EdgeProtocol`` (service/edge/protocol.py, uvicorn's
   protocol stamping the scope when a request begins); without it only the first
   rule acts.
 
@@ -41,15 +41,14 @@ docs/reliability.md, "Overload".
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import metrics
-from service.cpu_share import CpuShare
-from service.errors import error_body
+from service.edge import answers
+from service.edge.cpu_share import CpuShare
 
 #: The scope key the protocol stamps (monotonic ns when the request began).
 ARRIVED = "detour.arrived_ns"
@@ -82,7 +81,13 @@ class TurnBudget:
     drain (p99 of hundreds of ms). So a saturation window that closes while shedding
     (``squeeze``) halves the limit further, below one: a limit of 1/8 starts one request
     every eighth turn. While squeezed the limit does not grow; after, it grows 5% a turn
-    up to one, then one a turn as before.
+    up to one, then one a turn as before, and each window that closes unsaturated
+    doubles a limit below one. Turns alone are not enough: when requests come one a
+    turn, seconds apart (SDK producers backing off), 5% a turn took about 114 of them
+    from the floor back to one, each refused and each renewing the hold, so a replica
+    with CPU to spare kept refusing the producers' report batches for minutes
+    (docs/BENCHMARKS.md, "Overload as producers see it"). By windows, the floor is back
+    to one within eight unsaturated ones.
 
     CPU time, not wall time, so that an idle loop waiting for the next request does not
     look like a long turn. Pure bookkeeping, clocks injected: the caller marks where a
@@ -134,10 +139,13 @@ class TurnBudget:
 
     def squeeze(self, saturated: bool) -> None:
         """A saturation window closed: ``saturated`` while shedding halves the limit
-        (down to ``FLOOR``), which then does not grow until a window closes otherwise."""
+        (down to ``FLOOR``), which then does not grow until a window closes otherwise;
+        a window that closes otherwise doubles a limit below one (up to one)."""
         self.squeezed = saturated and self.budget_ns > 0
         if self.squeezed:
             self.limit = max(self.FLOOR, self.limit / 2)
+        elif self.limit < 1:
+            self.limit = min(1.0, self.limit * 2)
 
     def may_start(self) -> bool:
         return self.started < self.allowed
@@ -228,13 +236,8 @@ class Shedder:
         #: Shedding lasts until this long after the last refusal (monotonic ns).
         self.hold_ns = int(shedding_hold_s * 1_000_000_000)
         self.shedding_until = 0
-        body = json.dumps(error_body("SYSTEM_BUSY", "overloaded: retry shortly or decide locally"))
-        self._body = body.encode()
         #: The whole HTTP/1.1 answer, for refusals written by the protocol itself.
-        self.busy_response = (
-            b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-            b"retry-after: 1\r\ncontent-length: %d\r\n\r\n%s" % (len(self._body), self._body)
-        )
+        self.busy_response = answers.BUSY
         self._refusing_apps: dict[str, ASGIApp] = {}
         self._shed_series = {
             r: metrics.SHED.labels(r) for r in ("in_flight", "turn_budget", "queue_wait")
@@ -344,15 +347,6 @@ class Shedder:
 
     async def _refuse(self, send: Send, reason: str) -> None:
         self.count_refusal(reason)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 503,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(self._body)).encode()),
-                    (b"retry-after", b"1"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": self._body})
+        start, body = answers.BUSY_MESSAGES
+        await send(start)
+        await send(body)

@@ -1,38 +1,28 @@
-"""Guards on request bodies and Host names: what a cross-site page could otherwise send.
+"""Guards on request bodies: what a cross-site page could otherwise send, and how much.
 
 An open Detour on loopback is reachable from any web page the producer's host opens: a
 form or ``fetch`` can POST there without a CORS preflight as long as the body is
-``text/plain``, form-encoded or multipart, and a page whose own name resolves to
-127.0.0.1 (DNS rebinding) can even read the answers. So (docs/security.md, "The HTTP
-edge"): a body must say ``application/json`` (which no page can send cross-site without
-a preflight, and Detour answers none), a JSON object may not repeat a key (a form field
-``{"brokerName":"=","brokerName":"broker-a",...}`` would otherwise take the last), and a
-Host must be a loopback name, an IP literal or a configured name.
+``text/plain``, form-encoded or multipart. So (docs/security.md, "The HTTP edge"): a body
+must say ``application/json`` (which no page can send cross-site without a preflight, and
+Detour answers none), and a JSON object may not repeat a key (a form field
+``{"brokerName":"=","brokerName":"broker-a",...}`` would otherwise take the last).
+Bodies are bounded in size (``BodyLimit``). Host names are ``service.edge.hosts``'.
 
-And bodies are bounded in size (``BodyLimit``).
+The repeated-key check is ``check_keys``, here only: ``JsonBodies`` runs it on the ASGI
+way in, the direct lane (service/edge/direct.py) on the body it holds.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import re
-import resource
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import error_body
-
-
-class BadBody(HTTPException):
-    """A body refused before validation, naming the field (rendered by api/errors.py)."""
-
-    def __init__(self, status: int, message: str, field: str) -> None:
-        super().__init__(status, message)
-        self.field = field
+from service.api.errors import BadBody
+from service.edge import answers
 
 
 class _Duplicate(Exception):
@@ -94,6 +84,13 @@ def duplicate_key(body: bytes) -> str | None:
     return _first_duplicate(json.loads(body, object_pairs_hook=_Pairs), "")
 
 
+def check_keys(body: bytes) -> None:
+    """Raises BadBody (422, naming the path) when a JSON object in ``body`` repeats a key."""
+    field = duplicate_key(body) if body else None
+    if field is not None:
+        raise BadBody(422, f"{field}: repeated key in a JSON object", field)
+
+
 def has_body(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bool, bytes | None]:
     """Whether the request carries a body, and its Content-Type."""
     has_body = False
@@ -136,83 +133,63 @@ class BodyLimit:
         #: path -> its own limit (the batch endpoint takes more)
         self.overrides = dict(overrides or {})
 
+    def limit(self, path: str) -> int:
+        return self.overrides.get(path, self.max_bytes)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.overrides.get(scope["path"], self.max_bytes)
+        limit = self.limit(scope["path"])
         for name, value in scope["headers"]:
             if name == b"content-length":
                 try:
-                    too_large = int(value) > limit
+                    over = int(value) > limit
                 except ValueError:
-                    too_large = False
-                if too_large:
-                    await self.reject(send, limit)
+                    over = False
+                if over:
+                    message = f"request body over {limit} bytes"
+                    await answers.send_error(
+                        send, 413, "PAYLOAD_TOO_LARGE", message, "body", (answers.CLOSE,)
+                    )
                     return
                 break
 
         received = 0
 
         async def limited_receive() -> Message:
-            # A chunked body has no length up front: count it as it is read. The
-            # HTTPException travels through the framework to the error handler.
+            # A chunked body has no length up front: count it as it is read. The error
+            # travels through the framework to its handler.
             nonlocal received
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
-                    raise HTTPException(413, f"request body over {limit} bytes")
+                    raise BadBody(413, f"request body over {limit} bytes", "body")
             return message
 
         await self.app(scope, limited_receive, send)
 
-    async def reject(self, send: Send, limit: int) -> None:
-        body = json.dumps(
-            error_body("PAYLOAD_TOO_LARGE", f"request body over {limit} bytes", "body")
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
-
 
 class JsonBodies:
     """Every request body is JSON: 415 for any other (or no) Content-Type, 422 naming the
-    field for a repeated key. The one content-type policy of the API (the framework's
-    strict check then never sees anything else).
+    field for a repeated key (``check_keys``). The one content-type policy of the API (the
+    framework's strict check then never sees anything else).
 
-    Pure ASGI: it sits on the /select hot path. The repeated-key check runs on the body
-    as the handler reads it (bounded by the body limit), so a refused request costs no
-    read of its own.
+    Pure ASGI: it sits on the ASGI way to every route. The repeated-key check runs on the
+    body as the handler reads it (bounded by the body limit), so a refused request costs
+    no read of its own.
     """
+
+    REFUSAL = answers.asgi_error(
+        415,
+        "UNSUPPORTED_MEDIA_TYPE",
+        "request bodies are JSON: send Content-Type: application/json",
+        "Content-Type",
+    )
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        body = json.dumps(
-            error_body(
-                "UNSUPPORTED_MEDIA_TYPE",
-                "request bodies are JSON: send Content-Type: application/json",
-                "Content-Type",
-            )
-        ).encode()
-        self.refusal_start: Message = {
-            "type": "http.response.start",
-            "status": 415,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-        self.refusal_body: Message = {"type": "http.response.body", "body": body}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -223,8 +200,8 @@ class JsonBodies:
             await self.app(scope, receive, send)
             return
         if not is_json(content_type):
-            await send(self.refusal_start)
-            await send(self.refusal_body)
+            await send(self.REFUSAL[0])
+            await send(self.REFUSAL[1])
             return
         chunks: list[bytes] = []
 
@@ -236,64 +213,7 @@ class JsonBodies:
                 if more or chunks:
                     chunks.append(chunk)
                 if not more:
-                    body = b"".join(chunks) if chunks else chunk
-                    field = duplicate_key(body) if body else None
-                    if field is not None:
-                        raise BadBody(422, f"{field}: repeated key in a JSON object", field)
+                    check_keys(b"".join(chunks) if chunks else chunk)
             return message
 
         await self.app(scope, checked_receive, send)
-
-
-def _host_name(value: bytes) -> str:
-    """The name of a Host header value, without its port, lower case."""
-    host = value.decode("latin-1").strip().lower()
-    if host.startswith("["):
-        return host[1 : host.find("]")] if "]" in host else host
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-
-
-class HostNames:
-    """Which Host names requests may carry: loopback names (``localhost``, ``*.localhost``),
-    any IP literal (a rebinding page always sends a name: its own), and the configured
-    names; ``*`` allows any."""
-
-    def __init__(self, configured: Iterable[str]) -> None:
-        names = {n.strip().lower().rstrip(".") for n in configured if n.strip()}
-        self.any = "*" in names
-        self.names = frozenset(names - {"*"})
-
-    @classmethod
-    def parse(cls, setting: str | None, bind_host: str) -> HostNames:
-        """From ``DETOUR_ALLOWED_HOSTS`` (comma-separated) plus the bound host, if a name."""
-        return cls([*(setting or "").split(","), bind_host])
-
-    def allows(self, value: bytes) -> bool:
-        if self.any:
-            return True
-        name = _host_name(value).rstrip(".")
-        if name == "localhost" or name.endswith(".localhost") or name in self.names:
-            return True
-        try:
-            ipaddress.ip_address(name)
-        except ValueError:
-            return False
-        return True
-
-
-def connection_bound(wanted: int, reserve: int = 128) -> int:
-    """``wanted`` connections, or fewer when the process may not open that many files
-    (keeping ``reserve`` for Redis connections, logs and the listener). The soft limit is
-    raised toward the hard one first, as nginx's ``worker_rlimit_nofile`` does."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = wanted + reserve
-    if soft != resource.RLIM_INFINITY and soft < need:
-        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError):
-            pass
-    if soft == resource.RLIM_INFINITY:
-        return wanted
-    return max(1, min(wanted, soft - reserve))

@@ -1,6 +1,6 @@
 """How much CPU this process's event loop may use: its cgroup's CPU quota, at most one core.
 
-Why: the shedder (service/shedding.py) keeps shedding while the event loop is saturated,
+Why: the shedder (service/edge/shedding.py) keeps shedding while the event loop is saturated,
 and judges that by the share it uses of the CPU it may use. Under a CPU limit (a
 Kubernetes ``resources.limits.cpu``, a cgroup quota) a saturated process uses only its
 quota, the kernel throttling the rest, so CPU time over wall time alone cannot tell a

@@ -1,5 +1,6 @@
-"""The hot lane (service/api/fast.py): /select and /report-latency served in one pass,
-with the answers and request-timer series the middleware chain gave them."""
+"""The ASGI way into /select and /report-latency (plain FastAPI routes, what the direct
+lane declines and what ``DETOUR_DIRECT_LANE=false`` serves): the answers, and the
+request-timer series each is counted under."""
 
 from __future__ import annotations
 

@@ -9,29 +9,16 @@ records the principal (``request.state.principal``) for reporter identity.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.auth import Principal, TokenTable, requires_token
+from service.edge.answers import send_error
 
 #: Optional request header naming the namespace the caller means; a mismatch with
 #: the token's namespace is refused rather than silently served from the token's.
 NAMESPACE_HEADER = b"x-detour-namespace"
-
-
-async def _refuse(
-    send: Send, status: int, code: str, message: str, field: str, extra: list[tuple[bytes, bytes]]
-) -> None:
-    body = json.dumps({"error": code, "message": message, "field": field}).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        *extra,
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
 
 
 def credentials(headers: Iterable[tuple[bytes, bytes]]) -> tuple[str | None, str | None]:
@@ -72,7 +59,7 @@ class Guard:
         token, wanted_ns = credentials(scope["headers"])
         principal: Principal | None = self.tokens.lookup(token) if token else None
         if principal is None:
-            await _refuse(
+            await send_error(
                 send,
                 401,
                 "UNAUTHORIZED",
@@ -80,27 +67,25 @@ class Guard:
                 if token is None
                 else "unknown token",
                 "Authorization",
-                [(b"www-authenticate", b'Bearer realm="detour"')],
+                ((b"www-authenticate", b'Bearer realm="detour"'),),
             )
             return
         if wanted_ns is not None and wanted_ns != principal.namespace:
-            await _refuse(
+            await send_error(
                 send,
                 403,
                 "FORBIDDEN",
                 f"this token is for namespace {principal.namespace!r}, not {wanted_ns!r}",
                 "X-Detour-Namespace",
-                [],
             )
             return
         if not principal.may(scope["method"], scope["path"]):
-            await _refuse(
+            await send_error(
                 send,
                 403,
                 "FORBIDDEN",
                 f"role {principal.role.value!r} may not {scope['method']} {scope['path']}",
                 "Authorization",
-                [],
             )
             return
         state = scope["state"]

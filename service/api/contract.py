@@ -1,0 +1,55 @@
+"""What openapi.yaml says about tokens, declared the FastAPI way (no patch of ``app.openapi``).
+
+Bearer tokens (service/auth.py) are checked by the edge's guard, before any route; the
+routes only declare them, so that the contract lists the scheme and, per operation, who
+may call. A route that needs a token depends on ``TOKEN`` (an ``HTTPBearer`` that never
+refuses: with ``auto_error=False`` it only reads the header), which puts the scheme in the
+document's components and on the operation; ``describe_security`` adds, through each
+route's ``openapi_extra``, the empty alternative (a deployment without tokens asks for
+none) and ``x-detour-role``, the least role that may call.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, FastAPI, Security
+from fastapi.routing import APIRoute
+from fastapi.security import HTTPBearer
+
+from service.auth import Principal, Role, requires_token
+
+BEARER = HTTPBearer(
+    scheme_name="bearerToken",
+    description="A token from the deployment's tokens file (docs/security.md); needed only "
+    "when tokens are configured.",
+    auto_error=False,
+)
+#: The dependency of every route that needs a token when tokens are configured.
+TOKEN = Security(BEARER)
+
+
+def include(app: FastAPI, router: APIRouter, *, token: bool) -> None:
+    """Include ``router``; ``token``: its routes need a token when tokens are configured
+    (one that does not, ``/metrics``, depends on ``TOKEN`` itself)."""
+    describe_security(router)
+    app.include_router(router, dependencies=[TOKEN] if token else None)
+
+
+def describe_security(router: APIRouter) -> None:
+    """Each operation's security alternatives and least role, in its ``openapi_extra``
+    (FastAPI merges it into the operation, lists appended). Set on the router's own routes
+    before it is included: an inclusion copies them."""
+    for route in router.routes:
+        if not isinstance(route, APIRoute):
+            continue
+        extra = dict(route.openapi_extra or {})
+        if not requires_token(route.path):
+            extra["security"] = []
+        else:
+            extra["security"] = [{}]
+            method = min(route.methods or {"GET"})
+            extra["x-detour-role"] = next(
+                r.value
+                for r in (Role.PRODUCER, Role.METRICS, Role.ADMIN)
+                if Principal("", r, "").may(method, route.path)
+            )
+        route.openapi_extra = extra

@@ -1,0 +1,1 @@
+"""The HTTP edge: everything between the socket and Detour's routes."""
