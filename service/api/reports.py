@@ -34,11 +34,11 @@ from service.store import FaultStore, ReportIn, ReportOutcome
 from service.store.ids import ReportIds
 
 #: Reports of a batch applied as one store operation; other requests go between chunks
-#: (``BatchPacer``). A report that moves a window costs Redis about 30 µs and the replica a
-#: few hundred (its script, then the push it comes back as): a chunk holds either for a
-#: few ms, not a whole batch's tens or hundreds.
+#: (``BatchPacer``). A report that moves a window costs Redis its script and the replica
+#: the push it comes back as: a chunk holds either for a few ms (docs/BENCHMARKS.md,
+#: "Redis load per report"), not for a whole batch's tens or hundreds.
 BATCH_CHUNK = 25
-#: Reports of a batch validated between two turns of the event loop (about 5 µs each).
+#: Reports of a batch validated between two turns of the event loop: a turn stays short.
 VALIDATE_CHUNK = 100
 _ITEM = TypeAdapter(BatchReport)
 

@@ -73,8 +73,8 @@ def decoded(adapter: TypeAdapter[Any], body: bytes) -> Any:
     ``json_invalid`` validation error, anything else it raises a 400; then the model, its
     errors located under ``body``. The same steps give the same answers.
 
-    A valid body takes the short way, pydantic's own JSON parser (2.5 µs for a select's
-    body, against 9 for the two steps): a body it accepts is one the two steps accept,
+    A valid body takes the short way, pydantic's own JSON parser (a fraction of the two
+    steps' cost, docs/BENCHMARKS.md "Hot path"): a body it accepts is one the two steps accept,
     with the same model. Only a body it refuses goes the two steps, so that the error is
     FastAPI's, word for word."""
     try:

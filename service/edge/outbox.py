@@ -2,8 +2,8 @@
 
 Why: writing an answer to a loopback client that sleeps wakes it, and the wake-up is paid
 in the writer's system call. Written one by one as requests are read, each answer paid
-one (measured: direct-lane selects went from 70 to 38 µs of CPU each when their writes
-moved to the end of the turn, docs/BENCHMARKS.md, "Hot path"). uvicorn's own answers come
+one; written at the end of the turn, a turn's answers share one wake-up (measured in
+docs/BENCHMARKS.md, "Hot path"). uvicorn's own answers come
 from tasks, which run after the turn's reads too.
 
 A connection's answers keep their order: each connection sends its pending bytes before

@@ -574,9 +574,9 @@ class EdgeProtocol(UvicornHttp):
 
         A client sends the same head again and again, so the connection remembers the
         last simple head it scanned: a request starting with those exact bytes is not
-        scanned again. With that, and the idle timer moved rather than replaced, a
-        refusal costs 12 µs of CPU instead of 17 (``python -m bench.refusal_cost``; a
-        server that only refuses costs 8).
+        scanned again. With that, and the idle timer moved rather than replaced, a refusal
+        costs little more than a server that only refuses (``python -m
+        bench.refusal_cost``; the figures are in docs/BENCHMARKS.md).
         """
         limits = edge.limits
         end = len(data)
