@@ -95,7 +95,7 @@ lint: setup
 
 pytest: setup system-deps
 	$(BIN)/python -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) \
-		--dist loadfile) $(PYTEST_ARGS)
+		--dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
 test: lint pytest
 

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.settings import Settings
-from tests.procs import PATIENT_CALL_TIMEOUT_S, RedisServer, ServiceProcess
+from tests.procs import PATIENT_CALL_TIMEOUT_S, PATIENT_ENV, RedisServer, ServiceProcess
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 # The suite checks RocketMQ 4.x's semantics (docs/semantics.md) and each policy knob on top
 # of them, so every table it starts (in this process, in the services and Spark executors
@@ -62,3 +66,78 @@ def client(settings: Settings) -> Iterator[TestClient]:
     """The app on the parametrized store, lifespan running."""
     with TestClient(create_app(settings)) as c:
         yield c
+
+
+#: Files that take minutes (Spark, schemathesis, real builds, many processes), by one run's
+#: ``--durations``: scheduled first, so that the two workers of ``make test`` (``--dist
+#: loadfile --no-loadscope-reorder``: a file stays on one worker, in this order) end
+#: together instead of one of them starting a Spark suite when the other is done.
+LONGEST_FIRST = (
+    "test_pipeline.py",
+    "test_pipeline_cli.py",
+    "test_schemathesis.py",
+    "test_scenario_integrity.py",
+    "test_examples.py",
+    "test_sdk_dist.py",
+    "test_metrics.py",
+    "test_differential.py",
+    "test_scenario_redis_loss.py",
+    "test_bounds.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long files first, then the others by their number of tests (what xdist's own
+    reordering does); a file's tests keep their order."""
+    count: dict[str, int] = {}
+    for item in items:
+        count[item.path.name] = count.get(item.path.name, 0) + 1
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        name = item.path.name
+        if name in LONGEST_FIRST:
+            return (LONGEST_FIRST.index(name), 0)
+        return (len(LONGEST_FIRST), -count[name])
+
+    items.sort(key=rank)
+
+
+# -- the Spark suites' (tests/test_pipeline*.py): one SparkSession and one Detour per module --
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    from pipeline import spark_session
+
+    session = spark_session(
+        "detour-pipeline-tests",
+        "local[2]",
+        {
+            "spark.sql.shuffle.partitions": "2",
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+        },
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture(scope="module")
+def detour() -> Iterator[str]:
+    """Detour on its own Redis: the shared table every partition's client talks to. The
+    faults here are the brokers'; Detour's Redis is healthy, so its report timeout is a
+    patient one (procs.PATIENT_ENV). Its table starts as docs/spark.md's walkthrough's
+    does, out of the box: the ``recommended`` profile."""
+    store = RedisServer()
+    try:
+        svc = ServiceProcess(redis_url=store.url,
+                             env={**PATIENT_ENV, "DETOUR_PROFILE": "recommended"})
+        try:
+            yield svc.url
+        finally:
+            svc.stop()
+    finally:
+        store.stop()
