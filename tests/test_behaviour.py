@@ -421,7 +421,7 @@ def test_avoided_brokers_names_what_this_select_crossed_not_every_avoided_broker
     # exactly one in every 12: crossings 12 selects apart (9 or 10 of 120, by where the
     # topic's random starting counter put the first one)
     crossings = [i for i, x in enumerate(lists) if x == ["broker-a"]]
-    assert len(crossings) in (9, 10) and crossings[0] < 12
+    assert len(crossings) in (9, 10) and crossings[0] <= 12
     assert {b - a for a, b in zip(crossings, crossings[1:], strict=False)} == {12}
     assert items(client)["broker-a"]["available"] is False  # where every window is listed
     doc = client.get("/openapi.json").json()["components"]["schemas"]["SelectResponse"]
