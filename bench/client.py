@@ -9,7 +9,7 @@ Two numbers, each against its target:
   ``detour.strategy.select`` call on the same route and table: the floor the
   SDK's locking, clock and counter add to. The table does not change during the
   loop, so after the first lap the cached select answers from its kept answers
-  (``detour.client.memo``); ``python -m bench.client_steps`` has the cost of each
+  (``detour.memo``); ``python -m bench.client_steps`` has the cost of each
   step and of a select that decides in full. The route has 4 brokers x 8
   queues with one broker avoided, so walks skip over it. The async client's
   ``await select`` and a remote-mode select (one HTTP round trip) are shown for

@@ -3,17 +3,23 @@
 ``choose_on`` is what ``POST /select`` runs on a replica's view once the route is known,
 and what the SDK's in-process selects (cached mode and fail-open) run on their own copy:
 both read the view here and decide in ``detour.decide``, so there is one decision,
-whoever makes it.
+whoever makes it. ``choose_kept`` answers a first attempt from the answers kept for it
+(``detour.memo``) when they provably repeat, and decides with ``choose_on`` otherwise.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from typing import TypeVar
 
 from detour.decide import NO_SCORES, Ask, Table, decide, draw
+from detour.memo import TopicMemo
 from detour.model import Route
 from detour.policy import Choice, probation_on
 from detour.view import TableView
+
+T = TypeVar("T")
 
 #: The random source of the selects (the enforcement share, the p2c draws).
 _rng = random.Random()
@@ -50,3 +56,33 @@ def choose_on(
         view.probe_sent(choice.probe, now)
     view.set_counter(topic, choice.selection.next_counter)
     return choice
+
+
+def choose_kept(
+    view: TableView,
+    route: Route,
+    producer: str | None,
+    now_ms: int,
+    render: Callable[[Route, Choice], T],
+) -> T:
+    """One unkeyed first attempt (no last broker, no sharding key, the module's draws) of
+    ``route``, which has queues, rendered by ``render``: the answer kept for the walk's
+    start when one is (the counter moves as the decision moved it), else ``choose_on``'s,
+    kept for the next select starting there when it may repeat.
+
+    Such a select reads no draw when its answer is kept, so none is taken from the
+    module's generator, which nobody reads in order."""
+    memo: TopicMemo[T] = view.memos.current(
+        route, view.config, view.faults, now_ms, producer, view.select_epoch
+    )
+    topic = route.topic
+    counter = view.counter(topic)
+    start = counter % len(route.queues)
+    kept = memo.answers[start]
+    if kept is not None:
+        view.set_counter(topic, counter + kept[1])
+        return kept[0]
+    choice = choose_on(view, route, Ask(None, producer, None), None, now_ms)
+    answer = render(route, choice)
+    memo.keep(start, choice, answer, counter)
+    return answer

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
+from detour.memo import Memos
 from detour.model import Config, FaultItem, Route
+from detour.policy.steady import select_reads
 from detour.selector_state import SelectorState
 
 
@@ -171,6 +173,11 @@ class TableView:
         #: its update: bound here rather than delegated, as every select calls both.
         self.counter = self.selector.counter
         self.set_counter = self.selector.set_counter
+        #: Moves on every change a select may read (``select_reads``: a window, votes, a
+        #: route, the config): the answers kept in ``memos`` hold only within one epoch.
+        self.select_epoch = 0
+        #: The kept answers of unkeyed selects (detour.memo, detour.selector.choose_kept).
+        self.memos: Memos[Any] = Memos()
         self._listeners: list[Listener] = []
 
     def bound_names(self, max_topics: int, max_brokers: int) -> None:
@@ -254,6 +261,7 @@ class TableView:
         if version <= self._fault_v.get(broker, 0):
             return
         self._fault_v[broker] = version
+        self._select_may_change(broker, item)
         if item is None:
             self.faults.pop(broker, None)
             self.selector.forget_broker(broker)
@@ -273,6 +281,7 @@ class TableView:
         journal is replayed) replaces it with the store's value. It is ``local`` until
         then: a merge leaves it to the journal, which holds the reports that made it.
         """
+        self._select_may_change(item.broker_name, item)
         self.faults[item.broker_name] = item
         self.local.add(item.broker_name)
         self._notify("fault", item.broker_name, item, 0)
@@ -281,14 +290,29 @@ class TableView:
         """An item this replica dropped from its own copy to make room (its window had
         ended) while the store was unreachable; the next snapshot settles it."""
         self.local.discard(broker)
+        self._select_may_change(broker, None)
         if self.faults.pop(broker, None) is not None:
             self._notify("fault", broker, None, 0)
+
+    def learn_fault(self, item: FaultItem) -> None:
+        """An item the store created without a push (a broker's first report, no window),
+        learnt from a reply: unversioned, so the next snapshot or push replaces it."""
+        self._select_may_change(item.broker_name, item)
+        self.faults[item.broker_name] = item
+
+    def _select_may_change(self, broker: str, item: FaultItem | None) -> None:
+        """Before ``broker``'s item becomes ``item``: end the select epoch when a select
+        may read the difference (a healthy answer's new latency leaves the kept answers)."""
+        config = self.config
+        if select_reads(self.faults.get(broker), config) != select_reads(item, config):
+            self.select_epoch += 1
 
     def apply_route(self, topic: str, route: Route | None, version: int, stamp: int = 0) -> None:
         """``stamp``: the write's (a delete's is kept as a grave for merges)."""
         if version <= self._route_v.get(topic, 0):
             return
         self._route_v[topic] = version
+        self.select_epoch += 1
         if route is None:
             self.routes.pop(topic, None)
             self.route_stamps.pop(topic, None)
@@ -308,6 +332,7 @@ class TableView:
         self.config = config
         self.config_version = version
         self.config_stamp = stamp
+        self.select_epoch += 1
         self._notify("config", "", config, version)
 
     def replace(self, snap: Snapshot, reset: bool = False) -> None:
@@ -356,4 +381,5 @@ class TableView:
             self.config, self.config_version = snap.config, snap.config_version
             self.config_stamp = snap.config_stamp
         self.version = max(self.version, snap.version)
+        self.select_epoch += 1
         self._notify("snapshot", "", None, self.version)

@@ -197,7 +197,7 @@ def test_the_sdk_decides_every_vector_again_from_its_kept_answers(
     case: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A first attempt on the selector's own generator may be answered from the SDK's kept
-    answers (detour.client.memo): the case decided, the counter put back, and decided again
+    answers (detour.memo): the case decided, the counter put back, and decided again
     is the case's answer both times (once for a probe, which changes what the next select
     sees)."""
     table = LocalTable(lambda: case["now"], case["request"]["producer"])

@@ -24,13 +24,11 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 
 from detour.apply import ReportIn, Rules, apply_reports
-from detour.client.memo import TopicMemo
 from detour.client.values import SelectedQueue
 from detour.decide import Ask
 from detour.model import Config, FaultItem, Route
 from detour.policy import Choice
-from detour.policy.steady import select_reads
-from detour.selector import choose_on
+from detour.selector import choose_kept, choose_on
 from detour.view import Snapshot, TableView
 
 #: Fault items the SDK's copy holds at most, as a namespace's table in Detour: its own
@@ -38,11 +36,11 @@ from detour.view import Snapshot, TableView
 MAX_ITEMS = 10_000
 
 
-def _answer(topic: str, route: Route, choice: Choice) -> SelectedQueue:
+def _answer(route: Route, choice: Choice) -> SelectedQueue:
     sel, av = choice.selection, choice.avoidance
     q = sel.queue
     return SelectedQueue(
-        topic,
+        route.topic,
         q.broker_name,
         q.queue_id,
         route.addresses.get(q.broker_name),
@@ -67,11 +65,6 @@ class LocalTable:
         self.producer = producer
         self._lock = threading.Lock()
         self._version = 0
-        #: Moves on every change a select may read (``select_reads``): kept answers of an
-        #: older epoch are not used.
-        self._epoch = 0
-        #: Kept answers per topic (bounded by the routes: dropped with the topic's route).
-        self._memos: dict[str, TopicMemo] = {}
 
     def _next_version(self) -> int:
         self._version += 1
@@ -94,11 +87,9 @@ class LocalTable:
         the topic's round-robin counter as it does; ``rng`` makes the draws the config
         needs (the selector's own generator by default).
 
-        A first attempt (no ``last_broker``, no key, the selector's generator) whose
-        answer provably repeats is answered from ``detour.client.memo``: the answer
-        ``choose_on`` gave the last select that started its walk at the same queue, the
-        table unchanged in what a select reads. Such a select reads no draw, so none is
-        taken from the selector's generator (which nobody else reads in order).
+        A first attempt (no ``last_broker``, no key, the selector's generator) is
+        ``choose_kept``'s, as on the service: answered from the answers kept while they
+        provably repeat (``detour.memo``).
         """
         with self._lock:
             view = self.view
@@ -106,24 +97,10 @@ class LocalTable:
             if route is None:
                 return None
             now = view.now_ms()
-            queues = len(route.queues)
-            if last_broker is None and sharding_key is None and rng is None and queues:
-                memo = self._memos.get(topic)
-                if memo is None or memo.epoch != self._epoch or not memo.since <= now < memo.until:
-                    if memo is None or memo.route is not route or memo.config is not view.config:
-                        memo = self._memos[topic] = TopicMemo(route, view.config)
-                    memo.refresh(view.faults, now, self.producer, self._epoch)
-                counter = view.counter(topic)
-                kept = memo.answers[counter % queues]
-                if kept is not None:
-                    view.set_counter(topic, counter + kept[1])
-                    return kept[0]
-                choice = choose_on(view, route, Ask(None, self.producer, None), None, now)
-                answer = _answer(topic, route, choice)
-                memo.keep(counter % queues, choice, answer, counter)
-                return answer
+            if last_broker is None and sharding_key is None and rng is None and route.queues:
+                return choose_kept(view, route, self.producer, now, _answer)
             choice = choose_on(view, route, Ask(last_broker, self.producer, sharding_key), rng, now)
-        return _answer(topic, route, choice)
+        return _answer(route, choice)
 
     def has_route(self, topic: str) -> bool:
         return topic in self.view.routes
@@ -181,26 +158,17 @@ class LocalTable:
 
     # -- what the service says -------------------------------------------------
     def _apply_fault(self, broker_name: str, item: FaultItem | None) -> None:
-        """Under the lock: apply one item; a change a select may read ends the epoch."""
-        view = self.view
-        before = view.faults.get(broker_name)
-        view.apply_fault(broker_name, item, self._next_version())
-        after = view.faults.get(broker_name)
-        if after is not before and select_reads(after, view.config) != select_reads(
-            before, view.config
-        ):
-            self._epoch += 1
+        """Under the lock: apply one item (the view ends the select epoch when a select
+        may read the change)."""
+        self.view.apply_fault(broker_name, item, self._next_version())
 
     def set_route(self, topic: str, route: Route | None) -> None:
         with self._lock:
             self.view.apply_route(topic, route, self._next_version())
-            self._memos.pop(topic, None)
-            self._epoch += 1
 
     def set_config(self, config: Config) -> None:
         with self._lock:
             self.view.apply_config(config, self._next_version())
-            self._epoch += 1
 
     def set_fault(self, broker_name: str, item: FaultItem | None) -> None:
         with self._lock:
@@ -221,5 +189,3 @@ class LocalTable:
                     faults=dict(faults),
                 )
             )
-            self._memos.clear()
-            self._epoch += 1

@@ -7,8 +7,9 @@ producer's own windows and ``now``, and it changes only when ``now`` crosses one
 window ends: ``steady`` gives it and that time. Until then, with the table unchanged in
 what ``select_reads`` names, a select whose walk starts at the same queue gets the same
 answer (the queue, why, the brokers passed over, the counter's step), unless it fell to
-pickOneAtLeast, whose queue also depends on the counter beyond the start. The SDK keeps
-those answers (``detour.client.memo``) instead of deciding each select again.
+pickOneAtLeast, whose queue also depends on the counter beyond the start. Those answers
+are kept (``detour.memo``) instead of deciding each select again, in the SDK and in
+``POST /select`` alike (``detour.selector.choose_kept``).
 """
 
 from __future__ import annotations

@@ -628,7 +628,7 @@ class RedisStore:
             # A broker's first report creates its item without a push (no window): this
             # replica learns it from the reply, so its next reports can be kept local
             # (policy.quiet needs the item). No version: the next snapshot or push replaces it.
-            view.faults[r.broker_name] = codec.decode_fault(r.broker_name, reply.values[i])
+            view.learn_fault(codec.decode_fault(r.broker_name, reply.values[i]))
         if not r.pending:
             view.observe_latency(r.broker_name, r.latency_ms, reply.now_ms)
         return ReportOutcome(

@@ -1,5 +1,6 @@
-"""The SDK's kept answers (detour.client.memo, detour.policy.steady): a select answered from
-them is the select ``choose_on`` makes on the same table, for every config."""
+"""Kept answers (detour.memo, detour.selector.choose_kept, detour.policy.steady): a select
+answered from them is the select ``choose_on`` makes on the same table, for every config,
+in the SDK's table copy and in the service's view alike."""
 
 from __future__ import annotations
 
@@ -16,9 +17,14 @@ from hypothesis import strategies as st
 from detour import selector
 from detour.client import wire
 from detour.client.local import LocalTable
+from detour.decide import Ask
+from detour.memo import Memos
 from detour.model import Config, FaultItem, Route
+from detour.policy import Choice
 from detour.policy.steady import FOREVER, steady
 from detour.profiles import RECOMMENDED, ROCKETMQ_4
+from detour.view import Snapshot, TableView
+from service.selector import choose as service_choose
 
 NOW = 1_700_000_000_000
 BROKERS = ("a", "b", "c", "d")
@@ -56,6 +62,9 @@ def route_of(counts: list[int]) -> Route:
 
 routes = st.lists(st.integers(1, 4), min_size=1, max_size=len(BROKERS)).map(route_of)
 offsets = st.integers(-4000, 4000)
+#: Selects in a row at one clock reading: up to two laps of the largest route, so that
+#: kept answers are read back, after a change too.
+LAPS = st.integers(1, 2 * 4 * len(BROKERS))
 
 
 @st.composite
@@ -153,11 +162,12 @@ def play(
                 for t in (kept, full):
                     t.view.set_counter("t", before)
             before = kept.view.counter("t")
-            monkeypatch.setattr(selector, "_rng", random.Random(i))
-            got = kept.select("t", None)
-            want = full.select("t", None, rng=random.Random(i))
-            assert got == want
-            assert kept.view.counter("t") == full.view.counter("t")
+            for j in range(data.draw(LAPS)):  # up to two laps: kept answers get read
+                monkeypatch.setattr(selector, "_rng", random.Random(100 * i + j))
+                got = kept.select("t", None)
+                want = full.select("t", None, rng=random.Random(100 * i + j))
+                assert got == want
+                assert kept.view.counter("t") == full.view.counter("t")
         elif what == "counter":
             for t in (kept, full):
                 t.view.set_counter("t", arg)
@@ -292,3 +302,166 @@ def test_concurrent_selects_share_the_counter() -> None:
         t.join()
 
     assert len(seen) == 24 and set(seen.values()) == {400}
+
+
+# -- the service's view: POST /select keeps answers with the same rule ---------------------
+
+
+def answer_of(choice: Choice) -> tuple[Any, ...]:
+    """What a select answers (the queue, why, what it passed over, the avoidance), without
+    the absolute counter a kept choice carries from when it was decided."""
+    sel = choice.selection
+    return (sel.queue, sel.decision, sel.avoided_brokers, choice.avoidance, choice.probe,
+            choice.ordered)  # fmt: skip
+
+
+def views(
+    config: Config, route: Route, faults: dict[str, FaultItem], clock: list[int]
+) -> list[TableView]:
+    out = []
+    for _ in range(2):
+        v = TableView(lambda: clock[0])
+        v.replace(Snapshot(version=1, config=config, config_version=1, routes={"t": route},
+                           faults=dict(faults)))  # fmt: skip
+        v.set_counter("t", 0)
+        out.append(v)
+    return out
+
+
+@pytest.mark.unit
+@given(
+    config=configs,
+    route=routes,
+    faults=tables(),
+    producer=st.sampled_from([None, "p1", "p2"]),
+    run=st.lists(steps, min_size=8, max_size=40),
+    data=st.data(),
+)
+@settings(max_examples=150, deadline=None)
+def test_the_services_kept_answers_are_the_decisions_of_the_full_select(
+    config: Config,
+    route: Route,
+    faults: dict[str, FaultItem],
+    producer: str | None,
+    run: list[tuple[str, Any]],
+    data: st.DataObject,
+) -> None:
+    """View ``kept`` answers as ``POST /select`` does (``service.selector.choose``); view
+    ``full`` decides every select with ``choose_on``. Changes come the ways a replica
+    applies them: versioned pushes, items learnt from a report's reply, the replica's own
+    windows while the store is away, and the config."""
+    clock = [NOW]
+    kept, full = views(config, route, faults, clock)
+    version = [1]
+    before = kept.counter("t")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        for i, (what, arg) in enumerate(run):
+            if what in ("select", "again"):
+                clock[0] += arg
+                if what == "again":
+                    for v in (kept, full):
+                        v.set_counter("t", before)
+                before = kept.counter("t")
+                for j in range(data.draw(LAPS)):
+                    monkeypatch.setattr(selector, "_rng", random.Random(100 * i + j))
+                    _, got = service_choose(kept, "t", None, None, producer)
+                    want = selector.choose_on(full, route, Ask(None, producer, None),
+                                              random.Random(100 * i + j), clock[0])  # fmt: skip
+                    assert answer_of(got) == answer_of(want)
+                    assert kept.counter("t") == full.counter("t")
+            elif what == "counter":
+                for v in (kept, full):
+                    v.set_counter("t", arg)
+            else:
+                old = full.faults.get(arg)
+                new: FaultItem | None = None
+                if what == "item":
+                    new = data.draw(items(arg))
+                elif what == "move" and old is not None:
+                    new = replace(old, available_at=NOW + data.draw(offsets))
+                elif what == "latency" and old is not None:
+                    new = replace(old, current_latency_ms=old.current_latency_ms + 1)
+                how = data.draw(st.sampled_from(["push", "push", "learnt", "local"]))
+                version[0] += 1
+                for v in (kept, full):
+                    if new is None:
+                        v.apply_fault(arg, None, version[0])
+                    elif how == "learnt":
+                        v.learn_fault(new)
+                    elif how == "local":
+                        v.set_local_fault(new)
+                    else:
+                        v.apply_fault(arg, new, version[0])
+            if data.draw(st.integers(0, 15)) == 0:  # now and then a new config
+                version[0] += 1
+                changed = data.draw(configs)
+                for v in (kept, full):
+                    v.apply_config(changed, version[0])
+
+
+@pytest.mark.unit
+def test_the_services_kept_answers_are_bounded_by_pairs_not_by_producer_names() -> None:
+    """Every new producer name is a new (topic, producer) pair: past the cap the kept
+    answers are dropped, never grown."""
+    clock = [NOW]
+    view, _ = views(RECOMMENDED, route_of([4, 4, 4, 4]), {}, clock)
+    cap = view.memos.cap
+    for n in range(3 * cap):
+        service_choose(view, "t", None, None, f"producer-{n}")
+        assert len(view.memos) <= cap
+    assert len(view.memos) > 0
+
+
+@pytest.mark.unit
+def test_a_memo_of_another_view_or_route_is_never_used() -> None:
+    """Two routes of one topic name (another namespace's view, a route replaced) are other
+    objects: the memo kept for one is never read for the other, whatever the epochs say."""
+    memos: Memos[str] = Memos()
+    a, b = route_of([2, 2]), route_of([1, 1, 1])
+    first = memos.current(a, ROCKETMQ_4, {}, NOW, None, 7)
+    second = memos.current(b, ROCKETMQ_4, {}, NOW, None, 7)
+    assert second is not first and second.route is b
+    assert len(second.answers) == len(b.queues)
+
+
+def _open_a(view: TableView, version: int) -> None:
+    view.apply_fault("a", FaultItem("a", 0, NOW + 60_000), version)
+
+
+#: Every way a replica's view changes, each opening (or ending) a's window: after it, no
+#: kept answer of before may be served.
+CHANGES = {
+    "push": _open_a,
+    "learnt from a reply": lambda v, _: v.learn_fault(FaultItem("a", 0, NOW + 60_000)),
+    "own window, store away": lambda v, _: v.set_local_fault(FaultItem("a", 0, NOW + 60_000)),
+    "own window dropped": lambda v, n: (_open_local(v), v.drop_local_fault("a")),
+    "config": lambda v, n: v.apply_config(replace(ROCKETMQ_4, send_latency_fault_enable=False), n),
+    "route": lambda v, n: v.apply_route("t", route_of([1, 3]), n),
+    "snapshot": lambda v, n: v.replace(
+        Snapshot(version=n, config=ROCKETMQ_4, config_version=n, routes={"t": route_of([2, 2])},
+                 faults={"a": FaultItem("a", 0, NOW + 60_000)})  # fmt: skip
+    ),
+}
+
+
+def _open_local(view: TableView) -> None:
+    view.set_local_fault(FaultItem("a", 0, NOW + 60_000))
+    for _ in range(8):  # a lap under the local window, kept
+        service_choose(view, "t", None, None, None)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("change", list(CHANGES), ids=list(CHANGES))
+def test_every_way_the_view_changes_ends_the_kept_answers(change: str) -> None:
+    clock = [NOW]
+    kept, full = views(ROCKETMQ_4, route_of([2, 2]), {}, clock)
+    for _ in range(8):  # two laps: every start kept
+        service_choose(kept, "t", None, None, None)
+        selector.choose_on(full, full.routes["t"], Ask(), None, NOW)
+    for v in (kept, full):
+        CHANGES[change](v, 10)
+    for _ in range(8):
+        _, got = service_choose(kept, "t", None, None, None)
+        route = full.routes["t"]
+        want = selector.choose_on(full, route, Ask(), None, NOW)
+        assert answer_of(got) == answer_of(want)

@@ -1,29 +1,34 @@
 """The answers of a topic's unkeyed selects, kept while they provably repeat.
 
-A cached client decides every select in-process, most of them on a table that has not
+Most selects, in Detour and in a cached client alike, decide on a table that has not
 changed in anything a select reads since the last lap of the route. ``steady`` says when
 that holds (``detour.policy.steady``): then the answer of a select whose walk starts at
 queue ``i`` is the answer the last one starting there got, and the select is a lookup
 and a counter step instead of a decision. The answer kept is the one ``choose_on`` gave,
 never one made up here, so both paths answer alike by construction; a test drives random
-tables and configs through both (tests/test_client_memo.py).
+tables and configs through both (tests/test_memo.py). ``detour.selector.choose_kept``
+is the one select that uses them.
 
-Not thread-safe on its own: ``LocalTable`` calls it under its lock.
+What an answer is stays the caller's: the service keeps the ``Choice`` it renders per
+request, the SDK the ``SelectedQueue`` it hands out (building one per select would cost
+it as much as the lookup).
+
+Not thread-safe on its own: the SDK calls it under its table's lock, the service from
+its event loop.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
-from detour.client.values import SelectedQueue
 from detour.model import Config, FaultItem, Route
 from detour.policy import Avoidance, Choice
 from detour.policy.steady import steady
 from detour.strategy import Decision
 
-#: A kept answer: what the select returns, and how far it moves the topic counter.
-Answer = tuple[SelectedQueue, int]
+T = TypeVar("T")
 
 #: Avoidances whose answers a topic keeps at once (a broker's window opening and ending
 #: moves between two); past it they are dropped and learnt again.
@@ -31,9 +36,10 @@ MAX_AVOIDANCES = 4
 
 
 @dataclass(slots=True)
-class TopicMemo:
-    """One topic's kept answers: valid from ``since`` to ``until`` (epoch ms, exclusive)
-    while the table's ``epoch`` is the one they were kept at."""
+class TopicMemo(Generic[T]):
+    """One topic's kept answers for one producer: valid from ``since`` to ``until`` (epoch
+    ms, exclusive) while the table's select epoch is ``epoch``. A kept answer is the answer
+    and how far it moves the topic counter."""
 
     route: Route
     config: Config
@@ -42,11 +48,11 @@ class TopicMemo:
     until: int = 0
     avoidance: Avoidance | None = None
     #: by the walk's start (counter % queues): the answer, None until one was kept
-    answers: list[Answer | None] = field(default_factory=list)
+    answers: list[tuple[T, int] | None] = field(default_factory=list)
     #: the answers while none are kept: None for every start
-    none: list[Answer | None] = field(default_factory=list)
+    none: list[tuple[T, int] | None] = field(default_factory=list)
     #: the answers of each avoidance seen under this route and config
-    by_avoidance: dict[Avoidance, list[Answer | None]] = field(default_factory=dict)
+    by_avoidance: dict[Avoidance, list[tuple[T, int] | None]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.none = [None] * len(self.route.queues)
@@ -71,8 +77,8 @@ class TopicMemo:
             self.by_avoidance[found.avoidance] = answers
         self.answers = answers
 
-    def keep(self, start: int, choice: Choice, answer: SelectedQueue, counter: int) -> None:
-        """Keep ``choice`` (decided with ``counter``) as the answer of walks starting at
+    def keep(self, start: int, choice: Choice, answer: T, counter: int) -> None:
+        """Keep ``answer`` (``choice``, decided with ``counter``) for walks starting at
         ``start``, unless it may not repeat: pickOneAtLeast (its queue depends on the
         counter), a probe, a keyed answer, or an avoidance other than the one worked out
         (it then is no answer ``steady`` vouches for)."""
@@ -85,3 +91,42 @@ class TopicMemo:
         ):
             return
         self.answers[start] = (answer, choice.selection.next_counter - counter)
+
+
+class Memos(Generic[T]):
+    """A table copy's kept answers, by topic and producer (each producer's own windows may
+    give it its own avoidance). Bounded: past ``cap`` pairs they are all dropped and learnt
+    again, so a stream of new producer names costs decisions, never memory."""
+
+    def __init__(self, cap: int = 1024) -> None:
+        self.cap = cap
+        self._by: dict[tuple[str, str | None], TopicMemo[T]] = {}
+
+    def __len__(self) -> int:
+        return len(self._by)
+
+    def current(
+        self,
+        route: Route,
+        config: Config,
+        faults: Mapping[str, FaultItem],
+        now_ms: int,
+        producer: str | None,
+        epoch: int,
+    ) -> TopicMemo[T]:
+        """The memo of ``route`` for ``producer``, valid at ``now_ms`` on a table at
+        select epoch ``epoch``: refreshed when either moved past it, new when the route or
+        the config is another object than the one it was kept for."""
+        key = (route.topic, producer)
+        memo = self._by.get(key)
+        if memo is None or memo.route is not route or memo.config is not config:
+            if memo is None and len(self._by) >= self.cap:
+                self._by.clear()
+            memo = self._by[key] = TopicMemo(route, config)
+        elif memo.epoch == epoch and memo.since <= now_ms < memo.until:
+            return memo
+        memo.refresh(faults, now_ms, producer, epoch)
+        return memo
+
+    def clear(self) -> None:
+        self._by.clear()
