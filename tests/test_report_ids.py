@@ -201,3 +201,53 @@ def test_ids_are_bounded_per_scope(store_kind: str, request: pytest.FixtureReque
             raw.close()
         else:
             assert len(c.app_state["store"]._ids) <= 30
+
+
+def test_a_retry_while_redis_is_away_is_answered_as_the_first_and_journaled_once() -> None:
+    """While Redis is away a replica answers from its journal: a retry of a report it sent
+    to Redis before, or journaled already, or repeated in the same call, is answered as the
+    first time and is neither applied nor journaled again; an id reused with other content
+    is still refused. (The class of the replayed-id bug: every way a report reaches a
+    replica twice while it cannot ask Redis.)"""
+    import asyncio
+
+    from service.errors import ReportIdReused
+    from service.store import ReportIn
+    from service.store.redis import RedisStore
+    from tests.procs import RedisServer
+
+    server = RedisServer()
+
+    async def scenario() -> None:
+        settings = Settings(redis_url=server.url, report_flush_ms=60_000, sync_interval_s=60)
+        store = RedisStore(settings)
+        await store.start()
+        try:
+            (sent,) = await store.report_many([ReportIn("x", 0, True, report_id="r-1")])
+            assert not sent.duplicate and not sent.degraded
+            server.proc.kill()
+            server.proc.wait(10)
+
+            (again,) = await store.report_many([ReportIn("x", 0, True, report_id="r-1")])
+            assert again.duplicate and again.available_at == sent.available_at
+            assert len(store._journal) == 0
+
+            a, b = await store.report_many(
+                [ReportIn("y", 0, True, report_id="r-2"), ReportIn("y", 0, True, report_id="r-2")]
+            )
+            assert a.degraded and not a.duplicate and b.duplicate
+            (c,) = await store.report_many([ReportIn("y", 0, True, report_id="r-2")])
+            assert c.duplicate and c.available_at == a.available_at
+            assert len(store._journal) == 1
+
+            with pytest.raises(ReportIdReused):
+                reused = ReportIn("y", 7, True, report_id="r-2")
+                await store.report_many([ReportIn("z", 0, True, report_id="r-3"), reused])
+            assert len(store._journal) == 1 and "z" not in store.view.faults
+        finally:
+            await store.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop()

@@ -16,11 +16,27 @@ local (policy.quiet) here and the others in Redis (report.lua, with the same bou
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 from detour.apply import ReportIn
 from service.errors import ReportIdReused
 from service.store.base import REPORT_ID_CAP, REPORT_ID_WINDOW_MS, ReportOutcome
+
+
+@dataclass(slots=True)
+class Sorted:
+    """A call's reports sorted by their ids (``ReportIds.sort``): the answers already known
+    (repeats of an earlier call), the reports to apply, and the repeats within the call
+    (index, index of its first)."""
+
+    out: list[ReportOutcome | None]
+    fresh: list[tuple[int, ReportIn]] = field(default_factory=list)
+    repeats: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def duplicates(self) -> int:
+        return sum(o is not None for o in self.out) + len(self.repeats)
 
 
 class ReportIds:
@@ -53,6 +69,43 @@ class ReportIds:
             if first is not None and first != fp:
                 raise ReportIdReused(r.report_id, i)
             seen.setdefault(key, fp)
+
+    def sort(self, reports: Sequence[ReportIn], now_ms: int) -> Sorted:
+        """The one rule for a call's ids, wherever the call is applied (the memory table,
+        a Redis replica's journal): ``check`` (raises ReportIdReused, nothing applied), then
+        each report is answered as its id's first time, or is a repeat of an earlier one
+        of the call, or is fresh. Apply the fresh ones, then ``settle``."""
+        batch = list(reports)
+        self.check(batch, now_ms)
+        done = Sorted([None] * len(batch))
+        first_in_call: dict[tuple[str, str], int] = {}
+        for i, r in enumerate(batch):
+            prior = self.first(r, now_ms)
+            if prior is not None:
+                done.out[i] = prior
+            elif r.report_id and (r.scope, r.report_id) in first_in_call:
+                done.repeats.append((i, first_in_call[(r.scope, r.report_id)]))
+            else:
+                if r.report_id:
+                    first_in_call[(r.scope, r.report_id)] = i
+                done.fresh.append((i, r))
+        return done
+
+    def settle(
+        self, done: Sorted, answers: Sequence[ReportOutcome], now_ms: int
+    ) -> list[ReportOutcome]:
+        """Remember each fresh report's ``answers`` (in ``done.fresh``'s order) under its id,
+        answer the repeats within the call as their first, and return every answer in the
+        call's order."""
+        out = done.out
+        for (i, r), answer in zip(done.fresh, answers, strict=True):
+            out[i] = answer
+            self.remember(r, answer, now_ms)
+        for i, first in done.repeats:
+            answered = out[first]
+            assert answered is not None
+            out[i] = replace(answered, duplicate=True)
+        return [o for o in out if o is not None]
 
     def first(self, r: ReportIn, now_ms: int) -> ReportOutcome | None:
         """The answer ``r``'s id got the first time, marked ``duplicate``; None when the id is

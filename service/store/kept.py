@@ -29,7 +29,9 @@ class Kept:
 
     def __init__(self, max_brokers: int, most: int) -> None:
         self._quiet = Aggregate(max_brokers)
-        self._ids = ReportIds()
+        #: The ids this replica answered itself, kept, journaled or sent: a retry that comes
+        #: back to it is answered as the first time, whether or not Redis answers then.
+        self.ids = ReportIds()
         self._most = most
         self.unflushed: list[Summary] = []
 
@@ -61,10 +63,10 @@ class Kept:
                 r.pending,
             )
         ]
-        self._ids.check([r for _, r in quiet], now)
+        self.ids.check([r for _, r in quiet], now)
         kept: dict[int, ReportOutcome] = {}
         for i, r in quiet:
-            first = self._ids.first(r, now)
+            first = self.ids.first(r, now)
             if first is not None:
                 metrics.DUPLICATE_REPORTS.inc()
                 kept[i] = first
@@ -88,7 +90,7 @@ class Kept:
                 False,
                 None if t is None else config.latency_max[t],
             )
-            self._ids.remember(r, kept[i], now)
+            self.ids.remember(r, kept[i], now)
         return kept
 
     def number(self, next_seq: Callable[[], int]) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 
 from detour import policy
 from detour.apply import scan_ended
@@ -85,26 +84,12 @@ class MemoryStore:
         # Nothing here waits: the table is this process's.
         now = self.view.now_ms()
         config = self.view.config
-        batch = list(reports)
-        self._ids.check(batch, now)
-        out: list[ReportOutcome | None] = [None] * len(batch)
-        fresh: list[tuple[int, ReportIn]] = []
-        first_in_call: dict[tuple[str, str], int] = {}
-        repeats: list[tuple[int, int]] = []
-        for i, r in enumerate(batch):
-            prior = self._ids.first(r, now)
-            if prior is not None:
-                metrics.DUPLICATE_REPORTS.inc()
-                out[i] = prior
-            elif r.report_id and (r.scope, r.report_id) in first_in_call:
-                repeats.append((i, first_in_call[(r.scope, r.report_id)]))
-            else:
-                if r.report_id:
-                    first_in_call[(r.scope, r.report_id)] = i
-                fresh.append((i, r))
+        done = self._ids.sort(reports, now)
+        if done.duplicates:
+            metrics.DUPLICATE_REPORTS.inc(done.duplicates)
         applied = apply_locally(
             self.view,
-            [r for _, r in fresh],
+            [r for _, r in done.fresh],
             now,
             self.max_brokers,
             self._evict,
@@ -114,10 +99,10 @@ class MemoryStore:
         )
         if applied.evicted:
             metrics.EVICTED.labels(self.namespace).inc(len(applied.evicted))
-        for (i, r), e in zip(fresh, applied.effects, strict=True):
+        answers = []
+        for (_, r), e in zip(done.fresh, applied.effects, strict=True):
             answer = outcome(r, e, now, config)
-            out[i] = answer
-            self._ids.remember(r, answer, now)
+            answers.append(answer)
             if not r.pending:
                 # (a send still outstanding has no latency yet for the log)
                 self._log_report(r, now)
@@ -132,12 +117,7 @@ class MemoryStore:
                     now - r.age_ms,
                     now,
                 )
-        for i, first in repeats:
-            metrics.DUPLICATE_REPORTS.inc()
-            answered = out[first]
-            assert answered is not None
-            out[i] = replace(answered, duplicate=True)
-        return [o for o in out if o is not None]
+        return self._ids.settle(done, answers, now)
 
     def _ended(self, now: int, n: int) -> list[str]:
         """Up to ``n`` brokers whose window ended, oldest first (the cap's eviction). A table

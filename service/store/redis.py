@@ -389,13 +389,16 @@ class RedisStore:
             if not sent:
                 return [kept[i] for i in range(len(reports))]
             try:
-                outcomes = iter(await self._report_remote(sent, self._fast_report))
+                answers = await self._report_remote(sent, self._fast_report)
             except StoreUnavailable as exc:
                 log.warning("report falls back to the journal: %s", exc.message)
-                outcomes = iter(self._report_locally(sent))
+                answers = self._report_locally(sent)
             else:
-                for r in sent:
-                    self._kept.written(r.broker_name, self.view.now_ms() - r.age_ms)
+                now = self.view.now_ms()
+                for r, answer in zip(sent, answers, strict=True):
+                    self._kept.written(r.broker_name, now - r.age_ms)
+                    self._kept.ids.remember(r, answer, now)
+            outcomes = iter(answers)
             return [kept[i] if i in kept else next(outcomes) for i in range(len(reports))]
         return self._report_locally(self._number(reports))
 
@@ -467,12 +470,21 @@ class RedisStore:
     def _report_locally(self, reports: Sequence[ReportIn]) -> list[ReportOutcome]:
         """Apply to this replica's view at once (the one rule, ``detour.apply``) and journal
         for replay. Items dropped to make room had ended windows: selects see no change, and
-        the next snapshot brings the copy in line with Redis."""
+        the next snapshot brings the copy in line with Redis.
+
+        Ids follow the memory store's rule (``ReportIds.sort``): a retry of a report this
+        replica answered (kept, sent or journaled) is answered as the first time and is
+        neither applied nor journaled again; an id reused with other content is refused."""
         view = self.view
         now, config = view.now_ms(), view.config
+        ids = self._kept.ids
+        done = ids.sort(reports, now)
+        if done.duplicates:
+            metrics.DUPLICATE_REPORTS.inc(done.duplicates)
+        fresh = [r for _, r in done.fresh]
         applied = apply_locally(
             view,
-            reports,
+            fresh,
             now,
             self._settings.max_brokers,
             view.drop_local_fault,
@@ -480,13 +492,13 @@ class RedisStore:
             self.namespace,
         )
         received = mono_ms()
-        out = []
-        for r, e in zip(reports, applied.effects, strict=True):
+        answers = []
+        for r, e in zip(fresh, applied.effects, strict=True):
             self._journal.append(r, received)
-            out.append(outcome(r, e, now, config, degraded=True))
+            answers.append(outcome(r, e, now, config, degraded=True))
             if not r.pending:
                 view.observe_latency(r.broker_name, r.latency_ms, now)
-        return out
+        return ids.settle(done, answers, now)
 
     async def replay_journal(self) -> None:
         """Hand journaled reports to Redis in order (their identities make it once only)."""
