@@ -9,6 +9,7 @@ of unacknowledged reports, and the send loop's deadline.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 
@@ -29,7 +30,7 @@ from detour.client.pending import PendingReports, mono_ms
 from detour.client.reconnect import Jitter
 from detour.client.send import send_async, send_sync
 from detour.client.sse import Event, EventTooLarge, SSEParser
-from detour.client.wire import MAX_LATENCY_MS, batch_item, check_report
+from detour.client.wire import MAX_LATENCY_MS, batch_head, batch_text, check_report
 from detour.model import MAX_REPORT_AGE_MS, BrokerRoute, Route
 
 pytestmark = pytest.mark.unit
@@ -129,7 +130,8 @@ def test_report_checks_and_age_clamp() -> None:
             check_report("a", bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="age_ms"):
         check_report("a", 1, -1)
-    assert batch_item("a", 1.5, True, 10 * MAX_REPORT_AGE_MS)["ageMs"] == MAX_REPORT_AGE_MS
+    body = json.loads(batch_text([(batch_head("a", 1.5, True), 10 * MAX_REPORT_AGE_MS)]))
+    assert body["reports"][0]["ageMs"] == MAX_REPORT_AGE_MS
 
 
 # ---------------------------------------------------------------- SSE
@@ -429,8 +431,40 @@ def test_service_clock_keeps_its_best_bound_against_late_events() -> None:
 
 
 def test_a_batch_item_carries_the_producer_id() -> None:
-    assert batch_item("a", 1, True, 0, "p")["producer"] == "p"
-    assert "producer" not in batch_item("a", 1, True, 0)
+    (with_producer, without), = [json.loads(batch_text(
+        [(batch_head("a", 1, True, "p"), 0), (batch_head("a", 1, True), 0)]))["reports"]]
+    assert with_producer["producer"] == "p"
+    assert "producer" not in without
+
+
+def test_a_batch_body_is_each_reports_entry_with_its_age_now() -> None:
+    """Entries are encoded when the report is queued (``batch_head``) and joined with their
+    age when the batch goes (``batch_text``): the body is the JSON the service reads."""
+    entries = [
+        (batch_head("a", 1.5, True, "p", "id-1"), 10),
+        (batch_head("b", 3, False, None, None, pending=True), -5),
+        (batch_head("c", 0, False, "p", "id-3"), 10 * MAX_REPORT_AGE_MS),
+    ]
+    assert json.loads(batch_text(entries)) == {"reports": [
+        {"brokerName": "a", "latencyMs": 1.5, "isolation": True, "producer": "p",
+         "reportId": "id-1", "ageMs": 10},
+        {"brokerName": "b", "latencyMs": 3, "isolation": False, "pending": True, "ageMs": 0},
+        {"brokerName": "c", "latencyMs": 0, "isolation": False, "producer": "p",
+         "reportId": "id-3", "ageMs": MAX_REPORT_AGE_MS},
+    ]}
+    assert json.loads(batch_text([])) == {"reports": []}
+
+
+def test_a_batch_entry_writes_a_latency_as_json_does() -> None:
+    class Float(float):  # numpy's float64 is a float subclass with its own repr
+        def __repr__(self) -> str:
+            return f"Float({float(self)})"
+
+    for latency in (0, 7, 1.5, 0.1, 1e-7, 3_599_999.999, Float(2.25)):
+        entry = json.loads(batch_text([(batch_head("a", latency, False), 0)]))["reports"][0]
+        assert entry["latencyMs"] == latency and type(entry["latencyMs"]) is (
+            int if isinstance(latency, int) else float
+        )
 
 
 def test_the_report_batch_halves_when_detour_does_not_keep_up_and_grows_back() -> None:

@@ -7,6 +7,7 @@ tracker, and real processes: a SIGSTOPped stand-in broker avoided before the sen
 
 from __future__ import annotations
 
+import json
 import re
 from collections import deque
 from collections.abc import Iterator
@@ -358,7 +359,7 @@ def test_pending_reports_are_urgent_and_never_applied_to_the_local_table() -> No
     assert core.pending.urgent
     core.apply(items)
     assert core.table.fault("c") is None
-    body = core.batch_body(items)["reports"][0]
+    body = json.loads(core.batch_body(items))["reports"][0]
     assert body["pending"] is True and body["producer"] == "p1" and body["reportId"]
 
 

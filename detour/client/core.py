@@ -12,7 +12,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable
-from typing import Any
 
 from detour.client import wire
 from detour.client.cached import FLUSH_AT, FLUSH_INTERVAL_S, ServiceClock, StreamApplier
@@ -86,7 +85,7 @@ class ClientCore:
         self.max_event_bytes = max_event_bytes
         self.service_clock = ServiceClock()
         self.table = LocalTable(self.service_clock.now_ms if self.cached else wall_ms, producer)
-        self.pending = PendingReports(max_pending)
+        self.pending = PendingReports(max_pending, self._batch_head)
         self.circuit = CircuitBreaker(backoff_initial, backoff_max)
         self.calls = Calls(timeout, MIN_BUDGET_SHARE * min(timeout, deadline), self.circuit)
         self.applier = StreamApplier(self.table, self.service_clock, self.pending)
@@ -250,24 +249,23 @@ class ClientCore:
 
     def report_id(self, p: Pending) -> str:
         """The report's identity on the wire: the same on its first post and any replay."""
-        return f"{self.report_ids}-{p.seq}"
+        return self._report_id(p.seq)
 
-    def batch_body(self, batch: Iterable[Pending]) -> dict[str, Any]:
+    def _report_id(self, seq: int) -> str:
+        return f"{self.report_ids}-{seq}"
+
+    def _batch_head(
+        self, seq: int, broker_name: str, latency_ms: float, isolation: bool, pending: bool
+    ) -> str:
+        return wire.batch_head(
+            broker_name, latency_ms, isolation, self.producer, self._report_id(seq), pending
+        )
+
+    def batch_body(self, batch: Iterable[Pending]) -> bytes:
+        """The batch's body: each report's entry as encoded when it was queued, with its
+        age now."""
         now = mono_ms()
-        return {
-            "reports": [
-                wire.batch_item(
-                    p.broker_name,
-                    p.latency_ms,
-                    p.isolation,
-                    p.age_ms(now),
-                    self.producer,
-                    self.report_id(p),
-                    p.pending,
-                )
-                for p in batch
-            ]
-        }
+        return wire.batch_text((p.head, p.age_ms(now)) for p in batch)
 
     # -- in-flight signals -------------------------------------------------------
     def tracking(self) -> bool:

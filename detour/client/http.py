@@ -192,7 +192,7 @@ class SyncHTTP:
         try:
             with (
                 call_deadline(budget),
-                self.client.stream(method, path, json=body, timeout=budget) as response,
+                self.client.stream(method, path, timeout=budget, **_body(body)) as response,
             ):
                 content = _read(response, response.iter_bytes(), what)
         except httpx.HTTPError as exc:
@@ -201,6 +201,17 @@ class SyncHTTP:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _body(body: object) -> dict[str, Any]:
+    """httpx's arguments for ``body``: bytes are JSON encoded already (a report batch,
+    ``wire.batch_text``), anything else is encoded here."""
+    if isinstance(body, bytes):
+        return {"content": body, "headers": _JSON}
+    return {"json": body}
+
+
+_JSON = {"Content-Type": "application/json"}
 
 
 class AsyncHTTP:
@@ -237,7 +248,7 @@ class AsyncHTTP:
         try:
             async with (
                 asyncio.timeout(budget),
-                self.client.stream(method, path, json=body, timeout=budget) as response,
+                self.client.stream(method, path, timeout=budget, **_body(body)) as response,
             ):
                 content = await _aread(response, response.aiter_bytes(), what)
         except (TimeoutError, httpx.HTTPError) as exc:

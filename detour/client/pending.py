@@ -14,10 +14,13 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from detour.model import MAX_REPORT_AGE_MS
+
+#: ``PendingReports``' encoder: (seq, broker, latency_ms, isolation, pending) -> batch head.
+Encode = Callable[[int, str, float, bool, bool], str]
 
 #: The oldest report Detour takes (``ageMs`` limit), ms.
 MAX_AGE_MS = MAX_REPORT_AGE_MS
@@ -40,6 +43,8 @@ class Pending:
     #: an in-flight signal (detour/client/inflight.py): ``latency_ms`` is how long the
     #: send had been outstanding at ``at_ms``; never applied to the local table
     pending: bool = False
+    #: its batch entry but the age, encoded when it was made (``wire.batch_head``)
+    head: str = ""
 
     def age_ms(self, now_ms: float) -> int:
         return max(0, int(now_ms - self.at_ms))
@@ -52,10 +57,17 @@ class PendingReports:
     accepts it, the client keeps re-applying it to its own table.
     """
 
-    def __init__(self, capacity: int = 10_000) -> None:
+    def __init__(
+        self,
+        capacity: int = 10_000,
+        encode: Encode | None = None,
+    ) -> None:
+        """``encode(seq, broker, latency_ms, isolation, pending)``: a report's batch entry
+        but its age (``wire.batch_head``), made in the thread that reports."""
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         self.capacity = capacity
+        self._encode = encode
         self._lock = threading.Lock()
         self._items: deque[Pending] = deque()
         self._inflight: list[Pending] = []
@@ -82,7 +94,11 @@ class PendingReports:
         at_ms: float,
         pending: bool = False,
     ) -> Pending:
-        return Pending(next(self._seq), broker_name, latency_ms, isolation, at_ms, pending)
+        seq = next(self._seq)
+        head = (
+            self._encode(seq, broker_name, latency_ms, isolation, pending) if self._encode else ""
+        )
+        return Pending(seq, broker_name, latency_ms, isolation, at_ms, pending, head)
 
     def add(self, items: Iterable[Pending]) -> None:
         with self._lock:
