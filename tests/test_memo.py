@@ -146,6 +146,20 @@ def test_kept_answers_are_the_decisions_of_the_full_select(
         play(kept, full, clock, run, data, monkeypatch)
 
 
+def changed(
+    what: str, broker: str, old: FaultItem | None, data: st.DataObject
+) -> FaultItem | None:
+    """A step's new item for ``broker`` (None: dropped): a new one, ``old`` with only its
+    window end moved, or with only its latency changed (which no select reads)."""
+    if what == "item":
+        return data.draw(items(broker))
+    if what == "move" and old is not None:
+        return replace(old, available_at=NOW + data.draw(offsets))
+    if what == "latency" and old is not None:
+        return replace(old, current_latency_ms=old.current_latency_ms + 1)
+    return None
+
+
 def play(
     kept: LocalTable,
     full: LocalTable,
@@ -172,14 +186,7 @@ def play(
             for t in (kept, full):
                 t.view.set_counter("t", arg)
         else:
-            old = full.fault(arg)
-            new: FaultItem | None = None
-            if what == "item":
-                new = data.draw(items(arg))
-            elif what == "move" and old is not None:
-                new = replace(old, available_at=NOW + data.draw(offsets))
-            elif what == "latency" and old is not None:
-                new = replace(old, current_latency_ms=old.current_latency_ms + 1)
+            new = changed(what, arg, full.fault(arg), data)
             for t in (kept, full):
                 t.set_fault(arg, new)
 
@@ -373,14 +380,7 @@ def test_the_services_kept_answers_are_the_decisions_of_the_full_select(
                 for v in (kept, full):
                     v.set_counter("t", arg)
             else:
-                old = full.faults.get(arg)
-                new: FaultItem | None = None
-                if what == "item":
-                    new = data.draw(items(arg))
-                elif what == "move" and old is not None:
-                    new = replace(old, available_at=NOW + data.draw(offsets))
-                elif what == "latency" and old is not None:
-                    new = replace(old, current_latency_ms=old.current_latency_ms + 1)
+                new = changed(what, arg, full.faults.get(arg), data)
                 how = data.draw(st.sampled_from(["push", "push", "learnt", "local"]))
                 version[0] += 1
                 for v in (kept, full):
@@ -394,9 +394,9 @@ def test_the_services_kept_answers_are_the_decisions_of_the_full_select(
                         v.apply_fault(arg, new, version[0])
             if data.draw(st.integers(0, 15)) == 0:  # now and then a new config
                 version[0] += 1
-                changed = data.draw(configs)
+                other = data.draw(configs)
                 for v in (kept, full):
-                    v.apply_config(changed, version[0])
+                    v.apply_config(other, version[0])
 
 
 @pytest.mark.unit
