@@ -253,8 +253,11 @@ def test_end_to_end_kill_and_stop_brokers_mid_run(
     fair = RECORDS / 4
     for healthy in ("broker-a", "broker-d"):
         assert summary.per_broker.get(healthy, 0) >= 0.5 * fair, (healthy, summary.per_broker)
-    # Both faults were mid-run: thousands of records went out while each broker was out.
-    assert during_kill > 5000 and during_stop > 2000, facts
+    # Both faults were mid-run: records went out all through each, the stop's at no less
+    # than half the run's mean rate (a busy machine sends fewer a second: the rate is its).
+    stop_s = (cont_ms - stop_ms) / 1000
+    assert during_kill > 5000, facts
+    assert during_stop > 500 and during_stop >= 0.5 * summary.records_per_s * stop_s, facts
     # Round-robin would fail about a quarter of those sends; Detour fails a handful
     # (one per partition that met the broker before the first report reached it).
     assert failed_b <= 0.02 * during_kill, facts
@@ -286,8 +289,11 @@ def test_end_to_end_kill_and_stop_brokers_mid_run(
     # quarter of the sends after each; more if the replay finds slow sends' windows too.
     # The replay of the sends that happened finds next to none inside a window.
     moved = a.table(a.current)["moved_selects"]
+    # A broker avoided before any send to it failed (the in-flight signals of the
+    # recommended profile can see a stopped broker first) is counted from its fault.
+    fault_at = {"broker-b": kill_ms, "broker-c": stop_ms}
     first_fail = {b: results.where(F.array_contains("failed_brokers", b))
-                  .agg(F.min("started_at")).first()[0] for b in ("broker-b", "broker-c")}
+                  .agg(F.min("started_at")).first()[0] or at for b, at in fault_at.items()}
     share = sum(results.where(F.col("started_at") >= at).count() / 4
                 for at in first_fail.values())
     record_property("moved_elsewhere_estimate", moved)
