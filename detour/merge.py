@@ -13,9 +13,9 @@ one. The rules:
   every copy stamped before it, so a merge never brings back what was removed; a write
   after the delete is stamped after it and wins;
 - a fault item: the later window end wins (windows are extend-only, so a window opened in
-  a lost write comes back, and none gets shorter), with the reason it is open (``why``);
-  everything else (the latency, the votes, the signals, probation, the isolation count,
-  reachability) comes from the copy with the newer stamp, ties broken by the stored form.
+  a lost write comes back, and none gets shorter), with the reason it is open (``why``;
+  between equal ends, the larger reason by ``_window``'s order); everything else (the latency, the votes, the signals, probation, the isolation count,
+  reachability) comes from the copy with the newer stamp, ties broken by its stored form.
 
 These are a join: commutative, associative and idempotent, so replicas merging at once, in
 any order and as often as they like, converge (tests/test_merge.py checks the laws);
@@ -33,25 +33,32 @@ from detour.model import FaultItem
 def merge_items(
     a: FaultItem | None, b: FaultItem | None, encode: Callable[[FaultItem], str]
 ) -> FaultItem | None:
-    """Two copies of one broker's item, merged. ``encode`` is the stored form (the
-    tiebreak between copies with one stamp, which only the same write gives: ``_rest`` first, then
-    the whole stored form)."""
+    """Two copies of one broker's item, merged. ``encode`` is the stored form (``_rest``,
+    the tiebreak between copies with one stamp, which only the same write gives)."""
     if a is None:
         return b
     if b is None:
         return a
     newer = a
-    if b.stamp > a.stamp or (
-        b.stamp == a.stamp and (_rest(b, encode), encode(b)) > (_rest(a, encode), encode(a))
-    ):
+    if (b.stamp, _rest(b, encode)) > (a.stamp, _rest(a, encode)):
         newer = b
-    # the window end, and why it is open, come from the copy whose end is later
-    later = a if a.available_at >= b.available_at else b
-    if a.available_at == b.available_at:
-        later = newer
-    if later is newer:
+    # the window end, and why it is open, come from the copy whose window is later: its
+    # own total order (the end, then the reason), so the choice never depends on stamps
+    later = b if _window(b) > _window(a) else a
+    if later is newer or _window(later) == _window(newer):
         return newer
     return replace(newer, available_at=later.available_at, why=later.why)
+
+
+def _window(item: FaultItem) -> tuple[int, tuple[str | int, ...]]:
+    """A copy's window in the order a merge takes the later one by: the end, then, between
+    equal ends, the reason (none lowest; then reason, since, latency, producer). Choosing
+    the window by its own order, and the rest by the stamp, makes the merge a product of
+    two joins, so it stays associative when ends tie and stamps disagree."""
+    why = item.why
+    key: tuple[str | int, ...] = () if why is None else (
+        why.reason, why.since, why.latency_ms, why.by)
+    return item.available_at, key
 
 
 def _rest(item: FaultItem, encode: Callable[[FaultItem], str]) -> str:
@@ -74,7 +81,7 @@ def adds_to(theirs: FaultItem | None, mine: FaultItem, encode: Callable[[FaultIt
     # whose window ends no later
     if mine.stamp == theirs.stamp and mine == theirs:
         return False
-    if mine.stamp < theirs.stamp and mine.available_at <= theirs.available_at:
+    if mine.stamp < theirs.stamp and _window(mine) <= _window(theirs):
         return False
     merged = merge_items(theirs, mine, encode)
     assert merged is not None

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from detour.merge import adds_to, beats_grave, merge_items
@@ -49,6 +49,11 @@ def test_commutative(a: FaultItem | None, b: FaultItem | None) -> None:
 
 
 @given(maybe, maybe, maybe)
+@example(  # window ends tie, reasons and stamps differ: the window is chosen by its own order
+    FaultItem("a", 0, NOW + 1, stamp=2),
+    FaultItem("a", 0, NOW + 2, stamp=1),
+    FaultItem("a", 0, NOW + 2, stamp=1, why=Why("isolation", NOW, 0, "")),
+)
 def test_associative(a: FaultItem | None, b: FaultItem | None, c: FaultItem | None) -> None:
     assert same(merge_items(merge_items(a, b, enc), c, enc),
                 merge_items(a, merge_items(b, c, enc), enc))

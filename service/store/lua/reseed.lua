@@ -4,8 +4,8 @@
 -- table back.
 --   config and routes: the newer stamp wins; a grave (a delete's stamp) beats every copy
 --     stamped before it
---   a fault item: the later window end wins (extend-only), everything else comes from the
---     copy with the newer stamp (ties: the larger stored value); a grave beats copies
+--   a fault item: the later window wins (extend-only; the end, then the reason), everything
+--     else comes from the copy with the newer stamp (ties: the larger stored form); a grave beats copies
 --     stamped before it; a new broker only while the table has room (open windows first:
 --     the caller sends them first)
 -- KEYS[1] faults hash   KEYS[2] routes hash   KEYS[3] meta hash   KEYS[4] event log stream
@@ -55,6 +55,27 @@ local function rest(it)
   local v = encode_item(it)
   it.e, it.why = e, why
   return v
+end
+-- detour.merge._window: whether a's window is later than b's (the end, then, between equal
+-- ends, the reason: none lowest; then reason, since, latency, producer)
+local function window_later(a, b)
+  if a.e ~= b.e then
+    return a.e > b.e
+  end
+  local x, y = a.why, b.why
+  if x == nil or y == nil then
+    return x ~= nil and y == nil
+  end
+  for k = 1, 4 do
+    local p, q = x[k], y[k]
+    if k == 2 or k == 3 then
+      p, q = tonumber(p), tonumber(q)
+    end
+    if p ~= q then
+      return p > q
+    end
+  end
+  return false
 end
 local function grave_of(member)
   return tonumber(redis.call('HGET', KEYS[6], member) or '-1')
@@ -117,18 +138,13 @@ for j = i, #ARGV, 2 do
   else
     local theirs = parse_item(cur)
     old_end = theirs.e
-    -- detour.merge.merge_items: the rest from the newer copy, the later window end with
-    -- the reason it is open
+    -- detour.merge.merge_items: the rest from the newer copy (stamp, then stored form
+    -- without the window), the window (end and reason) from the later one by its own order
     local newer, other = theirs, mine
-    if mine.stamp > theirs.stamp then
+    if mine.stamp > theirs.stamp or (mine.stamp == theirs.stamp and rest(mine) > rest(theirs)) then
       newer, other = mine, theirs
-    elseif mine.stamp == theirs.stamp then
-      local rm, rt = rest(mine), rest(theirs)
-      if rm > rt or (rm == rt and value > cur) then
-        newer, other = mine, theirs
-      end
     end
-    if other.e > newer.e then
+    if window_later(other, newer) then
       newer.e, newer.why = other.e, other.why
     end
     local v = encode_item(newer)
