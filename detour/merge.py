@@ -14,8 +14,9 @@ one. The rules:
   after the delete is stamped after it and wins;
 - a fault item: the later window end wins (windows are extend-only, so a window opened in
   a lost write comes back, and none gets shorter), with the reason it is open (``why``;
-  between equal ends, the larger reason by ``_window``'s order); everything else (the latency, the votes, the signals, probation, the isolation count,
-  reachability) comes from the copy with the newer stamp, ties broken by its stored form.
+  between equal ends, the larger reason by ``_window``'s order); everything else (the
+  latency, the votes, the signals, probation, the isolation count, reachability) comes
+  from the copy with the newer stamp, ties broken by its stored form.
 
 These are a join: commutative, associative and idempotent, so replicas merging at once, in
 any order and as often as they like, converge (tests/test_merge.py checks the laws);

@@ -50,7 +50,8 @@ def merged_in_redis(raw: redis.Redis, theirs: FaultItem | None, mine: FaultItem)
     return None if value is None else str(value)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(theirs=st.one_of(st.none(), items), mine=items)
 @example(  # ends tie, reasons differ, the later-stamped copy has the lower reason
     theirs=FaultItem("a", 0, E, stamp=2, why=None),
