@@ -57,8 +57,9 @@ def _window(item: FaultItem) -> tuple[int, tuple[str | int, ...]]:
     the window by its own order, and the rest by the stamp, makes the merge a product of
     two joins, so it stays associative when ends tie and stamps disagree."""
     why = item.why
-    key: tuple[str | int, ...] = () if why is None else (
-        why.reason, why.since, why.latency_ms, why.by)
+    key: tuple[str | int, ...] = (
+        () if why is None else (why.reason, why.since, why.latency_ms, why.by)
+    )
     return item.available_at, key
 
 
