@@ -68,11 +68,12 @@ setup: $(DEV_STAMP)
 # redis-server (the store and the stand-in brokers), prometheus (promtool and a real server),
 # prometheus-alertmanager (amtool and a real Alertmanager for the inhibit rules),
 # chromium + chromium-driver (the status page test), a JRE for Spark, wrk (benchmarks),
-# kubectl (its built-in kustomize renders deploy/ for the manifest tests). Waits for the
+# kubectl (its built-in kustomize renders deploy/ for the manifest tests), gcc (the fleet
+# bench's subscription reader, bench/receiver.c). Waits for the
 # package lock when another install (an unattended upgrade, a second make) holds it.
 SYSTEM_DEPS := redis-server:redis-server prometheus:prometheus promtool:prometheus \
 	amtool:prometheus-alertmanager chromium:chromium chromedriver:chromium-driver \
-	java:openjdk-17-jre-headless wrk:wrk kubectl:kubectl
+	java:openjdk-17-jre-headless wrk:wrk kubectl:kubectl gcc:gcc
 
 system-deps:
 	@missing=""; for pair in $(SYSTEM_DEPS); do \

@@ -189,7 +189,8 @@ class Commands(asyncio.Protocol):
 class Replica:
     """A simulated replica: its subscription, its command connection and its payloads."""
 
-    sub: Subscription
+    #: None when the subscriptions are bench/receiver.c's (bench.fleet_tier)
+    sub: Subscription | None
     cmd: Commands
     poll: bytes
     flush: Flush
@@ -336,12 +337,12 @@ class Fleet:
                     self.store, self.report_keys, rid, opts.flush_brokers, opts.flush_buckets
                 )
                 batch.append(Replica(sub, cmd, poll, flush))
-            await asyncio.gather(*(r.sub.ready for r in batch))
+            await asyncio.gather(*(r.sub.ready for r in batch if r.sub is not None))
             self.replicas += batch
 
     def close(self) -> None:
         for r in self.replicas:
-            for t in (r.sub.transport, r.cmd.transport):
+            for t in (r.sub.transport if r.sub else None, r.cmd.transport):
                 if t is not None:
                     t.close()
         self.info.close()
@@ -477,7 +478,7 @@ class Fleet:
     async def _deliveries(self, sent: dict[bytes, float], result: Phase) -> None:
         """Wait (bounded) for every subscription to receive every push; fan-out and
         propagation times of what arrived."""
-        subs = [r.sub for r in self.replicas]
+        subs = [r.sub for r in self.replicas if r.sub is not None]
         deadline = time.perf_counter() + 10
         while time.perf_counter() < deadline and not all(
             all(b in s.seen for b in sent) for s in subs

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.fleet import Commands, Fleet, Flush, Options, Replica, Subscription, _pct, resp
+from bench.fleet import Commands, Fleet, Flush, Options, Phase, Replica, _pct, resp
+from bench.receiver import Receiver
 from service.settings import Settings
 from service.store import scripts
 from service.store.base import ReportIn
@@ -72,18 +73,22 @@ class TierFleet(Fleet):
         self.flushers: list[Commands] = []
         #: the replicas' CPU at each ``redis_counters`` call of the current phase
         self.marks: list[list[float]] = []
+        #: the sidecars' subscriptions (bench/receiver.c), started by ``grow``
+        self.receiver: Receiver | None = None
 
     async def grow(self, n: int) -> None:
+        """The sidecars' command connections here; their subscriptions in bench/receiver.c
+        (subscription i on reader ``i % readers``, as sidecar i's poll connection)."""
         loop = asyncio.get_running_loop()
         opts, keys = self.opts, self.keys
+        if self.receiver is not None:
+            await self.receiver.close()
+        self.receiver = Receiver(keys.channel, n, [r.port for r in self.readers])
+        await self.receiver.start()
         while len(self.replicas) < n:
-            batch = []
             for i in range(len(self.replicas), min(n, len(self.replicas) + 200)):
                 rid = f"fleet-{i}"
                 reader = self.readers[i % len(self.readers)]
-                _, sub = await loop.create_connection(
-                    lambda: Subscription(keys.channel), "127.0.0.1", reader.port
-                )
                 _, cmd = await loop.create_connection(Commands, "127.0.0.1", reader.port)
                 flusher = cmd
                 if reader is not self.server:
@@ -94,10 +99,31 @@ class TierFleet(Fleet):
                 flush = Flush(
                     self.store, self.report_keys, rid, opts.flush_brokers, opts.flush_buckets
                 )
-                batch.append(Replica(sub, cmd, poll, flush))
+                self.replicas.append(Replica(None, cmd, poll, flush))
                 self.flushers.append(flusher)
-            await asyncio.gather(*(r.sub.ready for r in batch))
-            self.replicas += batch
+
+    async def _deliveries(self, sent: dict[bytes, float], result: Phase) -> None:
+        """Wait (bounded) for every subscription to receive every push, as the reader saw
+        them; fan-out and propagation times of what arrived."""
+        assert self.receiver is not None
+        n = len(self.replicas)
+        seen: dict[bytes, dict[int, float]] = {b: {} for b in sent}
+        deadline = time.perf_counter() + 10
+        while True:
+            for name, sub, t in await self.receiver.arrivals():
+                if name in seen:
+                    seen[name].setdefault(sub, t)
+            if all(len(v) == n for v in seen.values()) or time.perf_counter() > deadline:
+                break
+            await asyncio.sleep(0.02)
+        got = 0
+        for broker, t0 in sent.items():
+            times = list(seen[broker].values())
+            got += len(times)
+            if times:
+                result.fanout_ms.append((max(times) - min(times)) * 1000)
+                result.propagation_ms += [(t - t0) * 1000 for t in times]
+        result.delivered = got / (len(sent) * n)
 
     async def _spread(self, interval_s: float, pick: str, end: float, start: float) -> int:
         n = len(self.replicas)
@@ -238,6 +264,8 @@ async def tier_run(opts: Options, redis_replicas: int, n: int) -> dict[str, Tier
     finally:
         if fleet is not None:
             fleet.close()
+            if fleet.receiver is not None:
+                await fleet.receiver.close()
         await store.close()
         for r in readers:
             r.stop()

@@ -22,6 +22,12 @@ if TYPE_CHECKING:
 # out of the box (``recommended``) is tested where it is the point: tests/test_profiles.py.
 os.environ.setdefault("DETOUR_PROFILE", "rocketmq-4")
 
+# Every JVM the suite starts (Spark's drivers, spark-submit, the Java example) lives for
+# seconds: its JIT's optimising tier costs more CPU than it saves (about 40% of
+# spark-submit's CPU here), and on a 2-core machine that CPU is the suite's wall time.
+# Only how fast the JVM runs changes, not what it does.
+os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
