@@ -173,3 +173,80 @@ def test_a_frozen_detour_costs_one_timeout_not_one_per_send(
         wait_until(lambda: not client.select(TOPIC).local, 15, "Detour answers again")
         wait_until(lambda: client.stats().pending_reports == 0, 15, "the replay")
         assert client.stats().sent_reports >= 51
+
+
+def test_an_answered_call_ends_the_streams_backoff_at_once(
+    service: ServiceProcess, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After an outage, a cached copy is current again as soon as Detour answers any call
+    (here the report batch the client was holding), not when the stream's backoff ends:
+    the backoff is made 60 s on purpose, and the stream must reconnect well within it."""
+    from detour.client import threads
+    from detour.client.reconnect import Jitter
+
+    monkeypatch.setattr(threads, "stream_jitter", lambda rand: Jitter(60.0, 60.0, lambda: 1.0))
+    put_route(service.url)
+    brokers = Brokers()
+    with DetourClient(service.url, mode="cached", backoff_initial=0.2, backoff_max=0.2) as client:
+        assert client.wait_ready(15)
+        os.killpg(service.proc.pid, signal.SIGKILL)  # the stream is lost: a 60 s backoff
+        service.proc.wait(10)
+        wait_until(lambda: not client.stats().stream_connected, 10, "the stream is lost")
+        brokers.down = {"fo-c"}
+        for i in range(3):
+            client.send(TOPIC, i, brokers.deliver)
+        assert client.stats().pending_reports >= 1
+        restarted = ServiceProcess(redis_url=redis_url, port=service.port, env=PATIENT_ENV)
+        try:
+            start = time.monotonic()
+            wait_until(lambda: client.stats().pending_reports == 0, 15, "the held reports sent")
+            wait_until(lambda: client.stats().stream_connected, 15, "the stream reconnects")
+            assert time.monotonic() - start < 30  # far inside the 60 s backoff
+            # following Detour again: an operator's delete reaches the copy
+            httpx.delete(f"{restarted.url}/fault-items/fo-c", timeout=5).raise_for_status()
+            wait_until(lambda: "fo-c" in {client.select(TOPIC, "fo-a").broker_name
+                                          for _ in range(3)}, 5, "the delete followed")
+        finally:
+            client.close()  # first: a graceful stop waits for an open stream
+            restarted.stop()
+
+
+def test_the_async_clients_stream_is_woken_by_an_answered_call_too(
+    service: ServiceProcess, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same rule for the async client's stream task (a 60 s backoff made on purpose)."""
+    import asyncio
+
+    from detour.client import AsyncDetourClient, tasks
+    from detour.client.reconnect import Jitter
+
+    monkeypatch.setattr(tasks, "stream_jitter", lambda rand: Jitter(60.0, 60.0, lambda: 1.0))
+    put_route(service.url)
+
+    async def deliver(q: SelectedQueue, payload: object) -> str:
+        return q.broker_name
+
+    async def until(check: object, what: str) -> None:
+        deadline = time.monotonic() + 15
+        while not check():  # type: ignore[operator]
+            assert time.monotonic() < deadline, what
+            await asyncio.sleep(0.05)
+
+    async def main() -> None:
+        async with AsyncDetourClient(service.url, mode="cached", backoff_initial=0.2,
+                                     backoff_max=0.2) as client:
+            assert await client.wait_ready(15)
+            os.killpg(service.proc.pid, signal.SIGKILL)
+            await asyncio.to_thread(service.proc.wait, 10)
+            await until(lambda: not client.stats().stream_connected, "the stream is lost")
+            await client.send(TOPIC, 0, deliver)
+            restarted = await asyncio.to_thread(
+                ServiceProcess, redis_url=redis_url, port=service.port, env=PATIENT_ENV)
+            try:
+                await until(lambda: client.stats().pending_reports == 0, "the report sent")
+                await until(lambda: client.stats().stream_connected, "the stream reconnects")
+            finally:
+                await client.aclose()
+                await asyncio.to_thread(restarted.stop)
+
+    asyncio.run(main())

@@ -92,6 +92,10 @@ class Calls:
         self.bad_answers = 0
         #: event-stream connections dropped for a line or event over the size bound.
         self.stream_too_large = 0
+        #: called with no arguments (in the caller's thread) when Detour answers a call with a
+        #: 2xx: a cached client's event stream waiting to reconnect tries at once (Detour is
+        #: back), so its copy is current again without waiting out its backoff
+        self.on_answer: Callable[[], None] | None = None
         self._loud_rejected = Loud(logging.ERROR)
         self._loud_bad = Loud(logging.WARNING)
         self._loud_stream = Loud(logging.WARNING)
@@ -134,6 +138,8 @@ class Calls:
         else:
             answered = error is None or isinstance(error, DetourRequestError)
         self.circuit.end(ticket, answered)
+        if error is None and self.on_answer is not None:
+            self.on_answer()
         return answered
 
     def note(self, error: DetourUnavailable) -> None:

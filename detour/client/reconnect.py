@@ -9,6 +9,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+#: The event stream's reconnect delays (s): full jitter from 0.1 s, the ceiling doubling up
+#: to 1 s. The ceiling bounds how long a cached copy stays stale after Detour is back (the
+#: stream also reconnects at once when any other call is answered, ``Calls.on_answer``);
+#: a refused reconnect costs Detour one short request, so a second between tries per client
+#: is cheap next to what a stale copy costs its producer.
+STREAM_RECONNECT_INITIAL_S = 0.1
+STREAM_RECONNECT_MAX_S = 1.0
+#: The stream's connecting and headers may take this long (s): no send waits for it, and a
+#: throttled Detour that answers in 0.5 s should be followed, not dropped and retried.
+STREAM_CONNECT_TIMEOUT_S = 2.0
+
+
+def stream_jitter(rand: Callable[[], float]) -> Jitter:
+    """The event stream's reconnect delays (the sync thread's and the async task's)."""
+    return Jitter(STREAM_RECONNECT_INITIAL_S, STREAM_RECONNECT_MAX_S, rand)
+
 
 class Jitter:
     """Reconnect delays with full jitter, so many clients do not reconnect in step."""

@@ -21,7 +21,7 @@ from detour.client.core import ClientCore
 from detour.client.errors import DetourRequestError, DetourUnavailable
 from detour.client.http import LIMITS, check_stream
 from detour.client.pending import mono_ms
-from detour.client.reconnect import Jitter
+from detour.client.reconnect import STREAM_CONNECT_TIMEOUT_S, Jitter, stream_jitter
 from detour.client.sse import EventTooLarge, SSEParser
 
 log = logging.getLogger("detour.client")
@@ -93,22 +93,26 @@ class FlushTask:
 
 class StreamTask:
     """Follows ``GET /fault-items/stream``; ``synced`` after the first snapshot,
-    ``connected`` while a stream is delivering. Bounded as ``StreamThread``."""
+    ``connected`` while a stream is delivering. Bounded, and woken from its backoff by an
+    answered call, as ``StreamThread``."""
 
     def __init__(self, core: ClientCore, base_url: str, headers: dict[str, str]) -> None:
         self._core = core
         self.synced = asyncio.Event()
         self.connected = False
+        #: set by an answered call (``Calls.on_answer``, made in this loop): ends a backoff
+        self._wake = asyncio.Event()
+        core.calls.on_answer = self._wake.set
         self._http = httpx.AsyncClient(
             base_url=base_url,
             headers={**headers, "Accept": "text/event-stream"},
-            timeout=httpx.Timeout(core.timeout, read=STREAM_IDLE_S),
+            timeout=httpx.Timeout(max(core.timeout, STREAM_CONNECT_TIMEOUT_S), read=STREAM_IDLE_S),
             transport=httpx.AsyncHTTPTransport(limits=LIMITS),
         )
         self._task = asyncio.get_running_loop().create_task(self._run(), name="detour-stream")
 
     async def _run(self) -> None:
-        jitter = Jitter(0.1, 5.0, random.random)
+        jitter = stream_jitter(random.random)
         calls = self._core.calls
         while True:
             try:
@@ -131,12 +135,15 @@ class StreamTask:
                 log.exception("detour event stream failed")
             finally:
                 self.connected = False
-            await asyncio.sleep(jitter.next_s())
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), jitter.next_s())
 
     async def _follow(self, jitter: Jitter) -> None:
         core = self._core
         request = self._http.build_request("GET", STREAM_PATH)
-        async with asyncio.timeout(core.timeout):  # connecting and the headers
+        # connecting and the headers
+        async with asyncio.timeout(max(core.timeout, STREAM_CONNECT_TIMEOUT_S)):
             r = await self._http.send(request, stream=True)
         try:
             check_stream(r, f"GET {STREAM_PATH}")

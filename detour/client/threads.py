@@ -24,7 +24,7 @@ from detour.client.deadline import DeadlineTransport, call_deadline
 from detour.client.errors import DetourRequestError, DetourUnavailable
 from detour.client.http import check_stream
 from detour.client.pending import Pending, mono_ms
-from detour.client.reconnect import Jitter
+from detour.client.reconnect import STREAM_CONNECT_TIMEOUT_S, Jitter, stream_jitter
 from detour.client.sse import EventTooLarge, SSEParser
 
 log = logging.getLogger("detour.client")
@@ -96,11 +96,12 @@ class FlushThread:
 class StreamThread:
     """Follows ``GET /fault-items/stream`` and applies it to the core's table.
 
-    Reconnects with jittered backoff (0.1 s doubling to 5 s, reset by a
-    snapshot). ``synced`` is set by the first snapshot; ``connected`` while a
-    stream is delivering. Connecting and the answer's headers take at most the
-    call timeout; then the stream may be silent ``STREAM_IDLE_S`` at most, and no
-    line or event may be longer than ``core.max_event_bytes``.
+    Reconnects with jittered backoff (``reconnect.stream_jitter``: 0.1 s doubling to
+    1 s, reset by a snapshot), and at once when another call is answered while it
+    waits. ``synced`` is set by the first snapshot; ``connected`` while a stream is
+    delivering. Connecting and the answer's headers take at most
+    ``STREAM_CONNECT_TIMEOUT_S``; then the stream may be silent ``STREAM_IDLE_S`` at
+    most, and no line or event may be longer than ``core.max_event_bytes``.
     """
 
     def __init__(self, core: ClientCore, base_url: str, headers: dict[str, str]) -> None:
@@ -108,19 +109,22 @@ class StreamThread:
         self.synced = threading.Event()
         self.connected = threading.Event()
         self._stop = threading.Event()
+        #: set by an answered call (``Calls.on_answer``) or ``stop``: ends a backoff wait
+        self._wake = threading.Event()
+        core.calls.on_answer = self._wake.set
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
         self._http = httpx.Client(
             base_url=base_url,
             headers={**headers, "Accept": "text/event-stream"},
-            timeout=httpx.Timeout(core.timeout, read=STREAM_IDLE_S),
+            timeout=httpx.Timeout(max(core.timeout, STREAM_CONNECT_TIMEOUT_S), read=STREAM_IDLE_S),
             transport=DeadlineTransport(httpx.Limits(max_connections=1)),
         )
         self._thread = threading.Thread(target=self._run, name="detour-stream", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        jitter = Jitter(0.1, 5.0, random.random)
+        jitter = stream_jitter(random.random)
         calls = self._core.calls
         try:
             while not self._stop.is_set():
@@ -141,14 +145,17 @@ class StreamThread:
                     self.connected.clear()
                     with self._lock:
                         self._sock = None
-                self._stop.wait(jitter.next_s())
+                if not self._stop.is_set():
+                    self._wake.clear()
+                    self._wake.wait(jitter.next_s())
         finally:
             self._http.close()
 
     def _follow(self, jitter: Jitter) -> None:
         core = self._core
         request = self._http.build_request("GET", STREAM_PATH)
-        with call_deadline(core.timeout):  # connecting and the headers; the body has no end
+        # connecting and the headers; the body has no end
+        with call_deadline(max(core.timeout, STREAM_CONNECT_TIMEOUT_S)):
             r = self._http.send(request, stream=True)
         try:
             check_stream(r, f"GET {STREAM_PATH}")
@@ -173,6 +180,7 @@ class StreamThread:
 
     def stop(self, timeout: float) -> None:
         self._stop.set()
+        self._wake.set()
         with self._lock:
             if self._sock is not None:
                 # Wakes the blocked read at once rather than at the next clock event.
