@@ -197,6 +197,7 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
             "sent_reports": stats.sent_reports,
             "pending_reports": stats.pending_reports,
             "dropped_reports": stats.dropped_reports,
+            "stream_snapshots": stats.stream_snapshots,
         },
     }
 
@@ -392,8 +393,8 @@ def markdown(results: Sequence[dict[str, Any]], command: str) -> str:
         "| cap | mode | capacity sel/s | offered sends/s (x) | phase | sends/s | decided "
         "locally | decide p50 / p99 / max | report p99 / max ms | failed sends | late answers "
         "| reports sent / pending / dropped | staleness p50 / max s | current again s | Detour "
-        "5xx not 503 | refused 503 | RSS max MiB |",
-        "|---|---|---:|---:|---|---:|---:|---|---|---:|---:|---|---|---:|---:|---:|---:|",
+        "5xx not 503 | refused 503 | RSS max MiB | stream snapshots |",
+        "|---|---|---:|---:|---|---:|---:|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         cap = r["cap"]
@@ -421,7 +422,7 @@ def markdown(results: Sequence[dict[str, Any]], command: str) -> str:
                 f"{sdk.get('sent_reports', 0)} / {sdk.get('pending_reports', 0)} / "
                 f"{sdk.get('dropped_reports', 0)} | {stale_text} | {again_text} | "
                 f"{detour['bad_5xx']} | {refused:,.0f} | "
-                f"{detour['rss_max_mib']:.0f} |"
+                f"{detour['rss_max_mib']:.0f} | {sdk.get('stream_snapshots', 0)} |"
             )
     lines += ["", summary(results)]
     return "\n".join(lines)

@@ -202,6 +202,7 @@ def test_an_answered_call_ends_the_streams_backoff_at_once(
             wait_until(lambda: client.stats().pending_reports == 0, 15, "the held reports sent")
             wait_until(lambda: client.stats().stream_connected, 15, "the stream reconnects")
             assert time.monotonic() - start < 30  # far inside the 60 s backoff
+            assert client.stats().stream_snapshots == 2  # the first, and the reconnect's
             # following Detour again: an operator's delete reaches the copy
             httpx.delete(f"{restarted.url}/fault-items/fo-c", timeout=5).raise_for_status()
             wait_until(lambda: "fo-c" in {client.select(TOPIC, "fo-a").broker_name

@@ -96,6 +96,8 @@ class ClientCore:
         self.local_selects = 0
         self._count_lock = threading.Lock()
         self.late_answers = 0
+        #: cached mode: snapshots the event stream applied (the first, then one a reconnect)
+        self.stream_snapshots = 0
         self._late_under_way = 0
         #: topics whose route and config a background refresh is fetching now
         self._refreshing: set[str] = set()
@@ -317,4 +319,5 @@ class ClientCore:
             bad_answers=self.calls.bad_answers,
             stream_too_large=self.calls.stream_too_large,
             late_answers=self.late_answers,
+            stream_snapshots=self.stream_snapshots,
         )

@@ -154,6 +154,7 @@ class StreamTask:
                 for event in parser.feed_bytes(chunk):
                     applier.handle(event, mono_ms())
                     if event.kind == "snapshot":
+                        core.stream_snapshots += 1
                         self.connected = True
                         self.synced.set()
                         jitter.reset()

@@ -170,6 +170,7 @@ class StreamThread:
                 for event in parser.feed_bytes(chunk):
                     applier.handle(event, mono_ms())
                     if event.kind == "snapshot":
+                        core.stream_snapshots += 1
                         self.connected.set()
                         self.synced.set()
                         jitter.reset()

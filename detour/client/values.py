@@ -120,3 +120,6 @@ class ClientStats:
     #: (``decide_within``): decided locally (the report queued if it then failed) while the
     #: call went on, its answer still teaching the local table.
     late_answers: int = 0
+    #: cached mode: snapshots the event stream applied: the first, then one per reconnect
+    #: (many in a minute: the stream keeps breaking, and each snapshot costs both sides).
+    stream_snapshots: int = 0
