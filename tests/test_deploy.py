@@ -1032,7 +1032,11 @@ def test_fanout_overlay_replicates_with_its_acl_and_lists_every_replica() -> Non
     replicas = _one(docs, "StatefulSet", "detour-redis-replica")
     sidecar = _one(docs, "Deployment", "example-producer")["spec"]["template"]["spec"][
         "initContainers"][0]
-    listed = {e["name"]: e.get("value") for e in sidecar["env"]}["DETOUR_REDIS_REPLICAS"]
+    env = {e["name"]: e.get("value") for e in sidecar["env"]}
+    listed = env["DETOUR_REDIS_REPLICAS"]
+    # the flush interval the sizing assumes for such a fleet, and one the service takes
+    assert env["DETOUR_REPORT_FLUSH_MS"] == "10000"
+    assert Settings(report_flush_ms=int(env["DETOUR_REPORT_FLUSH_MS"])).report_flush_ms == 10_000
     assert listed == ",".join(f"detour-redis-replica-{i}.detour-redis-replica:6379"
                               for i in range(replicas["spec"]["replicas"]))
     primary_c = _one(docs, "StatefulSet", "detour-redis")["spec"]["template"]["spec"][
