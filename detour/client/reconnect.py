@@ -21,6 +21,12 @@ STREAM_RECONNECT_MAX_S = 1.0
 STREAM_CONNECT_TIMEOUT_S = 2.0
 
 
+def stream_connect_s(call_timeout_s: float) -> float:
+    """How long the stream's connecting and headers may take: the call timeout, or
+    ``STREAM_CONNECT_TIMEOUT_S`` if that is longer."""
+    return max(call_timeout_s, STREAM_CONNECT_TIMEOUT_S)
+
+
 def stream_jitter(rand: Callable[[], float]) -> Jitter:
     """The event stream's reconnect delays (the sync thread's and the async task's)."""
     return Jitter(STREAM_RECONNECT_INITIAL_S, STREAM_RECONNECT_MAX_S, rand)

@@ -21,7 +21,7 @@ from detour.client.core import ClientCore
 from detour.client.errors import DetourRequestError, DetourUnavailable
 from detour.client.http import LIMITS, check_stream
 from detour.client.pending import mono_ms
-from detour.client.reconnect import STREAM_CONNECT_TIMEOUT_S, Jitter, stream_jitter
+from detour.client.reconnect import Jitter, stream_connect_s, stream_jitter
 from detour.client.sse import EventTooLarge, SSEParser
 
 log = logging.getLogger("detour.client")
@@ -106,7 +106,7 @@ class StreamTask:
         self._http = httpx.AsyncClient(
             base_url=base_url,
             headers={**headers, "Accept": "text/event-stream"},
-            timeout=httpx.Timeout(max(core.timeout, STREAM_CONNECT_TIMEOUT_S), read=STREAM_IDLE_S),
+            timeout=httpx.Timeout(stream_connect_s(core.timeout), read=STREAM_IDLE_S),
             transport=httpx.AsyncHTTPTransport(limits=LIMITS),
         )
         self._task = asyncio.get_running_loop().create_task(self._run(), name="detour-stream")
@@ -143,7 +143,7 @@ class StreamTask:
         core = self._core
         request = self._http.build_request("GET", STREAM_PATH)
         # connecting and the headers
-        async with asyncio.timeout(max(core.timeout, STREAM_CONNECT_TIMEOUT_S)):
+        async with asyncio.timeout(stream_connect_s(core.timeout)):
             r = await self._http.send(request, stream=True)
         try:
             check_stream(r, f"GET {STREAM_PATH}")

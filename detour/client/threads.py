@@ -24,7 +24,7 @@ from detour.client.deadline import DeadlineTransport, call_deadline
 from detour.client.errors import DetourRequestError, DetourUnavailable
 from detour.client.http import check_stream
 from detour.client.pending import Pending, mono_ms
-from detour.client.reconnect import STREAM_CONNECT_TIMEOUT_S, Jitter, stream_jitter
+from detour.client.reconnect import Jitter, stream_connect_s, stream_jitter
 from detour.client.sse import EventTooLarge, SSEParser
 
 log = logging.getLogger("detour.client")
@@ -100,7 +100,7 @@ class StreamThread:
     1 s, reset by a snapshot), and at once when another call is answered while it
     waits. ``synced`` is set by the first snapshot; ``connected`` while a stream is
     delivering. Connecting and the answer's headers take at most
-    ``STREAM_CONNECT_TIMEOUT_S``; then the stream may be silent ``STREAM_IDLE_S`` at
+    ``stream_connect_s``; then the stream may be silent ``STREAM_IDLE_S`` at
     most, and no line or event may be longer than ``core.max_event_bytes``.
     """
 
@@ -117,7 +117,7 @@ class StreamThread:
         self._http = httpx.Client(
             base_url=base_url,
             headers={**headers, "Accept": "text/event-stream"},
-            timeout=httpx.Timeout(max(core.timeout, STREAM_CONNECT_TIMEOUT_S), read=STREAM_IDLE_S),
+            timeout=httpx.Timeout(stream_connect_s(core.timeout), read=STREAM_IDLE_S),
             transport=DeadlineTransport(httpx.Limits(max_connections=1)),
         )
         self._thread = threading.Thread(target=self._run, name="detour-stream", daemon=True)
@@ -155,7 +155,7 @@ class StreamThread:
         core = self._core
         request = self._http.build_request("GET", STREAM_PATH)
         # connecting and the headers; the body has no end
-        with call_deadline(max(core.timeout, STREAM_CONNECT_TIMEOUT_S)):
+        with call_deadline(stream_connect_s(core.timeout)):
             r = self._http.send(request, stream=True)
         try:
             check_stream(r, f"GET {STREAM_PATH}")
