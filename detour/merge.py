@@ -41,7 +41,8 @@ def merge_items(
     if b is None:
         return a
     newer = a
-    if (b.stamp, _rest(b, encode)) > (a.stamp, _rest(a, encode)):
+    # (stored forms only when the stamps tie: a merge of a whole table stays cheap)
+    if b.stamp > a.stamp or (b.stamp == a.stamp and _rest(b, encode) > _rest(a, encode)):
         newer = b
     # the window end, and why it is open, come from the copy whose window is later: its
     # own total order (the end, then the reason), so the choice never depends on stamps
