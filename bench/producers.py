@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import statistics
@@ -56,8 +57,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.cgroup import CpuCap
 from bench.loadgen import run_wrk, wait_for_quiet, write_script
-from detour.client import DetourClient
+from detour.client import DetourClient, wire
 from detour.client.errors import DetourUnavailable
+from detour.client.local import LocalTable
 from tests.procs import RedisServer, ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,6 +96,17 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
     """One producer process: ``threads`` threads sending on one SDK client, paced to
     ``rate_over`` then ``rate_after`` sends a second in all."""
     client = DetourClient(cfg["url"], mode=cfg["mode"], producer=f"bench-{os.getpid()}")
+    # Collections of the cyclic GC, timed: a decision that lands on one waits for it.
+    gc_pauses: list[tuple[int, float]] = []
+    gc_started = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_started[0] = time.perf_counter()
+        else:
+            gc_pauses.append((info["generation"], (time.perf_counter() - gc_started[0]) * 1e6))
+
+    gc.callbacks.append(on_gc)
     cached = cfg["mode"] == "cached"
     deadline = time.monotonic() + 30
     if cached:
@@ -154,6 +167,29 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
                 decide[name] += mine_decide
                 report[name] += mine_report
 
+    # The floor: the bare in-process select (no SDK, no stream, no reports) on a table
+    # with the same route, paced as the sends are, in the same process. A thread that
+    # slept runs its first microseconds slowly (cold caches, an idle vCPU waking), so its
+    # p99 is what any decision after a sleep costs on this machine.
+    floor: dict[str, list[float]] = {p[0]: [] for p in phases}
+    bare = LocalTable(lambda: int(time.time() * 1000), producer="floor")
+    bare.set_route(TOPIC, wire.route({"topic": TOPIC, **ROUTE}))
+
+    def floor_loop() -> None:
+        for name, start, end, rate in phases:
+            period = cfg["threads"] / rate if rate > 0 else end - start
+            due = start + 0.5 * period / cfg["threads"]
+            mine = []
+            while due < end:
+                now = time.time()
+                if now < due:
+                    time.sleep(due - now)
+                t0 = time.perf_counter_ns()
+                bare.select(TOPIC, None)
+                mine.append((time.perf_counter_ns() - t0) / 1000)
+                due += period
+            floor[name] += mine
+
     seen: dict[int, float] = {}
     stop = threading.Event()
 
@@ -171,6 +207,7 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
                for i in range(cfg["threads"])]
     watcher = threading.Thread(target=watch_canary)
     if cached:
+        threads.append(threading.Thread(target=floor_loop))
         watcher.start()
     for t in threads:
         t.start()
@@ -183,6 +220,10 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
     stats = client.stats()
     return {
         "decide_us": {k: percentiles(v) for k, v in decide.items()},
+        "floor_us": {k: percentiles(v) for k, v in floor.items()},
+        "gc_us": {
+            str(g): percentiles([us for gen, us in gc_pauses if gen == g]) for g in (0, 1, 2)
+        },
         "report_us": {k: percentiles(v) for k, v in report.items()},
         "sends": {k: len(v) for k, v in decide.items()},
         "local": dict(local),
@@ -332,6 +373,8 @@ def summarize(mode: str, cap: tuple[int, int], cap_rps: float, offered: float, s
             "decide_max_us": worst("decide_us", phase, "max"),
             "report_p99_us": worst("report_us", phase, "p99"),
             "report_max_us": worst("report_us", phase, "max"),
+            "floor_p50_us": median("floor_us", phase, "p50"),
+            "floor_p99_us": worst("floor_us", phase, "p99"),
         }
     failed: Counter[str] = Counter()
     stats: Counter[str] = Counter()
@@ -362,6 +405,7 @@ def summarize(mode: str, cap: tuple[int, int], cap_rps: float, offered: float, s
         "offered_sends_per_s": offered,
         "phases": phases,
         "failed_sends": dict(failed),
+        "producers_gc_us": [r["gc_us"] for r in results],
         "sdk": dict(stats),
         "staleness_s": percentiles(staleness),
         "current_again_s": current_again,
@@ -437,10 +481,10 @@ def summary(results: Sequence[dict[str, Any]]) -> str:
     """One row per cap, mode and phase: medians over the runs (failures, 5xx and drops:
     the worst run; memory: the largest)."""
     lines = [
-        "| cap | mode | runs | phase | decide p50 / p99 / max (medians) | decided locally "
-        "| failed sends (worst) | reports dropped (worst) | staleness max s | current again s "
-        "| Detour 5xx not 503 (worst) | RSS max MiB |",
-        "|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| cap | mode | runs | phase | decide p50 / p99 / max (medians) | bare select p50 / "
+        "p99 µs, same pacing | decided locally | failed sends (worst) | reports dropped (worst) "
+        "| staleness max s | current again s | Detour 5xx not 503 (worst) | RSS max MiB |",
+        "|---|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     groups: dict[tuple[float, int, str], list[dict[str, Any]]] = {}
     for r in results:
@@ -453,13 +497,15 @@ def summary(results: Sequence[dict[str, Any]]) -> str:
             for key in ("decide_p50_us", "decide_p99_us", "decide_max_us"):
                 v = _med([x[key] for x in ph])
                 cells.append("—" if v is None else f"{v / scale:.2f}")
+            fl = [_med([x.get(k) for x in ph]) for k in ("floor_p50_us", "floor_p99_us")]
+            floor = "—" if None in fl else f"{fl[0]:.0f} / {fl[1]:.0f}"
             share = _med([x["local_share"] for x in ph])
             stale = _med([r["staleness_s"]["max"] for r in runs])
             again = _med([r["current_again_s"] for r in runs])
             rss = max((r["detour"]["rss_max_mib"] or 0) for r in runs)
             lines.append(
                 f"| {cores:.2f} cores, {period / 1000:g} ms period | {mode} | {len(runs)} | "
-                f"{phase} | {' / '.join(cells)} {unit} | "
+                f"{phase} | {' / '.join(cells)} {unit} | {floor} | "
                 f"{'—' if share is None else f'{share * 100:.0f}%'} | "
                 f"{max(sum(r['failed_sends'].values()) for r in runs)} | "
                 f"{max(r['sdk'].get('dropped_reports', 0) for r in runs)} | "

@@ -7,6 +7,7 @@ Detour was away reaches the shared table afterwards with the time it happened.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -15,7 +16,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from detour.client import DetourClient, SelectedQueue
+from detour.client import AsyncDetourClient, DetourClient, SelectedQueue
 from tests.procs import PATIENT_ENV, ServiceProcess, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -216,9 +217,7 @@ def test_the_async_clients_stream_is_woken_by_an_answered_call_too(
     service: ServiceProcess, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The same rule for the async client's stream task (a 60 s backoff made on purpose)."""
-    import asyncio
-
-    from detour.client import AsyncDetourClient, tasks
+    from detour.client import tasks
     from detour.client.reconnect import Jitter
 
     monkeypatch.setattr(tasks, "stream_jitter", lambda rand: Jitter(60.0, 60.0, lambda: 1.0))
@@ -251,3 +250,40 @@ def test_the_async_clients_stream_is_woken_by_an_answered_call_too(
                 await asyncio.to_thread(restarted.stop)
 
     asyncio.run(main())
+
+
+def test_reports_unsent_at_close_are_dropped_once_not_also_pending(
+    service: ServiceProcess,
+) -> None:
+    """A client closed while Detour is down counts what it could not send as dropped, and
+    no longer as pending: stats add up (sent + pending + dropped = reported)."""
+    put_route(service.url)
+    brokers = Brokers()
+    with DetourClient(service.url, decide_within=None, timeout=2.0) as client:
+        client.send(TOPIC, 0, brokers.deliver)
+        service.stop()
+        for i in range(4):
+            client.send(TOPIC, i, brokers.deliver)
+        assert client.stats().pending_reports == 4
+        client.close(flush_timeout=0.2)
+        stats = client.stats()
+        assert (stats.sent_reports, stats.pending_reports, stats.dropped_reports) == (1, 0, 4)
+
+
+def test_the_async_client_closing_with_reports_unsent_counts_them_once(
+    service: ServiceProcess,
+) -> None:
+    put_route(service.url)
+
+    async def run() -> tuple[int, int, int]:
+        client = AsyncDetourClient(service.url, decide_within=None, timeout=2.0)
+        await client.select(TOPIC)
+        service.stop()
+        for _ in range(3):
+            await client.report("fo-a", 5.0)
+        assert client.stats().pending_reports == 3
+        await client.aclose(flush_timeout=0.2)
+        s = client.stats()
+        return s.sent_reports, s.pending_reports, s.dropped_reports
+
+    assert asyncio.run(run()) == (0, 0, 3)

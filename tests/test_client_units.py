@@ -21,7 +21,7 @@ from detour.client import (
     SelectedQueue,
     SendError,
 )
-from detour.client.cached import ServiceClock, StreamApplier
+from detour.client.cached import REAPPLY_NEWEST, REAPPLY_SCAN, ServiceClock, StreamApplier
 from detour.client.calls import BACKGROUND_TIMEOUT_S, Calls, Loud
 from detour.client.circuit import CircuitBreaker, Ticket
 from detour.client.errors import DetourBadAnswer, DetourRejected
@@ -281,6 +281,78 @@ def test_stream_applier_keeps_own_unacked_reports_and_tracks_the_clock() -> None
     applier.handle(Event("config", {"sendLatencyFaultEnable": False, "now": now}), mono_ms())
     assert table.view.config.send_latency_fault_enable is False
     applier.handle(Event("something-new", {"now": now}), mono_ms())  # ignored
+
+
+def _applier_with_route() -> tuple[StreamApplier, LocalTable, PendingReports, int]:
+    clock = ServiceClock()
+    pending = PendingReports(capacity=20_000)
+    table = LocalTable(clock.now_ms, producer="p1")
+    applier = StreamApplier(table, clock, pending)
+    now = int(time.time() * 1000)
+    applier.handle(
+        Event("snapshot", {"now": now, "config": {}, "routes": [ROUTE_JSON], "items": []}),
+        mono_ms(),
+    )
+    return applier, table, pending, now
+
+
+def _wait(
+    pending: PendingReports, broker: str, ms: float, isolation: bool = False, ago_ms: float = 0
+) -> None:
+    pending.add([pending.make(broker, ms, isolation, mono_ms() - ago_ms)])
+
+
+@pytest.mark.parametrize("waiting", [0, 5, 8, 9, 600, 10_000])
+def test_an_event_reapplies_a_bounded_share_of_the_waiting_reports(waiting: int) -> None:
+    """However many reports wait (Detour refusing batches), an event for a broker re-applies
+    at most its newest REAPPLY_NEWEST and one older one, and a snapshot as many per broker:
+    its cost does not grow with the queue."""
+    applier, table, pending, now = _applier_with_route()
+    for i in range(waiting):
+        _wait(pending, "ab"[i % 2], 1 + i % 7)
+    config = table.view.config
+    for broker in ("a", "b"):
+        own = applier.own(broker, mono_ms(), config)
+        assert len(own) == min(REAPPLY_NEWEST, (waiting + (broker == "a")) // 2)
+        assert {o[0] for o in own} <= {broker}
+    everyone = applier.own(None, mono_ms(), config)
+    assert len(everyone) == min(2 * REAPPLY_NEWEST, waiting)
+    if waiting:
+        # oldest first: the broker's newest report comes last
+        newest = "ab"[(waiting - 1) % 2]
+        assert applier.own(newest, mono_ms(), config)[-1][1] == 1 + (waiting - 1) % 7
+
+
+def test_an_older_own_window_outlives_a_run_of_fast_answers_after_an_event() -> None:
+    """The report whose window ends last is re-applied even behind REAPPLY_NEWEST newer
+    ones: an isolation followed by many fast answers still keeps its broker avoided."""
+    applier, table, pending, now = _applier_with_route()
+    _wait(pending, "a", 900, ago_ms=5)  # tier 3: a 60 s window, shorter than the isolation's
+    _wait(pending, "a", 5, isolation=True, ago_ms=4)  # a failure: the 600 s window
+    for _ in range(3 * REAPPLY_NEWEST):
+        _wait(pending, "a", 2)
+    own = applier.own("a", mono_ms(), table.view.config)
+    assert len(own) == REAPPLY_NEWEST + 1
+    assert own[0][2] is True and all(o[1] == 2 for o in own[1:])
+    applier.handle(Event("fault", {"brokerName": "a", "deleted": True, "now": now}), mono_ms())
+    item = table.fault("a")
+    assert item is not None and item.current_latency_ms == 2
+    assert item.available_at > now + 500_000  # the isolation's window, not the 60 s one
+    # the broker is avoided by a local select: only b is chosen
+    picks = {table.select("t", None).broker_name for _ in range(4)}  # type: ignore[union-attr]
+    assert picks == {"b"}
+
+
+def test_reports_past_the_scan_are_not_reapplied() -> None:
+    """The scan stops REAPPLY_SCAN reports back: a broker's report behind that many newer
+    ones of other brokers is left to Detour's push (the bound holds for any queue)."""
+    applier, table, pending, now = _applier_with_route()
+    _wait(pending, "a", 5, isolation=True)
+    for _ in range(REAPPLY_SCAN):
+        _wait(pending, "b", 1)
+    assert applier.own("a", mono_ms(), table.view.config) == []
+    _wait(pending, "a", 3)
+    assert [o[1] for o in applier.own("a", mono_ms(), table.view.config)] == [3]
 
 
 # ---------------------------------------------------------------- send loop

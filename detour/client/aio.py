@@ -137,10 +137,9 @@ class AsyncDetourClient:
             # the final flush sends it.
             await asyncio.wait(set(self._background), timeout=core.timeout + 1.0)
         await self.flush(core.timeout if flush_timeout is None else flush_timeout)
-        left = len(core.pending)
+        left = core.pending.abandon()
         if left:
             log.warning("detour client closed with %d reports unsent", left)
-            core.pending.dropped += left
         await self._http.aclose()
 
     async def wait_ready(self, timeout: float) -> bool:

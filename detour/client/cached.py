@@ -15,17 +15,33 @@ Two rules the stream alone would get wrong:
   reconnect) or an event written before its report reached Detour would undo
   them until Detour's push of the report arrives. So reports Detour has not yet
   accepted are re-applied after every snapshot, and after a fault event for
-  their broker.
+  their broker, under the table's lock with the event.
+
+The re-application is bounded, whatever the queue holds: while Detour refuses
+batches, 10,000 reports may wait, and re-applying every one of a broker's after
+each of its events held the producer's interpreter for ~90 ms an event (its
+sends' decisions waited behind it). What a broker's item says of this client's
+reports is, by the rule (``detour.apply``), its newest answers (the latency, its
+own votes, lastReportWins) and the window its reports asked for, which only
+grows. So an event re-applies, per broker, the newest ``REAPPLY_NEWEST``
+reports and, before them, the older report whose own window ends last (an
+isolation behind a run of fast answers), found among the newest
+``REAPPLY_SCAN`` waiting reports. Older reports of the broker are not
+re-applied: their effect on the copy returns with Detour's push once their
+batch is accepted (or they are dropped, and counted).
 """
 
 from __future__ import annotations
 
+import math
 import time
 
+from detour import strategy
 from detour.client import wire
-from detour.client.local import LocalTable
-from detour.client.pending import PendingReports, mono_ms
+from detour.client.local import LocalTable, OwnReport
+from detour.client.pending import Pending, PendingReports, mono_ms
 from detour.client.sse import Event
+from detour.model import Config
 
 #: Flush reports at least this often (s) ...
 FLUSH_INTERVAL_S = 0.05
@@ -35,6 +51,11 @@ FLUSH_AT = 256
 STREAM_IDLE_S = 5.0
 #: Where the stream is.
 STREAM_PATH = "/fault-items/stream"
+#: An event re-applies at most this many of a broker's newest waiting reports ...
+REAPPLY_NEWEST = 8
+#: ... and the one whose window ends last, looking no further back than this many of
+#: all waiting reports (the bound on an event's work, however long the queue).
+REAPPLY_SCAN = 512
 
 
 #: A sample this far below the current estimate is a step of the service's clock, not a
@@ -99,20 +120,46 @@ class StreamApplier:
                 wire.config(data["config"]),
                 [wire.route(r) for r in data["routes"]],
                 {i.broker_name: i for i in items if i is not None},
+                lambda config: self.own(None, received_mono_ms, config),
             )
-            self._reapply(None, received_mono_ms)
         elif kind == "fault":
             broker = str(data["brokerName"])
-            table.set_fault(broker, wire.fault(data))
-            self._reapply(broker, received_mono_ms)
+            table.set_fault(
+                broker, wire.fault(data), lambda config: self.own(broker, received_mono_ms, config)
+            )
         elif kind == "route":
             topic = str(data["topic"])
             table.set_route(topic, None if data.get("deleted") else wire.route(data))
         elif kind == "config":
             table.set_config(wire.config(data))
 
-    def _reapply(self, broker: str | None, now_ms: float) -> None:
-        for p in self.pending.unacked(broker):
-            if p.pending:
+    def own(self, broker: str | None, now_ms: float, config: Config) -> list[OwnReport]:
+        """The waiting reports an event re-applies (of ``broker``, or of every broker for a
+        snapshot), oldest first, each at its age at ``now_ms``: per broker the newest
+        ``REAPPLY_NEWEST`` and, before them, the older one whose window ends last, among the
+        newest ``REAPPLY_SCAN`` waiting. In-flight signals are never applied locally."""
+        newest: dict[str, list[Pending]] = {}
+        furthest: dict[str, tuple[float, Pending]] = {}
+        # the least latency that asks for a window: most reports are below it
+        tiers = zip(config.latency_max, config.not_available_duration, strict=True)
+        opens_at = min((ms for ms, d in tiers if d), default=math.inf)
+        for p in self.pending.newest(REAPPLY_SCAN):
+            if p.pending or (broker is not None and p.broker_name != broker):
                 continue
-            self.table.apply_report(p.broker_name, p.latency_ms, p.isolation, p.age_ms(now_ms))
+            mine = newest.setdefault(p.broker_name, [])
+            if len(mine) < REAPPLY_NEWEST:
+                mine.append(p)
+                continue
+            if not p.isolation and p.latency_ms < opens_at:
+                continue
+            t = strategy.tier(config, math.floor(p.latency_ms), p.isolation)
+            if t is None or not config.not_available_duration[t]:
+                continue
+            end = p.at_ms + config.not_available_duration[t]
+            if p.broker_name not in furthest or end > furthest[p.broker_name][0]:
+                furthest[p.broker_name] = (end, p)
+        out: list[OwnReport] = []
+        for b, mine in newest.items():
+            chosen = ([furthest[b][1]] if b in furthest else []) + mine[::-1]
+            out += [(p.broker_name, p.latency_ms, p.isolation, p.age_ms(now_ms)) for p in chosen]
+        return out

@@ -21,7 +21,7 @@ import dataclasses
 import math
 import random
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from detour.apply import ReportIn, Rules, apply_reports
 from detour.client.values import SelectedQueue
@@ -34,6 +34,16 @@ from detour.view import Snapshot, TableView
 #: Fault items the SDK's copy holds at most, as a namespace's table in Detour: its own
 #: reports beyond it drop ended windows first, then change nothing.
 MAX_ITEMS = 10_000
+
+#: One of this client's reports for its own table: (broker, latency_ms, isolation, age_ms).
+OwnReport = tuple[str, float, bool, int]
+#: The reports Detour has not accepted yet, read under the table's lock (given its config),
+#: so that a report queued before an event is re-applied with it, never undone by it.
+OwnReports = Callable[[Config], Sequence[OwnReport]]
+
+
+def _none(config: Config) -> Sequence[OwnReport]:
+    return ()
 
 
 def _answer(route: Route, choice: Choice) -> SelectedQueue:
@@ -123,22 +133,26 @@ class LocalTable:
 
         With avoidance off the report changes nothing (RocketMQ's updateFaultItem).
         """
-        report = ReportIn(
-            broker_name, math.floor(latency_ms), isolation, age_ms, self.producer or ""
-        )
         with self._lock:
-            view = self.view
-            now = view.now_ms()
-            applied = apply_reports(view.faults, [report], now, Rules(view.config, MAX_ITEMS))
-            for broker in applied.evicted:
-                self._apply_fault(broker, None)
-            if applied.full or not applied.effects:
-                return view.faults.get(broker_name)
-            effect = applied.effects[0]
+            self._apply_own([(broker_name, latency_ms, isolation, age_ms)])
+            return self.view.faults.get(broker_name)
+
+    def _apply_own(self, reports: Sequence[OwnReport]) -> None:
+        """Under the lock: this client's ``(broker, latency_ms, isolation, age_ms)`` reports,
+        in order, as one ``apply_reports`` call (one rule, one pass over the table)."""
+        if not reports:
+            return
+        producer = self.producer or ""
+        batch = [ReportIn(b, math.floor(ms), iso, age, producer) for b, ms, iso, age in reports]
+        view = self.view
+        now = view.now_ms()
+        applied = apply_reports(view.faults, batch, now, Rules(view.config, MAX_ITEMS))
+        for broker in applied.evicted:
+            self._apply_fault(broker, None)
+        for report, effect in zip(batch, applied.effects, strict=False):
             if effect.written and effect.item is not None:
-                self._apply_fault(broker_name, effect.item)
-                view.observe_latency(broker_name, report.latency_ms, now)
-            return view.faults.get(broker_name)
+                self._apply_fault(report.broker_name, effect.item)
+                view.observe_latency(report.broker_name, report.latency_ms, now)
 
     def hint_avoided(self, brokers: Iterable[str], until_ms: int) -> None:
         """Detour avoids ``brokers`` now (a select's ``avoidedBrokers``): a local select
@@ -170,14 +184,22 @@ class LocalTable:
         with self._lock:
             self.view.apply_config(config, self._next_version())
 
-    def set_fault(self, broker_name: str, item: FaultItem | None) -> None:
+    def set_fault(self, broker_name: str, item: FaultItem | None, own: OwnReports = _none) -> None:
+        """Detour's item for the broker, then the ``own`` reports it has not accepted yet,
+        under one lock: a select never sees the item without them."""
         with self._lock:
             self._apply_fault(broker_name, item)
+            self._apply_own(own(self.view.config))
 
     def replace(
-        self, config: Config, routes: Iterable[Route], faults: Mapping[str, FaultItem]
+        self,
+        config: Config,
+        routes: Iterable[Route],
+        faults: Mapping[str, FaultItem],
+        own: OwnReports = _none,
     ) -> None:
-        """Install a whole table (a stream snapshot): newer than anything applied, so it wins."""
+        """Install a whole table (a stream snapshot): newer than anything applied, so it wins;
+        then ``own`` reports Detour has not accepted yet, under the same lock."""
         with self._lock:
             v = self._next_version()
             self.view.replace(
@@ -189,3 +211,4 @@ class LocalTable:
                     faults=dict(faults),
                 )
             )
+            self._apply_own(own(config))

@@ -163,6 +163,27 @@ class PendingReports:
             return items
         return [p for p in items if p.broker_name == broker_name]
 
+    def abandon(self) -> int:
+        """The client closed with these unsent: counted as dropped and no longer pending
+        (so ``stats`` does not count them twice). Returns how many."""
+        with self._lock:
+            left = len(self._items) + len(self._inflight)
+            self._items.clear()
+            self._inflight.clear()
+            self.urgent = False
+            self.dropped += left
+        return left
+
+    def newest(self, n: int) -> list[Pending]:
+        """Up to ``n`` of the reports Detour has not accepted, newest first (the queue's
+        newest end, then the batch in flight): what a stream event re-applies is looked for
+        here, so its cost does not grow with the queue."""
+        with self._lock:
+            out = list(itertools.islice(reversed(self._items), n))
+            if len(out) < n:
+                out.extend(itertools.islice(reversed(self._inflight), n - len(out)))
+        return out
+
     def oldest_at_ms(self) -> float | None:
         with self._lock:
             return self._items[0].at_ms if self._items else None

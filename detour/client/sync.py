@@ -152,10 +152,9 @@ class DetourClient:
             # is queued, and the final flush sends it.
             self._pool.shutdown(wait=True)
         self.flush(core.timeout if flush_timeout is None else flush_timeout)
-        left = len(core.pending)
+        left = core.pending.abandon()
         if left:
             log.warning("detour client closed with %d reports unsent", left)
-            core.pending.dropped += left
         self._http.close()
 
     def wait_ready(self, timeout: float) -> bool:
