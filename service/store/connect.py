@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import parse_qs, quote, unquote
 
 from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis, RedisCluster
@@ -166,23 +167,53 @@ def _ssl_connection(ssl: bool) -> dict[str, Any]:
 
 
 class _Client(Redis):
-    """A client to one server (or the Sentinel master) that notes whether it was used."""
+    """A client to one server (or the Sentinel master), counted for ``close_idle``
+    (``_idle_keep``)."""
 
     used = False
+    peak = 0
+    busy = 0
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
-        self.used = True
-        return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+        _started(self)
+        try:
+            return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+        finally:
+            self.busy -= 1
 
 
 class _ClusterClient(RedisCluster):
-    """A Cluster client that notes whether it was used."""
+    """A Cluster client, counted for ``close_idle`` (``_idle_keep``)."""
 
     used = False
+    peak = 0
+    busy = 0
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        self.used = True
-        return await super().execute_command(*args, **kwargs)
+        _started(self)
+        try:
+            return await super().execute_command(*args, **kwargs)
+        finally:
+            self.busy -= 1
+
+
+def _started(client: _Client | _ClusterClient) -> None:
+    """A call: the client was used, and has one more under way (its peak since the last
+    idle close is how many connections it needed at once)."""
+    client.used = True
+    client.busy += 1
+    if client.busy > client.peak:
+        client.peak = client.busy
+
+
+def _idle_keep(client: _Client | _ClusterClient) -> int:
+    """How many idle connections ``close_idle`` keeps open for the client, and counting
+    starts again: as many as it had calls under way at once since the last close, at least
+    one when used, none when unused. Closing those under steady load only made the next
+    calls connect again, each within the reports' short timeout."""
+    keep = max(1, client.peak) if client.used else 0
+    client.used, client.peak = False, client.busy
+    return keep
 
 
 class _SentinelPool(SentinelConnectionPool, BlockingConnectionPool):
@@ -190,14 +221,31 @@ class _SentinelPool(SentinelConnectionPool, BlockingConnectionPool):
     a call waits (up to ``timeout``) for a connection instead of opening another."""
 
 
-async def _close_free(free: Sequence[AbstractConnection], keep: int) -> int:
-    """Disconnect the idle connections in ``free`` but the last ``keep`` connected ones (the
-    most recently released: the pools hand those out first); how many were closed. A closed
-    connection stays in its pool and connects again when next handed out."""
+#: a pool's connection (a Cluster node's are ``Connection``s)
+_C = TypeVar("_C", bound=AbstractConnection)
+
+
+async def _close_free(free: list[_C] | deque[_C], keep: int) -> int:
+    """Disconnect the idle connections in ``free`` (a pool's own list of free connections)
+    but the last ``keep`` connected ones (the most recently released); how many were closed.
+
+    The ones to close leave ``free`` before the first await and come back, disconnected,
+    at the end the pool hands out last: a call that needs a connection while they close
+    gets another one, never one being closed (when it did, reports under load failed
+    with "Connection closed" every ``idle_close_s``). A closed connection connects again
+    when next handed out."""
     connected = [c for c in free if c.is_connected]
     closing = connected[: max(0, len(connected) - keep)]
     for c in closing:
-        await c.disconnect()
+        free.remove(c)
+    try:
+        for c in closing:
+            await c.disconnect()
+    finally:
+        if isinstance(free, deque):  # a Cluster node's: handed out from the left
+            free.extend(closing)
+        else:  # a pool's list: handed out from the end
+            free[:0] = closing
     return len(closing)
 
 
@@ -349,29 +397,28 @@ class StoreClients:
     async def close_idle(self, routing_key: str, *others: Redis) -> int:
         """Every ``idle_close_s`` at most: close the idle connections of ``main``, ``fast``
         and ``others`` (the follower's read client) that no call needs. A client used since
-        the last time keeps one idle connection (under Cluster, to the node serving
-        ``routing_key``, the only node the store sends to), one unused keeps none. Returns
-        how many were closed (0 when it was not time yet)."""
+        the last time keeps as many idle connections as it had calls under way at once, at
+        least one (under Cluster, to the node serving ``routing_key``, the only node the
+        store sends to); one unused keeps none. Returns how many were closed (0 when it
+        was not time yet)."""
         now = time.monotonic()
         if now - self._last_close < self.idle_close_s:
             return 0
         self._last_close = now
         closed = 0
         for client in (self.main, self.fast, *others):
-            keep = 1 if getattr(client, "used", True) else 0
+            keep = _idle_keep(client) if isinstance(client, _Client | _ClusterClient) else 1
             if isinstance(client, _ClusterClient):
                 home = _owner(client, routing_key)
                 # (the startup nodes keep the connections that read the slot map)
                 nodes = {id(n): n for n in client.nodes_manager.startup_nodes.values()}
                 nodes.update({id(n): n for n in client.get_nodes()})
                 for node in nodes.values():
-                    closed += await _close_free(list(node._free), keep if node is home else 0)
+                    closed += await _close_free(node._free, keep if node is home else 0)
             elif isinstance(client, Redis):
                 pool = client.connection_pool
                 if isinstance(pool, ConnectionPool):
-                    closed += await _close_free(list(pool._available_connections), keep)
-            if isinstance(client, _Client | _ClusterClient):
-                client.used = False
+                    closed += await _close_free(pool._available_connections, keep)
         return closed
 
     async def aclose(self) -> None:
