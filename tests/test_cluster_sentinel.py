@@ -550,3 +550,45 @@ def test_sentinel_switchover_moves_the_store_before_the_old_master_steps_down() 
         asyncio.run(scenario())
     finally:
         setup.stop()
+
+
+# -- closing idle connections (tests/test_idle_close.py, on both deployments) ---------
+
+
+def test_calls_during_an_idle_close_get_no_closing_connection(
+    deployment: str, request: pytest.FixtureRequest
+) -> None:
+    """A Cluster node's free connections (a deque, handed out from the left) and the
+    Sentinel master's pool: closing idle ones while calls run never cuts a call off."""
+    from service.store.connect import StoreClients
+
+    if deployment == "cluster":
+        url = request.getfixturevalue("cluster").url
+    else:
+        s: SentinelSetup = request.getfixturevalue("sentinel")
+        url = s.url(s.sentinel_ports[:1])
+
+    async def run() -> tuple[int, list[BaseException]]:
+        clients = StoreClients(parse_redis_url(url), 2.0, 2.0, max_connections=16,
+                               idle_close_s=0.0)
+        try:
+            failures: list[BaseException] = []
+            closed = 0
+            for _ in range(10):
+                await asyncio.gather(*(clients.fast.get("k") for _ in range(6)))
+                clients.fast.used, clients.fast.peak = True, 1  # type: ignore[union-attr]
+                clients._last_close = 0.0
+                results = await asyncio.gather(
+                    clients.close_idle("k"),
+                    *(clients.fast.get("k") for _ in range(6)),
+                    return_exceptions=True,
+                )
+                closed += results[0] if isinstance(results[0], int) else 0
+                failures += [r for r in results if isinstance(r, BaseException)]
+            return closed, failures
+        finally:
+            await clients.aclose()
+
+    closed, failures = asyncio.run(run())
+    assert failures == []
+    assert closed > 0

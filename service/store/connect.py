@@ -225,26 +225,27 @@ class _SentinelPool(SentinelConnectionPool, BlockingConnectionPool):
 _C = TypeVar("_C", bound=AbstractConnection)
 
 
-async def _close_free(free: list[_C] | deque[_C], keep: int) -> int:
+async def _close_free(free: list[_C] | deque[_C], keep: int, owned: list[_C] | None = None) -> int:
     """Disconnect the idle connections in ``free`` (a pool's own list of free connections)
     but the last ``keep`` connected ones (the most recently released); how many were closed.
 
-    The ones to close leave ``free`` before the first await and come back, disconnected,
-    at the end the pool hands out last: a call that needs a connection while they close
-    gets another one, never one being closed (when it did, reports under load failed
-    with "Connection closed" every ``idle_close_s``). A closed connection connects again
-    when next handed out."""
+    The ones to close leave ``free`` before the first await: a call that needs a connection
+    while they close gets another one, never one being closed (when it did, reports under
+    load failed with "Connection closed" every ``idle_close_s``). A pool's list takes them
+    back, disconnected, at the end it hands out last (it connects them again when it hands
+    them out). A Cluster node's (``owned``: all its connections) does not reconnect a closed
+    connection, so they leave the node for good and it opens new ones when needed."""
     connected = [c for c in free if c.is_connected]
     closing = connected[: max(0, len(connected) - keep)]
     for c in closing:
         free.remove(c)
+        if owned is not None:
+            owned.remove(c)
     try:
         for c in closing:
             await c.disconnect()
     finally:
-        if isinstance(free, deque):  # a Cluster node's: handed out from the left
-            free.extend(closing)
-        else:  # a pool's list: handed out from the end
+        if owned is None and isinstance(free, list):  # a pool's list: handed out from the end
             free[:0] = closing
     return len(closing)
 
@@ -414,7 +415,9 @@ class StoreClients:
                 nodes = {id(n): n for n in client.nodes_manager.startup_nodes.values()}
                 nodes.update({id(n): n for n in client.get_nodes()})
                 for node in nodes.values():
-                    closed += await _close_free(node._free, keep if node is home else 0)
+                    closed += await _close_free(
+                        node._free, keep if node is home else 0, node._connections
+                    )
             elif isinstance(client, Redis):
                 pool = client.connection_pool
                 if isinstance(pool, ConnectionPool):
