@@ -5,7 +5,7 @@ teaches the client.
 A real Detour process (memory store) behind ``tests.proxy.DelayProxy``, a TCP proxy on
 127.0.0.1 that can hold Detour's replies back: Detour answers at once, its answer reaches
 the client late. The deadlines here are generous for a loaded test machine (50 ms); the
-shipped default (4 ms) is measured in bench/producers.py. Both clients, sync and async.
+shipped default (3 ms) is measured in bench/producers.py. Both clients, sync and async.
 """
 
 from __future__ import annotations

@@ -122,6 +122,25 @@ def test_a_failed_batch_goes_back_in_front_in_order() -> None:
     assert (len(q), q.sent, q.dropped) == (0, 5, 0)
 
 
+def test_urgent_follows_the_isolations_in_the_queue_exactly() -> None:
+    """``urgent`` is counted, not scanned for: it holds while an isolation or a signal
+    waits, whichever way it leaves (taken, trimmed as the oldest, too old, abandoned)."""
+    now = mono_ms()
+    q = PendingReports(capacity=3)
+    q.add([q.make("iso", 5, True, now), q.make("sig", 80, False, now, pending=True)])
+    assert q.urgent
+    q.add(q.make(f"b{i}", 1, False, now) for i in range(2))  # trims the isolation
+    assert q.urgent and [p.broker_name for p in q.unacked()] == ["sig", "b0", "b1"]
+    q.add([q.make("b2", 1, False, now)])  # trims the signal
+    assert not q.urgent
+    q.add([q.make("iso3", 5, True, now)])
+    assert q.urgent and q.abandon() == 3 and not q.urgent
+    q.add([q.make("old", 5, True, now - MAX_REPORT_AGE_MS - 1), q.make("b", 1, False, now)])
+    assert q.urgent
+    assert [p.broker_name for p in q.take(5, now)] == ["b"]  # the too-old isolation: dropped
+    assert not q.urgent
+
+
 def test_report_checks_and_age_clamp() -> None:
     with pytest.raises(ValueError, match="broker_name"):
         check_report("bad name", 1)

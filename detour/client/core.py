@@ -27,10 +27,10 @@ from detour.client.values import ClientStats, Mode, Report, SelectedQueue
 #: A known route (and the config) is fetched again at most this often in remote mode (s).
 ROUTE_REFRESH_S = 30.0
 #: Remote mode: how long a send waits for Detour's select (or report) before it decides
-#: locally (s); the call goes on and its answer still teaches the local table. Under the
-#: 5 ms a producer should ever wait for advice (docs/BENCHMARKS.md, "Overload as
-#: producers see it").
-DECIDE_WITHIN_S = 0.004
+#: locally (s); the call goes on and its answer still teaches the local table. The 5 ms a
+#: producer should ever wait for advice, less the waiting thread's wake-up on a busy
+#: machine (over 1 ms at p99: docs/BENCHMARKS.md, "Overload as producers see it").
+DECIDE_WITHIN_S = 0.003
 #: The smallest report batch the flusher falls back to when Detour does not keep up.
 MIN_BATCH = 50
 #: A broker a Detour answer names as avoided is avoided by local selects for this long

@@ -76,8 +76,9 @@ class PendingReports:
         self.dropped = 0
         #: reports Detour accepted.
         self.sent = 0
-        #: an isolation is waiting: flush without lingering.
-        self.urgent = False
+        #: isolations and in-flight signals waiting (``urgent``), counted as they come and go
+        #: so that no call scans the queue
+        self._urgent = 0
 
     def __len__(self) -> int:
         return len(self._items) + len(self._inflight)
@@ -100,18 +101,27 @@ class PendingReports:
         )
         return Pending(seq, broker_name, latency_ms, isolation, at_ms, pending, head)
 
+    @property
+    def urgent(self) -> bool:
+        """An isolation or an in-flight signal is waiting: flush without lingering."""
+        return self._urgent > 0
+
     def add(self, items: Iterable[Pending]) -> None:
         with self._lock:
             for p in items:
                 self._items.append(p)
-                if p.isolation or p.pending:
-                    self.urgent = True
+                self._urgent += p.isolation or p.pending
             self._trim()
+
+    def _popleft(self) -> Pending:
+        p = self._items.popleft()
+        self._urgent -= p.isolation or p.pending
+        return p
 
     def _trim(self) -> None:
         over = len(self._items) - self.capacity
         for _ in range(max(0, over)):
-            self._items.popleft()
+            self._popleft()
         self.dropped += max(0, over)
 
     def take(self, n: int, now_ms: float | None = None) -> list[Pending]:
@@ -124,12 +134,10 @@ class PendingReports:
         now = mono_ms() if now_ms is None else now_ms
         with self._lock:
             while self._items and now - self._items[0].at_ms > MAX_AGE_MS:
-                self._items.popleft()
+                self._popleft()
                 self.dropped += 1
-            batch = [self._items.popleft() for _ in range(min(n, len(self._items)))]
+            batch = [self._popleft() for _ in range(min(n, len(self._items)))]
             self._inflight.extend(batch)
-            if not any(p.isolation or p.pending for p in self._items):
-                self.urgent = False
             return batch
 
     def done(self, batch: list[Pending], accepted: bool) -> None:
@@ -146,8 +154,7 @@ class PendingReports:
         with self._lock:
             self._forget(batch)
             self._items.extendleft(reversed(batch))
-            if any(p.isolation or p.pending for p in batch):
-                self.urgent = True
+            self._urgent += sum(p.isolation or p.pending for p in batch)
             # Over capacity now: the oldest (the batch itself) go first.
             self._trim()
 
@@ -170,7 +177,7 @@ class PendingReports:
             left = len(self._items) + len(self._inflight)
             self._items.clear()
             self._inflight.clear()
-            self.urgent = False
+            self._urgent = 0
             self.dropped += left
         return left
 

@@ -64,7 +64,7 @@ class DetourClient:
     a send outstanding ``max(floor, factor x the broker's recent p99)`` tells Detour
     (an in-flight signal, only while Detour's config has ``pendingQuorum`` > 0; factor
     0 = never), see ``detour.client.inflight``. ``decide_within``: remote mode, seconds a
-    send waits for Detour's select or report before it decides locally (default 0.004;
+    send waits for Detour's select or report before it decides locally (default 0.003;
     None: the whole ``timeout``); the call goes on in the background and its answer still
     teaches the client (the brokers it avoided, the circuit). A topic whose route the
     client does not know yet waits for the whole call.
