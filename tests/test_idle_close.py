@@ -13,7 +13,11 @@ import asyncio
 
 import pytest
 
+from detour.apply import ReportIn
+from service.metrics import STORE_ERRORS
+from service.settings import Settings
 from service.store.connect import StoreClients, parse_redis_url
+from service.store.redis import RedisStore
 
 pytestmark = pytest.mark.integration
 
@@ -86,12 +90,6 @@ def test_a_store_closing_idle_connections_under_load_journals_no_report(redis_ur
     """The same through the store: reports written at once (no flush), many at a time, while
     the sync loop closes idle connections as often as it runs. Every report reaches Redis:
     none falls back to the journal, and the replica never loses its sync."""
-    from service.metrics import STORE_ERRORS
-    from service.settings import Settings
-    from service.store.redis import RedisStore
-
-    from detour.apply import ReportIn
-
     settings = Settings(redis_url=redis_url, report_flush_ms=0, sync_interval_s=0.01,
                         redis_idle_close_s=0.01)
 
