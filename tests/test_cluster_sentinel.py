@@ -43,6 +43,7 @@ from tests.procs import (
 )
 from tests.test_behaviour import *  # noqa: F403 - the behaviour suite, collected again below
 from tests.test_behaviour import put_route, report, select
+from tests.test_idle_close import close_while_calling
 from tests.test_scenario_outage import Load
 
 pytestmark = pytest.mark.integration
@@ -555,40 +556,39 @@ def test_sentinel_switchover_moves_the_store_before_the_old_master_steps_down() 
 # -- closing idle connections (tests/test_idle_close.py, on both deployments) ---------
 
 
-def test_calls_during_an_idle_close_get_no_closing_connection(
-    deployment: str, request: pytest.FixtureRequest
+def test_calls_during_an_idle_close_get_no_closing_connection_under_sentinel(
+    sentinel: SentinelSetup,
 ) -> None:
-    """A Cluster node's free connections (a deque, handed out from the left) and the
-    Sentinel master's pool: closing idle ones while calls run never cuts a call off."""
-    from service.store.connect import StoreClients
-
-    if deployment == "cluster":
-        url = request.getfixturevalue("cluster").url
-    else:
-        s: SentinelSetup = request.getfixturevalue("sentinel")
-        url = s.url(s.sentinel_ports[:1])
-
-    async def run() -> tuple[int, list[BaseException]]:
-        clients = StoreClients(parse_redis_url(url), 2.0, 2.0, max_connections=16,
-                               idle_close_s=0.0)
-        try:
-            failures: list[BaseException] = []
-            closed = 0
-            for _ in range(10):
-                await asyncio.gather(*(clients.fast.get("k") for _ in range(6)))
-                clients.fast.used, clients.fast.peak = True, 1  # type: ignore[union-attr]
-                clients._last_close = 0.0
-                results = await asyncio.gather(
-                    clients.close_idle("k"),
-                    *(clients.fast.get("k") for _ in range(6)),
-                    return_exceptions=True,
-                )
-                closed += results[0] if isinstance(results[0], int) else 0
-                failures += [r for r in results if isinstance(r, BaseException)]
-            return closed, failures
-        finally:
-            await clients.aclose()
-
-    closed, failures = asyncio.run(run())
+    """The Sentinel master's pool: closing idle connections while calls run never cuts a
+    call off."""
+    closed, failures = close_while_calling(
+        sentinel.url(sentinel.sentinel_ports[:1]), rounds=10, calls=6
+    )
     assert failures == []
     assert closed > 0
+
+
+def test_a_cluster_node_opens_new_connections_after_an_idle_close(cluster: Cluster) -> None:
+    """A Cluster node hands a closed connection out again without reconnecting: the idle
+    close drops what it closes from the node, and the calls after it succeed (they failed
+    with "Connection lost", one per closed connection)."""
+    from service.store.connect import StoreClients
+
+    async def run() -> list[int]:
+        clients = StoreClients(parse_redis_url(cluster.url), 2.0, 2.0, max_connections=16,
+                               idle_close_s=0.0)
+        fast: Any = clients.fast
+        closed = []
+        try:
+            for _ in range(5):
+                await asyncio.gather(*(fast.get("k") for _ in range(6)))
+                fast.used, fast.peak = True, 1
+                clients._last_close = 0.0
+                closed.append(await clients.close_idle("k"))
+                await asyncio.gather(*(fast.get("k") for _ in range(6)))
+        finally:
+            await clients.aclose()
+        return closed
+
+    closed = asyncio.run(run())
+    assert all(n > 0 for n in closed)

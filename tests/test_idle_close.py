@@ -10,6 +10,7 @@ s, fell back to the journal, and the replica lost its sync and re-synced under t
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -18,33 +19,33 @@ from service.metrics import STORE_ERRORS
 from service.settings import Settings
 from service.store.connect import StoreClients, parse_redis_url
 from service.store.redis import RedisStore
+from tests.procs import PATIENT_CALL_TIMEOUT_S
 
 pytestmark = pytest.mark.integration
 
 
-async def _fill(client: object, n: int) -> None:
-    """Leave ``n`` connected connections free in the pool (n calls at once)."""
-    await asyncio.gather(*(client.ping() for _ in range(n)))  # type: ignore[attr-defined]
+def close_while_calling(
+    url: str, rounds: int, calls: int, keep_used: bool = True
+) -> tuple[int, list[BaseException]]:
+    """(connections closed, calls failed) over ``rounds`` idle closes, each run while
+    ``calls`` calls run at once on ``StoreClients(url).fast`` (the connections are
+    connected and free first; the client counts as used by one call at a time, keeping
+    one, or as unused, keeping none). The interleaving is the event loop's, not luck's."""
 
-
-@pytest.mark.parametrize("keep_used", [False, True])
-def test_calls_during_an_idle_close_never_get_a_closing_connection(
-    redis_url: str, keep_used: bool
-) -> None:
     async def run() -> tuple[int, list[BaseException]]:
-        clients = StoreClients(parse_redis_url(redis_url), 2.0, 2.0, max_connections=16,
+        clients = StoreClients(parse_redis_url(url), 2.0, 2.0, max_connections=16,
                                idle_close_s=0.0)
+        fast: Any = clients.fast
         try:
             failures: list[BaseException] = []
             closed = 0
-            for _ in range(20):  # rounds: the interleaving is the loop's, not luck's
-                await _fill(clients.fast, 8)
-                # used by one call at a time (keeps one) or unused (keeps none)
-                clients.fast.used, clients.fast.peak = keep_used, 1  # type: ignore[union-attr]
+            for _ in range(rounds):
+                await asyncio.gather(*(fast.get("k") for _ in range(calls)))
+                fast.used, fast.peak = keep_used, 1
                 clients._last_close = 0.0
                 results = await asyncio.gather(
                     clients.close_idle("k"),
-                    *(clients.fast.ping() for _ in range(8)),
+                    *(fast.get("k") for _ in range(calls)),
                     return_exceptions=True,
                 )
                 closed += results[0] if isinstance(results[0], int) else 0
@@ -53,9 +54,21 @@ def test_calls_during_an_idle_close_never_get_a_closing_connection(
         finally:
             await clients.aclose()
 
-    closed, failures = asyncio.run(run())
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("keep_used", [False, True])
+def test_calls_during_an_idle_close_never_get_a_closing_connection(
+    redis_url: str, keep_used: bool
+) -> None:
+    closed, failures = close_while_calling(redis_url, rounds=20, calls=8, keep_used=keep_used)
     assert failures == []
     assert closed > 0  # the close did close connections meanwhile
+
+
+async def _fill(client: Any, n: int) -> None:
+    """Leave ``n`` connected connections free in the pool (n calls at once)."""
+    await asyncio.gather(*(client.ping() for _ in range(n)))
 
 
 def test_a_client_keeps_the_idle_connections_its_busiest_moment_needed(redis_url: str) -> None:
@@ -90,8 +103,10 @@ def test_a_store_closing_idle_connections_under_load_journals_no_report(redis_ur
     """The same through the store: reports written at once (no flush), many at a time, while
     the sync loop closes idle connections as often as it runs. Every report reaches Redis:
     none falls back to the journal, and the replica never loses its sync."""
+    # A patient call timeout: a busy machine's slow connect is not what this is about; a
+    # connection cut off mid-call fails at once whatever the timeout.
     settings = Settings(redis_url=redis_url, report_flush_ms=0, sync_interval_s=0.01,
-                        redis_idle_close_s=0.01)
+                        redis_idle_close_s=0.01, redis_call_timeout_s=PATIENT_CALL_TIMEOUT_S)
 
     async def run() -> tuple[int, float]:
         store = RedisStore(settings)
