@@ -553,7 +553,7 @@ def test_sentinel_switchover_moves_the_store_before_the_old_master_steps_down() 
         setup.stop()
 
 
-# -- closing idle connections (tests/test_idle_close.py, on both deployments) ---------
+# -- closing idle connections (tests/test_idle_close.py), under Sentinel -----------------
 
 
 def test_calls_during_an_idle_close_get_no_closing_connection_under_sentinel(
@@ -566,29 +566,3 @@ def test_calls_during_an_idle_close_get_no_closing_connection_under_sentinel(
     )
     assert failures == []
     assert closed > 0
-
-
-def test_a_cluster_node_opens_new_connections_after_an_idle_close(cluster: Cluster) -> None:
-    """A Cluster node hands a closed connection out again without reconnecting: the idle
-    close drops what it closes from the node, and the calls after it succeed (they failed
-    with "Connection lost", one per closed connection)."""
-    from service.store.connect import StoreClients
-
-    async def run() -> list[int]:
-        clients = StoreClients(parse_redis_url(cluster.url), 2.0, 2.0, max_connections=16,
-                               idle_close_s=0.0)
-        fast: Any = clients.fast
-        closed = []
-        try:
-            for _ in range(5):
-                await asyncio.gather(*(fast.get("k") for _ in range(6)))
-                fast.used, fast.peak = True, 1
-                clients._last_close = 0.0
-                closed.append(await clients.close_idle("k"))
-                await asyncio.gather(*(fast.get("k") for _ in range(6)))
-        finally:
-            await clients.aclose()
-        return closed
-
-    closed = asyncio.run(run())
-    assert all(n > 0 for n in closed)
