@@ -26,7 +26,7 @@ from detour.client.calls import BACKGROUND_TIMEOUT_S, Calls, Loud
 from detour.client.circuit import CircuitBreaker, Ticket
 from detour.client.errors import DetourBadAnswer, DetourRejected
 from detour.client.local import LocalTable
-from detour.client.pending import PendingReports, mono_ms
+from detour.client.pending import Pending, PendingReports, mono_ms
 from detour.client.reconnect import Jitter
 from detour.client.send import send_async, send_sync
 from detour.client.sse import Event, EventTooLarge, SSEParser
@@ -98,11 +98,16 @@ def test_jitter_stays_under_a_doubling_ceiling() -> None:
 # ---------------------------------------------------------------- report queue
 
 
+def _waiting(q: PendingReports) -> list[Pending]:
+    """Every report Detour has not accepted, oldest first."""
+    return q.newest(len(q))[::-1]
+
+
 def test_pending_reports_drop_the_oldest_and_count_them() -> None:
     q = PendingReports(capacity=3)
     q.add(q.make(f"b{i}", i, False, float(i)) for i in range(5))
     assert q.dropped == 2
-    assert [p.broker_name for p in q.unacked()] == ["b2", "b3", "b4"]
+    assert [p.broker_name for p in _waiting(q)] == ["b2", "b3", "b4"]
 
 
 def test_a_failed_batch_goes_back_in_front_in_order() -> None:
@@ -117,7 +122,7 @@ def test_a_failed_batch_goes_back_in_front_in_order() -> None:
     q.add([q.make("b4", 0, False, now)])
     q.retry(batch)
     assert q.urgent
-    assert [p.broker_name for p in q.unacked()] == ["b0", "b1", "b2", "b3", "b4"]
+    assert [p.broker_name for p in _waiting(q)] == ["b0", "b1", "b2", "b3", "b4"]
     q.done(q.take(5), accepted=True)
     assert (len(q), q.sent, q.dropped) == (0, 5, 0)
 
@@ -130,7 +135,7 @@ def test_urgent_follows_the_isolations_in_the_queue_exactly() -> None:
     q.add([q.make("iso", 5, True, now), q.make("sig", 80, False, now, pending=True)])
     assert q.urgent
     q.add(q.make(f"b{i}", 1, False, now) for i in range(2))  # trims the isolation
-    assert q.urgent and [p.broker_name for p in q.unacked()] == ["sig", "b0", "b1"]
+    assert q.urgent and [p.broker_name for p in _waiting(q)] == ["sig", "b0", "b1"]
     q.add([q.make("b2", 1, False, now)])  # trims the signal
     assert not q.urgent
     q.add([q.make("iso3", 5, True, now)])

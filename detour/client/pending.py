@@ -162,14 +162,6 @@ class PendingReports:
         ids = {p.seq for p in batch}
         self._inflight = [p for p in self._inflight if p.seq not in ids]
 
-    def unacked(self, broker_name: str | None = None) -> list[Pending]:
-        """Reports Detour has not accepted yet (queued and in flight), oldest first."""
-        with self._lock:
-            items = [*self._inflight, *self._items]
-        if broker_name is None:
-            return items
-        return [p for p in items if p.broker_name == broker_name]
-
     def abandon(self) -> int:
         """The client closed with these unsent: counted as dropped and no longer pending
         (so ``stats`` does not count them twice). Returns how many."""
