@@ -53,7 +53,7 @@ class Pending:
 class PendingReports:
     """A thread-safe bounded FIFO of reports, plus the batch currently being sent.
 
-    The batch in flight still counts as pending (``unacked``): until Detour
+    The batch in flight still counts as pending (``newest`` returns it): until Detour
     accepts it, the client keeps re-applying it to its own table.
     """
 
