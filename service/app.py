@@ -16,7 +16,7 @@ from fastapi import FastAPI
 
 from service import detector
 from service.api import admin, events, health, reports, routes, select, status, stream
-from service.api.contract import include
+from service.api.contract import included
 from service.api.errors import install_error_handlers
 from service.api.metrics_listener import metrics_refusal, open_metrics_listener
 from service.api.telemetry import prepare_namespaces
@@ -150,14 +150,16 @@ def create_app(settings: Settings | None = None, tokens: TokenTable | None = Non
         "send went (`POST /report-latency`); brokers that were slow or failed are avoided for "
         "a while, for every producer that shares the table. See docs/semantics.md.",
         lifespan=lifespan,
+        # Routes that need a token (when tokens are configured) declare it, for the contract.
+        routes=list(
+            included(
+                tuple(m.router for m in (select, reports, routes, stream, admin, events)),
+                tuple(m.router for m in (health, status)),
+            )
+        ),
     )
     install_bounds(app, settings)
     install_error_handlers(app)
-    # Routes that need a token (when tokens are configured) declare it, for the contract.
-    for module in (select, reports, routes, stream, admin, events):
-        include(app, module.router, token=True)
-    for module in (health, status):
-        include(app, module.router, token=False)
     # Two ways in: the routes above, and the direct lane for /select and /report-latency.
     edge = install_edge(app, settings, tokens)
     # A report batch paces itself while other requests arrive (service/api/pacing.py).

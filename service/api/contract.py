@@ -11,9 +11,10 @@ none) and ``x-detour-role``, the least role that may call.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, FastAPI, Security
+from fastapi import APIRouter, Security
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
+from starlette.routing import BaseRoute
 
 from service.auth import Principal, Role, requires_token
 
@@ -27,11 +28,30 @@ BEARER = HTTPBearer(
 TOKEN = Security(BEARER)
 
 
-def include(app: FastAPI, router: APIRouter, *, token: bool) -> None:
-    """Include ``router``; ``token``: its routes need a token when tokens are configured
-    (one that does not, ``/metrics``, depends on ``TOKEN`` itself)."""
-    describe_security(router)
-    app.include_router(router, dependencies=[TOKEN] if token else None)
+def included(token: tuple[APIRouter, ...], open_: tuple[APIRouter, ...]) -> tuple[BaseRoute, ...]:
+    """The app's routes: the routers of ``token`` (their routes need a token when tokens are
+    configured; one that does not, ``/metrics``, depends on ``TOKEN`` itself), then those
+    of ``open_``, each included once per process.
+
+    Every app of the process takes these same inclusions (``FastAPI(routes=...)``).
+    FastAPI works out an inclusion's routes (their dependencies, parameters and response
+    fields) on its first request and keeps them in the inclusion: about 90 ms for these
+    routers. An inclusion per app paid that for every app; the test suite makes hundreds."""
+    key = (tuple(map(id, token)), tuple(map(id, open_)))
+    if key not in _INCLUDED:
+        holder = APIRouter()
+        for router in token:
+            describe_security(router)
+            holder.include_router(router, dependencies=[TOKEN])
+        for router in open_:
+            describe_security(router)
+            holder.include_router(router)
+        _INCLUDED[key] = tuple(holder.routes)
+    return _INCLUDED[key]
+
+
+#: ``included``'s inclusions, by the routers' identities (a router is not hashable).
+_INCLUDED: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[BaseRoute, ...]] = {}
 
 
 def describe_security(router: APIRouter) -> None:
