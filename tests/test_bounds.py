@@ -41,6 +41,9 @@ TOKENS = {
 #: be what slows them.
 P99_S = 0.050
 CALM_FACTOR = 3.0
+#: The same while the replica writes 600 non-reading clients their snapshots (an eighth of
+#: ``DETOUR_STREAM_SEND_TIMEOUT_S``, which a select held behind one of them would wait).
+STREAM_FLOOD_P99_S = 0.250
 
 
 def auth(name: str) -> dict[str, str]:
@@ -137,9 +140,10 @@ class Selects:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._proc.wait(timeout_s)
 
-    def check(self, least: int = 100, calm_p99_s: float = 0.0, shed_per_mille: int = 0) -> None:
-        """Every select answered, p99 within the bound (``calm_p99_s``: the same
-        producer's p99 with no load beside it, from ``calm_p99``).
+    def check(self, least: int = 100, calm_p99_s: float = 0.0, shed_per_mille: int = 0,
+              p99_s: float = P99_S) -> None:
+        """Every select answered, p99 within the bound: ``p99_s``, or ``CALM_FACTOR`` times
+        ``calm_p99_s`` (the same producer's p99 with no load beside it, from ``calm_p99``).
 
         ``shed_per_mille``: where the test itself makes the replica shed (a storm of
         connects past the in-flight bound), a busy machine may also fast-fail a few of
@@ -154,7 +158,7 @@ class Selects:
         assert len(refused) == len(shed) <= allowed, (
             f"{len(refused)} of {len(self.statuses)} selects refused: "
             f"{list(zip(refused, self.errors, strict=True))[:5]}")
-        bound = max(P99_S, CALM_FACTOR * calm_p99_s)
+        bound = max(p99_s, CALM_FACTOR * calm_p99_s)
         assert p99(self.latencies) < bound, (
             f"p99 {p99(self.latencies) * 1000:.1f} ms over {len(self.latencies)} selects "
             f"(calm p99 {calm_p99_s * 1000:.1f} ms)")
@@ -352,7 +356,11 @@ def test_clients_that_never_read_are_dropped_and_memory_stays_bounded(
                     for s in clients:
                         s.close()
                 after.append(rss_kb(pid))
-        selects.check(least=100, calm_p99_s=calm, shed_per_mille=5)
+        # Here the replica has real work beside the selects: 1,200 snapshots of ~350 KB
+        # to write, on a machine CI shares (its selects' p99 reached 75 ms with a CPU hog
+        # and two other test workers). What must not happen is a select waiting behind a
+        # client that does not read: that is the send timeout, 2 s.
+        selects.check(least=100, calm_p99_s=calm, shed_per_mille=5, p99_s=STREAM_FLOOD_P99_S)
         # Bounded: while it lasted, each held its buffers (16 KiB in the process above a
         # fixed kernel buffer) and a slice of the shared snapshot, never its own copy
         # (600 copies of the snapshot alone would be 210 MB).

@@ -8,7 +8,8 @@ redis-server and on the memory store. The run is deterministic (derandomized, fi
 bounded: at most MAX_EXAMPLES generated examples per operation, plus schemathesis's fixed
 example and boundary ("coverage") cases.
 
-``test_every_phase_and_check`` runs schemathesis's own runner the way its CLI documents it:
+``test_every_phase_and_check`` runs schemathesis's own runner the way its CLI documents it,
+against the service on Redis:
 every phase (examples, coverage, fuzzing and stateful sequences that follow the contract's
 links) and ``--checks all`` (also: invalid data refused, valid data accepted, ``Allow`` on
 405, missing headers, resources gone after DELETE), deterministic and bounded in examples
@@ -126,6 +127,10 @@ FULL_RUN_TIMEOUT_S = 400
 
 
 @pytest.mark.timeout(FULL_RUN_TIMEOUT_S + 60)
+# On Redis, the store deployments run: the phases' requests reach the stores through the
+# same routes and edge, and the memory store is driven by test_api_conforms_to_openapi
+# above and by the behaviour suite (a full run on it took 70 s more of a CI worker).
+@pytest.mark.parametrize("service", ["redis"], indirect=True)
 def test_every_phase_and_check(service: ServiceProcess, tmp_path: Path) -> None:
     env = {
         **os.environ,
