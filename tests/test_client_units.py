@@ -578,3 +578,28 @@ def test_the_report_batch_halves_when_detour_does_not_keep_up_and_grows_back() -
     for _ in range(10):
         core.batch_answered(True)
     assert core.batch_size == MAX_BATCH
+
+
+def test_a_route_found_stale_during_a_background_refresh_is_fetched_by_that_refresh() -> None:
+    """A select that refuses an answer while a background refresh runs cannot claim one of
+    its own; the running refresh, at its release, sees the route due and goes round again
+    (at most ``REFRESH_ROUNDS``), so the refetch is not lost until some later select."""
+    from detour.client.core import REFRESH_ROUNDS, ClientCore
+
+    core = ClientCore("remote", timeout=0.2, retries=0, deadline=1.0, max_pending=10,
+                      backoff_initial=0.5, backoff_max=5.0)
+    core.route_checked("t", answered=True)
+    assert core.refresh_due("t")[0] is False
+    assert core.claim_refresh("t")  # a refresh starts
+    core.route_stale("t")  # a select refuses an answer meanwhile
+    assert not core.claim_refresh("t")  # ...and cannot start its own
+    assert core.release_refresh("t", REFRESH_ROUNDS - 1) is False  # so this one goes again
+    assert not core.claim_refresh("t")  # still claimed
+    core.route_checked("t", answered=True)  # the second round fetched it
+    assert core.release_refresh("t", REFRESH_ROUNDS - 2) is True
+    assert core.claim_refresh("t")  # released
+    # Bounded: with no rounds left it is released though the route is due (Detour away).
+    core.route_stale("t")
+    assert core.release_refresh("t", 0) is True
+    assert core.claim_refresh("t")
+    core.release_refresh("t")

@@ -24,12 +24,11 @@ from tests.procs import PATIENT_CALL_TIMEOUT_S
 pytestmark = pytest.mark.integration
 
 #: The caps this test sets: the table's, the topic counters', the per-broker series'.
-MAX_BROKERS = 100
-MAX_TOPICS = 60
-MAX_SERIES = 40
-#: Names fed through the app: far past every cap (a map that keeps every name it is given
-#: holds more than twice the largest cap, which is what the walk flags).
-NAMES = 1_200
+MAX_BROKERS = 500
+MAX_TOPICS = 300
+MAX_SERIES = 200
+#: Names fed through the app: far past every cap.
+NAMES = 6_000
 
 
 def containers(obj: Any, path: str = "store", depth: int = 4,
@@ -71,13 +70,13 @@ def app(store_kind: str, request: pytest.FixtureRequest) -> Iterator[TestClient]
 
 def test_new_names_never_grow_a_replica_past_its_bounds(app: TestClient) -> None:
     # brokers: fast reports (ended windows, evicted at the cap), with report ids
-    for start in range(0, NAMES, 300):
+    for start in range(0, NAMES, 500):
         r = app.post("/report-latency:batch", json={"reports": [
             {"brokerName": f"b-{i}", "latencyMs": 0, "reportId": f"id-{i}"}
-            for i in range(start, start + 300)]})
+            for i in range(start, start + 500)]})
         assert r.status_code in (200, 409), r.text
     # topics: inline selects, each a new topic counter
-    for i in range(NAMES // 2):
+    for i in range(NAMES // 4):
         r = app.post("/select", json={"topic": f"inline-{i}", "queues": [
             {"brokerName": "x", "queueId": 0}, {"brokerName": "y", "queueId": 1}]})
         assert r.status_code == 200

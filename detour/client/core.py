@@ -26,6 +26,10 @@ from detour.client.values import ClientStats, Mode, Report, SelectedQueue
 
 #: A known route (and the config) is fetched again at most this often in remote mode (s).
 ROUTE_REFRESH_S = 30.0
+#: Rounds one background refresh makes at most: its own, and again while a route fell
+#: due meanwhile (``release_refresh``). Bounded: with Detour away a route it never had
+#: stays due.
+REFRESH_ROUNDS = 3
 #: Remote mode: how long a send waits for Detour's select (or report) before it decides
 #: locally (s); the call goes on and its answer still teaches the local table. The 5 ms a
 #: producer should ever wait for advice, less the waiting thread's wake-up on a busy
@@ -192,9 +196,20 @@ class ClientCore:
             self._refreshing.add(topic)
             return True
 
-    def release_refresh(self, topic: str) -> None:
+    def release_refresh(self, topic: str, rounds_left: int = 0) -> bool:
+        """End a background refresh of ``topic``; False while ``rounds_left`` and its route
+        fell due meanwhile (``route_stale``: a select refused an answer while the refresh
+        ran, and could not claim one of its own), so the caller refreshes again first.
+
+        The check and the release are one step under the lock ``claim_refresh`` takes: a
+        route found stale either finds the refresh still claimed, which then fetches it,
+        or finds it released and claims its own. Without this, that select's refetch was
+        lost until a later select asked again, which may be 30 s away or never."""
         with self._count_lock:
+            if rounds_left > 0 and self.refresh_due(topic)[0]:
+                return False
             self._refreshing.discard(topic)
+            return True
 
     def knows(self, topic: str) -> bool:
         """Whether a local select could decide for ``topic`` (its route and the config are

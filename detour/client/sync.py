@@ -22,7 +22,7 @@ import httpx
 from detour.client import wire
 from detour.client.cached import FLUSH_AT
 from detour.client.circuit import Ticket
-from detour.client.core import DECIDE_WITHIN_S, ClientCore
+from detour.client.core import DECIDE_WITHIN_S, REFRESH_ROUNDS, ClientCore
 from detour.client.errors import (
     DetourBadAnswer,
     DetourLate,
@@ -365,10 +365,16 @@ class DetourClient:
         return selected  # type: ignore[no-any-return]
 
     def _refresh_in_background(self, topic: str) -> None:
+        rounds = REFRESH_ROUNDS
         try:
-            self._refresh(topic, None)
-        finally:
+            while True:
+                rounds -= 1
+                self._refresh(topic, None)
+                if self._core.release_refresh(topic, rounds):
+                    return
+        except BaseException:
             self._core.release_refresh(topic)
+            raise
 
     def _take_answer(self, topic: str, selected: SelectedQueue) -> bool:
         """Whether Detour's answer (on time or late) is one to follow: its queue is in the
