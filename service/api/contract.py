@@ -35,8 +35,9 @@ def included(token: tuple[APIRouter, ...], open_: tuple[APIRouter, ...]) -> tupl
 
     Every app of the process takes these same inclusions (``FastAPI(routes=...)``).
     FastAPI works out an inclusion's routes (their dependencies, parameters and response
-    fields) on its first request and keeps them in the inclusion: about 90 ms for these
-    routers. An inclusion per app paid that for every app; the test suite makes hundreds."""
+    fields) on its first request and keeps them in the inclusion, so an inclusion per app
+    made every app pay for that again: the test suite creates an app per test
+    (tests/README.md has the cost)."""
     key = (tuple(map(id, token)), tuple(map(id, open_)))
     if key not in _INCLUDED:
         holder = APIRouter()
