@@ -7,6 +7,7 @@ import asyncio
 import glob
 import logging
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -58,18 +59,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _share_metrics_between_workers() -> None:
+def _share_metrics_between_workers() -> str | None:
     """prometheus-client's multiprocess mode: each worker writes its counters to files here.
 
     Must be set before any worker imports prometheus_client; stale files from an
-    earlier run would be counted again, so the directory starts empty.
+    earlier run would be counted again, so the directory starts empty. Returns the
+    directory when Detour made it (no ``PROMETHEUS_MULTIPROC_DIR`` given): it is
+    Detour's to remove when the server stops, or every start would leave one behind.
     """
+    made = None
     path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if not path:
-        path = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="detour-metrics-")
+        path = made = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(
+            prefix="detour-metrics-"
+        )
     os.makedirs(path, exist_ok=True)
     for stale in glob.glob(os.path.join(path, "*.db")):
         os.remove(stale)
+    return made
 
 
 def _redis_refusal(settings: Settings) -> str | None:
@@ -147,8 +154,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    if settings.workers > 1:
-        _share_metrics_between_workers()
+    made = _share_metrics_between_workers() if settings.workers > 1 else None
+    try:
+        _serve(settings)
+    finally:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+    return 0
+
+
+def _serve(settings: Settings) -> None:
     # uvicorn re-raises the stop signal after its graceful shutdown; with this
     # handler in place that ends here and the process exits 0 (a clean stop for
     # Kubernetes) instead of dying by the signal.
@@ -172,7 +187,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         # lifespan's shutdown (which hands the journal to Redis); bounded.
         timeout_graceful_shutdown=settings.shutdown_grace_s,
     )
-    return 0
 
 
 if __name__ == "__main__":

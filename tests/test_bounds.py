@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -131,6 +132,7 @@ class Selects:
             out, _ = self._proc.communicate(timeout=self.max_s + 30)
         finally:
             end_process(self._proc)
+            shutil.rmtree(self._stop.parent, ignore_errors=True)
         result = json.loads(out)
         self.latencies, self.statuses = result["latencies"], result["statuses"]
         self.errors = result["errors"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
 from fastapi.testclient import TestClient
@@ -98,9 +100,12 @@ def test_broker_state_comes_from_the_shared_table(redis_url: str) -> None:
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_two_workers_add_up(redis_url: str) -> None:
-    svc = ServiceProcess(redis_url=redis_url, workers=2, env=PATIENT_ENV)
+def test_two_workers_add_up(redis_url: str, tmp_path: Path) -> None:
+    # Where Detour makes the workers' metrics directory (no PROMETHEUS_MULTIPROC_DIR given).
+    svc = ServiceProcess(redis_url=redis_url, workers=2,
+                         env={**PATIENT_ENV, "TMPDIR": str(tmp_path)})
     try:
+        assert len(list(tmp_path.glob("detour-metrics-*"))) == 1
         with httpx.Client(base_url=svc.url, timeout=5) as c:
             c.put("/routes/t", json={"brokers": [{"brokerName": "x", "writeQueueNums": 2}]})
         n = 60
@@ -118,6 +123,9 @@ def test_two_workers_add_up(redis_url: str) -> None:
             assert value(text, "detour_reports_total", broker="x", outcome="ok") == n
     finally:
         svc.stop()
+    assert svc.proc.returncode == 0
+    # Detour made it, so Detour removed it: a start leaves no directory behind.
+    assert not list(tmp_path.glob("detour-metrics-*"))
 
 
 @pytest.mark.integration

@@ -16,6 +16,7 @@ import socket
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -122,6 +123,9 @@ class Seen:
         self.done = 0
         self.resume_asked = 0
         self.queued: list[int] = []
+        #: The idle timer after each answer (held, so that ids are not reused).
+        self.timers: list[object] = []
+        self.idle_closed = threading.Event()
 
 
 SEEN = Seen()
@@ -134,6 +138,7 @@ class Recording(UvicornHttp):
 
     def response_done(self) -> None:
         SEEN.done += 1
+        SEEN.timers.append(self.timeout_keep_alive_task)
 
     def may_resume_reading(self) -> bool:
         SEEN.resume_asked += 1
@@ -142,6 +147,10 @@ class Recording(UvicornHttp):
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
         SEEN.queued.append(self.queued())
+
+    def idle_timeout(self) -> None:
+        SEEN.idle_closed.set()
+        super().idle_timeout()
 
 
 async def app(scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
@@ -162,10 +171,11 @@ async def app(scope: dict[str, Any], receive: Callable[..., Any], send: Callable
 
 
 @contextmanager
-def server() -> Iterator[int]:
+def server(keep_alive_s: int = 5) -> Iterator[int]:
     port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, http=Recording,
-                            log_level="critical", lifespan="on")
+                            log_level="critical", lifespan="on",
+                            timeout_keep_alive=keep_alive_s)
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
@@ -205,3 +215,35 @@ def test_behaviour_the_seam_relies_on() -> None:
     assert out.startswith(b"HTTP/1.1 400 ")  # uvicorn's own, from the seam's default
     assert len(SEEN.malformed) == 1
     assert isinstance(SEEN.malformed[0], httptools.HttpParserError), SEEN.malformed
+
+
+def test_the_idle_timer_is_made_once_per_connection_and_closes_when_uvicorns_would() -> None:
+    """uvicorn makes and cancels an idle timer per request; the seam keeps one per
+    connection, moved when it fires. A connection busier than the timeout is never
+    closed; one idle for the timeout is, at about the time uvicorn's own timer would."""
+    post = b"POST /x HTTP/1.1\r\nhost: a\r\ncontent-length: 2\r\n\r\nab"
+    answer = b"HTTP/1.1 200 "
+    with server(keep_alive_s=1) as port, socket.create_connection(("127.0.0.1", port),
+                                                                   timeout=10) as s:
+        for _ in range(200):  # back to back: one timer for all of them
+            s.sendall(post)
+            got = b""
+            while got.count(b"ab") < 1 or answer not in got:
+                chunk = s.recv(65536)
+                assert chunk, "closed while busy"
+                got += chunk
+        made = {id(t) for t in SEEN.timers if t is not None}
+        assert len(SEEN.timers) == 200 and len(made) <= 2, len(made)
+        # Busy across more than two timeouts, a request every 0.4 s: the timer fires,
+        # finds the connection idle for less than 1 s, waits out the rest; never closes.
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:
+            assert not SEEN.idle_closed.wait(0.4), "closed a connection idle for < 1 s"
+            s.sendall(post)
+            assert s.recv(65536).startswith(answer)
+        # Idle now: closed about 1 s after the last answer.
+        last = time.monotonic()
+        assert s.recv(65536) == b"", "the idle connection was not closed"
+        waited = time.monotonic() - last
+        assert SEEN.idle_closed.is_set()
+        assert 0.9 <= waited <= 5, waited
