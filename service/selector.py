@@ -5,7 +5,8 @@ other with ``choose_on``."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from detour.decide import Ask
 from detour.model import Queue, Route
@@ -14,16 +15,22 @@ from detour.selector import choose_kept, choose_on
 from detour.view import TableView
 from service.errors import NotFound
 
+T = TypeVar("T")
 
-def choose(
+
+def choose_rendered(
     view: TableView,
     topic: str,
     inline: Sequence[Queue] | None,
     last_broker: str | None,
-    producer: str | None = None,
-    sharding_key: str | None = None,
-) -> tuple[Route, Choice]:
-    """Raises NotFound when the topic has no route and no inline queues were given."""
+    producer: str | None,
+    sharding_key: str | None,
+    render: Callable[[Route, Choice], T],
+) -> tuple[Route, T]:
+    """The choice for one select, rendered by ``render``; raises NotFound when the topic
+    has no route and no inline queues were given. A first attempt on a registered route
+    is ``choose_kept``'s, its rendered answer kept with the choice: rendered once, not
+    per select."""
     if inline:
         route = Route.from_queues(topic, inline)
     else:
@@ -32,11 +39,5 @@ def choose(
             raise NotFound(f"no route for topic {topic!r}", field="topic")
         route = found
         if last_broker is None and sharding_key is None and route.queues:
-            return route, choose_kept(view, route, producer, view.now_ms(), _as_is)
-    return route, choose_on(view, route, Ask(last_broker, producer, sharding_key))
-
-
-def _as_is(route: Route, choice: Choice) -> Choice:
-    """The service keeps the choice itself: its answer is rendered per request (``degraded``
-    and the metrics are of the moment)."""
-    return choice
+            return route, choose_kept(view, route, producer, view.now_ms(), render)
+    return route, render(route, choose_on(view, route, Ask(last_broker, producer, sharding_key)))

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from service.edge.hosts import HostNames
 from tests.procs import ServiceProcess, write_tokens
 
 pytestmark = [pytest.mark.e2e]
@@ -343,6 +344,21 @@ def test_configured_host_names_are_served() -> None:
                 b"HTTP/1.1 200 "), host
         assert raw_request(proc.port, b"other.example", b"GET", b"/config").startswith(
             b"HTTP/1.1 421 ")
+
+
+def test_host_verdicts_are_remembered_within_a_bound() -> None:
+    """The verdict a Host gets is the same whether remembered or judged afresh, and a
+    client sending a new Host on every request cannot grow what is remembered."""
+    hosts = HostNames.parse("detour.prod.svc", "127.0.0.1")
+    cases = {b"127.0.0.1:8080": True, b"[::1]:80": True, b"localhost": True,
+             b"detour.prod.svc:80": True, b"rebind.example.com": False,
+             b"rebind.example.com:8080": False, b"10.1.2.3": True, b"[::1": False}
+    for _ in range(2):  # judged, then remembered
+        assert {h: hosts.allows(h) for h in cases} == cases
+    for i in range(3 * HostNames.REMEMBERED):
+        assert hosts.allows(b"name-%d.example" % i) is False
+        assert len(hosts._verdicts) <= HostNames.REMEMBERED
+    assert {h: hosts.allows(h) for h in cases} == cases
 
 
 # -- cursors ---------------------------------------------------------------------------

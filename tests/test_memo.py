@@ -24,7 +24,8 @@ from detour.policy import Choice
 from detour.policy.steady import FOREVER, steady
 from detour.profiles import RECOMMENDED, ROCKETMQ_4
 from detour.view import Snapshot, TableView
-from service.selector import choose as service_choose
+from service.api.select import rendered
+from service.selector import choose_rendered
 
 NOW = 1_700_000_000_000
 BROKERS = ("a", "b", "c", "d")
@@ -322,6 +323,17 @@ def answer_of(choice: Choice) -> tuple[Any, ...]:
             choice.ordered)  # fmt: skip
 
 
+def service_choose(view: TableView, topic: str, producer: str | None) -> Any:
+    """The service's select (``service.selector``), rendered as ``/select`` renders it:
+    its ``choice``, and the answer's text around ``degraded``."""
+    return choose_rendered(view, topic, None, None, producer, None, rendered)[1]
+
+
+def rendered_text(route: Route, choice: Choice) -> str:
+    answer = rendered(route, choice)
+    return answer.head + "false" + answer.tail
+
+
 def views(
     config: Config, route: Route, faults: dict[str, FaultItem], clock: list[int]
 ) -> list[TableView]:
@@ -371,10 +383,12 @@ def test_the_services_kept_answers_are_the_decisions_of_the_full_select(
                 before = kept.counter("t")
                 for j in range(data.draw(LAPS)):
                     monkeypatch.setattr(selector, "_rng", random.Random(100 * i + j))
-                    _, got = service_choose(kept, "t", None, None, producer)
+                    got = service_choose(kept, "t", producer)
                     want = selector.choose_on(full, route, Ask(None, producer, None),
                                               random.Random(100 * i + j), clock[0])  # fmt: skip
-                    assert answer_of(got) == answer_of(want)
+                    assert answer_of(got.choice) == answer_of(want)
+                    # The text kept with the choice is the full select's, rendered now.
+                    assert got.head + "false" + got.tail == rendered_text(route, want)
                     assert kept.counter("t") == full.counter("t")
             elif what == "counter":
                 for v in (kept, full):
@@ -407,7 +421,7 @@ def test_the_services_kept_answers_are_bounded_by_pairs_not_by_producer_names() 
     view, _ = views(RECOMMENDED, route_of([4, 4, 4, 4]), {}, clock)
     cap = view.memos.cap
     for n in range(3 * cap):
-        service_choose(view, "t", None, None, f"producer-{n}")
+        service_choose(view, "t", f"producer-{n}")
         assert len(view.memos) <= cap
     assert len(view.memos) > 0
 
@@ -447,7 +461,7 @@ CHANGES = {
 def _open_local(view: TableView) -> None:
     view.set_local_fault(FaultItem("a", 0, NOW + 60_000))
     for _ in range(8):  # a lap under the local window, kept
-        service_choose(view, "t", None, None, None)
+        service_choose(view, "t", None)
 
 
 @pytest.mark.unit
@@ -456,12 +470,13 @@ def test_every_way_the_view_changes_ends_the_kept_answers(change: str) -> None:
     clock = [NOW]
     kept, full = views(ROCKETMQ_4, route_of([2, 2]), {}, clock)
     for _ in range(8):  # two laps: every start kept
-        service_choose(kept, "t", None, None, None)
+        service_choose(kept, "t", None)
         selector.choose_on(full, full.routes["t"], Ask(), None, NOW)
     for v in (kept, full):
         CHANGES[change](v, 10)
     for _ in range(8):
-        _, got = service_choose(kept, "t", None, None, None)
+        got = service_choose(kept, "t", None)
         route = full.routes["t"]
         want = selector.choose_on(full, route, Ask(), None, NOW)
-        assert answer_of(got) == answer_of(want)
+        assert answer_of(got.choice) == answer_of(want)
+        assert got.head + "false" + got.tail == rendered_text(route, want)

@@ -102,6 +102,23 @@ def test_the_protocol_methods_the_seam_calls_or_routes(method: str, params: list
     )
 
 
+def test_on_response_complete_is_still_the_steps_the_seam_copies() -> None:
+    """The seam has its own on_response_complete (the idle timer armed lazily): uvicorn's
+    must still be these steps, in this order, or the copy is out of date."""
+    source = inspect.getsource(httptools_impl.HttpToolsProtocol.on_response_complete)
+    steps = ["self.server_state.total_requests += 1", "self.transport.is_closing()",
+             "self._unset_keepalive_if_required()", "self.flow.resume_reading()",
+             "self.pipeline.pop()", "self._start_asgi_task(cycle, app)",
+             "self.timeout_keep_alive_task = self.loop.call_later("]
+    at = [source.find(step) for step in steps]
+    assert -1 not in at and at == sorted(at), dict(zip(steps, at, strict=True))
+    assert parameters(httptools_impl.HttpToolsProtocol, "_start_asgi_task") == [
+        "self", "cycle", "app"]
+    code = ast.parse(textwrap.dedent(source))
+    calls = sum(isinstance(node, ast.Call) for node in ast.walk(code))
+    assert calls == 6, f"uvicorn's on_response_complete makes {calls} calls now, not 6"
+
+
 def test_uvicorn_writes_the_status_lines_the_edge_writes() -> None:
     assert httptools_impl.STATUS_LINE == answers.STATUS_LINES
 

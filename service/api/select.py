@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from fastapi import APIRouter, Request, Response
 
-from detour.model import Queue
+from detour.model import Queue, Route
+from detour.policy import Choice
 from service.api.caller import principal_of, voter
 from service.api.deps import ERRORS, UNAVAILABLE, StoreDep, not_found
 from service.api.telemetry import observe_policy, observe_select
 from service.errors import NotFound
 from service.schemas import SelectRequest, SelectResponse
-from service.selector import choose
+from service.selector import choose_rendered
 from service.store import FaultStore
 
 router = APIRouter(tags=["select"])
@@ -58,21 +61,17 @@ async def select(body: SelectRequest, store: StoreDep, request: Request) -> Resp
     return Response(answer(store, body, producer), media_type="application/json")
 
 
-def answer(store: FaultStore, body: SelectRequest, producer: str | None) -> str:
-    """The select's answer as JSON text; raises NotFound (counted) for an unknown topic.
+class Rendered(NamedTuple):
+    """A choice and its answer's JSON text, split around ``degraded``: the one field that
+    is of the moment (the store's state), so that a kept choice is rendered once."""
 
-    Synchronous: the server's direct lane (service/edge/direct.py) calls it too."""
-    inline = [Queue(q.broker_name, q.queue_id) for q in body.queues] if body.queues else None
-    view = store.view
-    try:
-        route, choice = choose(
-            view, body.topic, inline, body.last_broker_name, producer, body.sharding_key
-        )
-    except NotFound:
-        observe_select(view.namespace, None)
-        raise
-    observe_select(view.namespace, choice.selection)
-    observe_policy(view.namespace, choice)
+    choice: Choice
+    head: str
+    tail: str
+
+
+def rendered(route: Route, choice: Choice) -> Rendered:
+    """The answer to a select that chose ``choice`` on ``route``, but for ``degraded``."""
     sel, av = choice.selection, choice.avoidance
     queue = sel.queue
     address = route.addresses.get(queue.broker_name)
@@ -82,13 +81,41 @@ def answer(store: FaultStore, body: SelectRequest, producer: str | None) -> str:
     avoided = ",".join(f'"{b}"' for b in sel.avoided_brokers)
     unenforced = ",".join(f'"{b}"' for b in av.unenforced)
     ordered = f'"{choice.ordered}"' if choice.ordered else "null"
-    return (
-        f'{{"topic":"{body.topic}","brokerName":"{queue.broker_name}",'
+    head = (
+        f'{{"topic":"{route.topic}","brokerName":"{queue.broker_name}",'
         f'"queueId":{queue.queue_id},"address":{address_json},'
         f'"decision":"{sel.decision.value}","avoidedBrokers":[{avoided}],'
-        f'"degraded":{"true" if store.degraded else "false"},'
-        f'"panic":{"true" if av.panic else "false"},'
+        f'"degraded":'
+    )
+    tail = (
+        f',"panic":{"true" if av.panic else "false"},'
         f'"dryRun":{"true" if av.dry_run else "false"},'
         f'"unenforcedBrokers":[{unenforced}],"ordered":{ordered},'
         f'"probe":{"true" if choice.probe else "false"}}}'
     )
+    return Rendered(choice, head, tail)
+
+
+def answer(store: FaultStore, body: SelectRequest, producer: str | None) -> str:
+    """The select's answer as JSON text; raises NotFound (counted) for an unknown topic.
+
+    Synchronous: the server's direct lane (service/edge/direct.py) calls it too."""
+    inline = [Queue(q.broker_name, q.queue_id) for q in body.queues] if body.queues else None
+    view = store.view
+    try:
+        _, kept = choose_rendered(
+            view,
+            body.topic,
+            inline,
+            body.last_broker_name,
+            producer,
+            body.sharding_key,
+            rendered,
+        )
+    except NotFound:
+        observe_select(view.namespace, None)
+        raise
+    choice = kept.choice
+    observe_select(view.namespace, choice.selection)
+    observe_policy(view.namespace, choice)
+    return kept.head + ("true" if store.degraded else "false") + kept.tail

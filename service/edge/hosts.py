@@ -30,6 +30,14 @@ class HostNames:
         names = {n.strip().lower().rstrip(".") for n in configured if n.strip()}
         self.any = "*" in names
         self.names = frozenset(names - {"*"})
+        #: Host value -> verdict, for the values seen last: a producer's connections send
+        #: the same Host on every request, and parsing it (an IP literal, mostly) is a
+        #: visible share of a select's cost. Cleared when full, so a client sending a new
+        #: Host each time costs what it did without it, and memory stays bounded.
+        self._verdicts: dict[bytes, bool] = {}
+
+    #: How many Host values ``allows`` remembers.
+    REMEMBERED = 256
 
     @classmethod
     def parse(cls, setting: str | None, bind_host: str) -> HostNames:
@@ -39,6 +47,14 @@ class HostNames:
     def allows(self, value: bytes) -> bool:
         if self.any:
             return True
+        verdict = self._verdicts.get(value)
+        if verdict is None:
+            if len(self._verdicts) >= self.REMEMBERED:
+                self._verdicts.clear()
+            verdict = self._verdicts[value] = self._judge(value)
+        return verdict
+
+    def _judge(self, value: bytes) -> bool:
         name = _host_name(value).rstrip(".")
         if name == "localhost" or name.endswith(".localhost") or name in self.names:
             return True

@@ -105,9 +105,6 @@ class EdgeProtocol(UvicornHttp):
     #: scanned again (identical bytes, identical verdict).
     _known_head = b""
     _known_body = 0
-    #: When the connection last became idle after fast-path refusals (loop time): the
-    #: idle timer already running is moved, not replaced (``_refuse_fast``).
-    _idle_from = 0.0
     #: Bytes read and not yet given to the parser (the pipelining bound); whether the edge
     #: paused reading for them (or swallowed uvicorn's resume) and owes a resume.
     _held = b""
@@ -501,11 +498,6 @@ class EdgeProtocol(UvicornHttp):
         super().stopping()
 
     def idle_timeout(self) -> None:
-        # A timer the fast path left running counts from the connection's last refusal.
-        left = self._idle_from + self._idle_s() - self.loop.time()
-        if left > 0:
-            self.arm_idle(left)
-            return
         self.flush_out()
         super().idle_timeout()
 
@@ -619,12 +611,8 @@ class EdgeProtocol(UvicornHttp):
         self._idle_at = self.loop.time()
         if pos < end:
             self.cancel_idle()  # the parser reads the rest
-        elif not self.idle_timer_running():
-            # Idle until the next request: the idle timer applies.
-            self.arm_idle(self._idle_s())
         else:
-            # Idle again: the running timer counts from now (cheaper than a new one).
-            self._idle_from = self.loop.time()
+            self.arm_idle(self._idle_s())  # idle until the next request
         return data[pos:]
 
     # Bounds --------------------------------------------------------------------------

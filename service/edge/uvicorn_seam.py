@@ -30,8 +30,16 @@ What it reads or calls, and why:
   ``response_started``, ``response_complete``, ``disconnected``, ``keep_alive``: read
   and set as uvicorn does when a connection goes away or must close after its answer.
 * ``on_response_complete`` is each cycle's ``on_response``: it counts the request, resumes
-  reading, starts the next queued cycle or arms the idle timer. The edge runs
-  ``response_done`` after it.
+  reading, starts the next queued cycle (``_start_asgi_task``) or arms the idle timer.
+  The seam has its own copy of it, the same steps but for the idle timer (below); the
+  edge runs ``response_done`` after it.
+* The idle timer, ``timeout_keep_alive_task``: uvicorn starts a new one after every answer
+  and cancels it (``_unset_keepalive_if_required``) at every read, a timer made and
+  cancelled per request on a keep-alive connection. The seam keeps one per connection
+  and moves it only when it fires: a read or an answer just notes whether the
+  connection is idle and since when, and the timer, firing, closes the connection if it
+  has been idle long enough, waits out the rest if not, and lapses if it is busy. The
+  connection closes when it would have; a select is spared the timer's churn.
 * ``FlowControl``'s ``pause_reading``/``resume_reading``/``read_paused``/``write_paused``:
   the pipelining bound replaces the connection's ``flow`` with a subclass whose
   ``resume_reading`` asks the edge first (uvicorn resumes reading after each answer and
@@ -105,8 +113,30 @@ class UvicornHttp(HttpToolsProtocol):
     # uvicorn's entry points, routed to the hooks ---------------------------------------
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        # uvicorn's steps, in its order, but for the idle timer: armed lazily.
+        self.server_state.total_requests += 1
+        if not self.transport.is_closing():
+            self._idle_start = None
+            self.flow.resume_reading()
+            if self.pipeline:
+                cycle, app = self.pipeline.pop()
+                self._start_asgi_task(cycle, app)
+            else:
+                self.arm_idle(self.timeout_keep_alive)
         self.response_done()
+
+    def _unset_keepalive_if_required(self) -> None:
+        # uvicorn cancels the idle timer here (a read began, the connection went away):
+        # the connection is busy, and the timer lapses when it fires.
+        self._idle_start = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._idle_start = None
+        if self.timeout_keep_alive_task is not None:
+            # Gone: the timer would keep the protocol alive until it fired.
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
 
     def send_400_response(self, msg: str) -> None:
         self.malformed(msg)
@@ -246,16 +276,40 @@ class UvicornHttp(HttpToolsProtocol):
     def keep_alive_s(self) -> float:
         return float(self.timeout_keep_alive)
 
+    #: Loop time the connection has been idle since, or None while it is busy.
+    _idle_start: float | None = None
+    #: How long it may stay idle from then.
+    _idle_delay = 0.0
+
     def idle_timer_running(self) -> bool:
-        return self.timeout_keep_alive_task is not None
+        """The connection is idle and its idle timer counts."""
+        return self._idle_start is not None
 
     def arm_idle(self, delay_s: float) -> None:
-        """(Re)arm the idle timer: ``idle_timeout`` in ``delay_s``."""
-        if self.timeout_keep_alive_task is not None:
-            self.timeout_keep_alive_task.cancel()
-        self.timeout_keep_alive_task = self.loop.call_later(
-            delay_s, self.timeout_keep_alive_handler
-        )
+        """``idle_timeout`` once the connection has been idle ``delay_s`` from now,
+        unless it gets busy first. A timer already due no later is left to move itself."""
+        now = self.loop.time()
+        self._idle_start = now
+        self._idle_delay = delay_s
+        task = self.timeout_keep_alive_task
+        if task is not None:
+            if task.when() <= now + delay_s:
+                return
+            task.cancel()
+        self.timeout_keep_alive_task = self.loop.call_later(delay_s, self._idle_check)
 
     def cancel_idle(self) -> None:
-        self._unset_keepalive_if_required()
+        """The connection is busy: the idle timer stops counting."""
+        self._idle_start = None
+
+    def _idle_check(self) -> None:
+        self.timeout_keep_alive_task = None
+        start = self._idle_start
+        if start is None:
+            return  # busy: the next answer arms it again
+        left = start + self._idle_delay - self.loop.time()
+        if left > 0:
+            self.timeout_keep_alive_task = self.loop.call_later(left, self._idle_check)
+            return
+        self._idle_start = None
+        self.timeout_keep_alive_handler()
