@@ -9,9 +9,10 @@ never one made up here, so both paths answer alike by construction; a test drive
 tables and configs through both (tests/test_memo.py). ``detour.selector.choose_kept``
 is the one select that uses them.
 
-What an answer is stays the caller's: the service keeps the ``Choice`` it renders per
-request, the SDK the ``SelectedQueue`` it hands out (building one per select would cost
-it as much as the lookup).
+What an answer is stays the caller's: the service keeps the ``Choice`` with its answer's
+JSON text, rendered once (``service.api.select.rendered``: only ``degraded`` is written
+per request), the SDK the ``SelectedQueue`` it hands out (building one per select would
+cost it as much as the lookup).
 
 Not thread-safe on its own: the SDK calls it under its table's lock, the service from
 its event loop.
