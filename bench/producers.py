@@ -92,6 +92,48 @@ def percentiles(values: Sequence[float]) -> dict[str, float | None]:
 # -- the producer process ------------------------------------------------------------
 
 
+#: Thread name fragments -> what the thread does, for ``TimedLock``'s records.
+_ROLES = (("send_loop", "send"), ("watch_canary", "canary"), ("detour-stream", "stream"),
+          ("detour-flush", "flush"))
+
+
+def _role() -> str:
+    name = threading.current_thread().name
+    return next((role for part, role in _ROLES if part in name), name)
+
+
+class TimedLock:
+    """The client's table lock, timed (``--time-locks``): how long each thread waited for
+    it, and how long each caller held it. A decision that waits, waits here or for the
+    interpreter; this says which."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self._since = 0
+        self.waits: dict[str, list[float]] = {}
+        self.holds: dict[str, list[float]] = {}
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        t0 = time.perf_counter_ns()
+        ok: bool = self._inner.acquire(blocking, timeout)
+        self._since = t1 = time.perf_counter_ns()
+        self.waits.setdefault(_role(), []).append((t1 - t0) / 1000)
+        return ok
+
+    def release(self) -> None:
+        held = (time.perf_counter_ns() - self._since) / 1000
+        caller = sys._getframe(2).f_code.co_name  # the table method that took it
+        self.holds.setdefault(f"{_role()} {caller}", []).append(held)
+        self._inner.release()
+
+    def __enter__(self) -> TimedLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.release()
+
+
 def worker(cfg: dict[str, Any]) -> dict[str, Any]:
     """One producer process: ``threads`` threads sending on one SDK client, paced to
     ``rate_over`` then ``rate_after`` sends a second in all."""
@@ -108,6 +150,10 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
 
     gc.callbacks.append(on_gc)
     cached = cfg["mode"] == "cached"
+    timed = None
+    if cfg.get("time_locks"):
+        table = client._core.table
+        timed = table._lock = TimedLock(table._lock)  # type: ignore[assignment]
     deadline = time.monotonic() + 30
     if cached:
         client.wait_ready(30)
@@ -224,6 +270,8 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
         "gc_us": {
             str(g): percentiles([us for gen, us in gc_pauses if gen == g]) for g in (0, 1, 2)
         },
+        "lock_waits_us": {k: percentiles(v) for k, v in timed.waits.items()} if timed else None,
+        "lock_holds_us": {k: percentiles(v) for k, v in timed.holds.items()} if timed else None,
         "report_us": {k: percentiles(v) for k, v in report.items()},
         "sends": {k: len(v) for k, v in decide.items()},
         "local": dict(local),
@@ -292,7 +340,8 @@ def run_one(cap: tuple[int, int], mode: str, args: argparse.Namespace,
             start = time.time() + 4.0  # the producers set up before
             cfg = {"url": svc.url, "mode": mode, "threads": args.threads, "start": start,
                    "over_s": args.over, "after_s": args.after,
-                   "rate_over": offered / args.procs, "rate_after": cap_rps / 5 / args.procs}
+                   "rate_over": offered / args.procs, "rate_after": cap_rps / 5 / args.procs,
+                   "time_locks": args.time_locks}
             procs = [subprocess.Popen(
                 [sys.executable, "-m", "bench.producers", "--worker", json.dumps(cfg)],
                 cwd=ROOT, stdout=subprocess.PIPE, text=True) for _ in range(args.procs)]
@@ -406,6 +455,8 @@ def summarize(mode: str, cap: tuple[int, int], cap_rps: float, offered: float, s
         "phases": phases,
         "failed_sends": dict(failed),
         "producers_gc_us": [r["gc_us"] for r in results],
+        "producers_lock_waits_us": [r["lock_waits_us"] for r in results],
+        "producers_lock_holds_us": [r["lock_holds_us"] for r in results],
         "sdk": dict(stats),
         "staleness_s": percentiles(staleness),
         "current_again_s": current_again,
@@ -536,6 +587,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--over", type=int, default=15, help="seconds at the factor")
     p.add_argument("--after", type=int, default=10, help="seconds at a fifth of capacity")
     p.add_argument("--capacity-s", type=int, default=5)
+    p.add_argument("--time-locks", action="store_true",
+                   help="time the waits for and holds of each client's table lock "
+                        "(bench/out/producers.json: producers_lock_waits_us, _holds_us)")
     args = p.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
