@@ -24,7 +24,7 @@ from detour.policy import Choice
 from detour.policy.steady import FOREVER, steady
 from detour.profiles import RECOMMENDED, ROCKETMQ_4
 from detour.view import Snapshot, TableView
-from service.api.select import rendered
+from service.api.select import Rendered, rendered
 from service.selector import choose_rendered
 
 NOW = 1_700_000_000_000
@@ -323,15 +323,10 @@ def answer_of(choice: Choice) -> tuple[Any, ...]:
             choice.ordered)  # fmt: skip
 
 
-def service_choose(view: TableView, topic: str, producer: str | None) -> Any:
+def service_choose(view: TableView, topic: str, producer: str | None) -> Rendered:
     """The service's select (``service.selector``), rendered as ``/select`` renders it:
     its ``choice``, and the answer's text around ``degraded``."""
     return choose_rendered(view, topic, None, None, producer, None, rendered)[1]
-
-
-def rendered_text(route: Route, choice: Choice) -> str:
-    answer = rendered(route, choice)
-    return answer.head + "false" + answer.tail
 
 
 def views(
@@ -388,7 +383,7 @@ def test_the_services_kept_answers_are_the_decisions_of_the_full_select(
                                               random.Random(100 * i + j), clock[0])  # fmt: skip
                     assert answer_of(got.choice) == answer_of(want)
                     # The text kept with the choice is the full select's, rendered now.
-                    assert got.head + "false" + got.tail == rendered_text(route, want)
+                    assert got.text(False) == rendered(route, want).text(False)
                     assert kept.counter("t") == full.counter("t")
             elif what == "counter":
                 for v in (kept, full):
@@ -479,4 +474,4 @@ def test_every_way_the_view_changes_ends_the_kept_answers(change: str) -> None:
         route = full.routes["t"]
         want = selector.choose_on(full, route, Ask(), None, NOW)
         assert answer_of(got.choice) == answer_of(want)
-        assert got.head + "false" + got.tail == rendered_text(route, want)
+        assert got.text(False) == rendered(route, want).text(False)

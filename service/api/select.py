@@ -69,6 +69,9 @@ class Rendered(NamedTuple):
     head: str
     tail: str
 
+    def text(self, degraded: bool) -> str:
+        return self.head + ("true" if degraded else "false") + self.tail
+
 
 def rendered(route: Route, choice: Choice) -> Rendered:
     """The answer to a select that chose ``choice`` on ``route``, but for ``degraded``."""
@@ -118,4 +121,4 @@ def answer(store: FaultStore, body: SelectRequest, producer: str | None) -> str:
     choice = kept.choice
     observe_select(view.namespace, choice.selection)
     observe_policy(view.namespace, choice)
-    return kept.head + ("true" if store.degraded else "false") + kept.tail
+    return kept.text(store.degraded)
