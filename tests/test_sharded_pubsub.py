@@ -50,6 +50,17 @@ def _shard_subscribers(node: RedisServer) -> int:
         return int(count)
 
 
+def _where(cluster: ReplicatedCluster, *stores: RedisStore) -> str:
+    """Each node's role and sharded subscribers, and each store's state."""
+    nodes = []
+    for n in cluster.nodes:
+        with n.client() as c:
+            nodes.append(f"{n.port} {c.execute_command('ROLE')[0]} subscribers "
+                         f"{_shard_subscribers(n)}")
+    states = [f"synced {s.synced.is_set()} degraded {s.degraded}" for s in stores]
+    return f"nodes: {', '.join(nodes)}; stores: {', '.join(states)}"
+
+
 def test_pushes_stay_on_the_owning_shard_and_survive_its_failover(
     cluster: ReplicatedCluster,
 ) -> None:
@@ -92,10 +103,15 @@ def test_pushes_stay_on_the_owning_shard_and_survive_its_failover(
                 r.execute_command("CLUSTER", "FAILOVER")
                 wait_until(lambda: r.info("replication")["role"] == "master", 30,
                            "the replica took over")
-            await wait_until_async(
-                lambda: _shard_subscribers(replica) == 2 and _shard_subscribers(master) == 0
-                and writer.synced.is_set() and follower.synced.is_set(), 30,
-                "both subscribed again on the new master", interval_s=0.05)
+            try:
+                await wait_until_async(
+                    lambda: _shard_subscribers(replica) == 2 and _shard_subscribers(master) == 0
+                    and writer.synced.is_set() and follower.synced.is_set(), 30,
+                    "both subscribed again on the new master", interval_s=0.05)
+            except TimeoutError as exc:
+                # Seen once in ~40 runs beside a CPU hog, not yet explained: say where
+                # the subscribers are and what each node is, for the next one to read.
+                raise TimeoutError(f"{exc}; {_where(cluster, writer, follower)}") from None
             at = await report(writer, "b")
             await wait_until_async(lambda: "b" in follower.view.faults, 20,
                                    "a push after the failover", interval_s=0.05)
