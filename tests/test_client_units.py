@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import time
 
 import pytest
@@ -25,13 +26,13 @@ from detour.client.cached import REAPPLY_NEWEST, REAPPLY_SCAN, ServiceClock, Str
 from detour.client.calls import BACKGROUND_TIMEOUT_S, Calls, Loud
 from detour.client.circuit import CircuitBreaker, Ticket
 from detour.client.errors import DetourBadAnswer, DetourRejected
-from detour.client.local import LocalTable
+from detour.client.local import LOGGED, LocalTable
 from detour.client.pending import Pending, PendingReports, mono_ms
 from detour.client.reconnect import Jitter
 from detour.client.send import send_async, send_sync
 from detour.client.sse import Event, EventTooLarge, SSEParser
 from detour.client.wire import MAX_LATENCY_MS, batch_head, batch_text, check_report
-from detour.model import MAX_REPORT_AGE_MS, BrokerRoute, Route
+from detour.model import MAX_REPORT_AGE_MS, BrokerRoute, Config, FaultItem, Route
 
 pytestmark = pytest.mark.unit
 
@@ -377,6 +378,171 @@ def test_reports_past_the_scan_are_not_reapplied() -> None:
     assert applier.own("a", mono_ms(), table.view.config) == []
     _wait(pending, "a", 3)
     assert [o[1] for o in applier.own("a", mono_ms(), table.view.config)] == [3]
+
+
+def _locked_only(table: LocalTable) -> LocalTable:
+    """The same table forced down the writers' old path: all the work under the lock."""
+    table._plan = lambda *args: None  # type: ignore[method-assign]
+    return table
+
+
+def _two_tables(producer: str = "p1") -> tuple[LocalTable, LocalTable, list[int]]:
+    now = [NOW]
+    tables = (LocalTable(lambda: now[0], producer), LocalTable(lambda: now[0], producer))
+    for t in tables:
+        t.set_route("t", Route.from_brokers("t", [BrokerRoute(b, 2) for b in "abcd"]))
+    return tables[0], _locked_only(tables[1]), now
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_writes_planned_outside_the_lock_leave_the_table_the_locked_path_leaves(
+    seed: int,
+) -> None:
+    """Reports and fault events worked out before the lock is taken write exactly what the
+    same calls write with all their work under the lock: random reports (every tier, some
+    isolations, some aged), events with and without an item, events re-applying waiting
+    reports, and a config that asks for quorums and backoff half-way."""
+    rng = random.Random(seed)
+    fast, locked, now = _two_tables()
+    waiting: list[tuple[str, float, bool, int]] = []
+    for step in range(300):
+        now[0] += rng.choice((0, 1, 40, 5_000, 70_000))
+        broker = rng.choice("abcd")
+        if step == 150:
+            config = Config(isolation_quorum=2, latency_quorum=2, repeat_multiplier=True,
+                            probe_on_expiry=True)
+            for t in (fast, locked):
+                t.set_config(config)
+        if rng.random() < 0.75:
+            report = (broker, rng.choice((1, 60, 120, 700, 1500, 2500, 4000, 20000)),
+                      rng.random() < 0.2, rng.choice((0, 0, 30, 2_000)))
+            waiting.append(report)
+            for t in (fast, locked):
+                t.apply_report(*report)
+        else:
+            item = None if rng.random() < 0.3 else FaultItem(
+                broker, rng.choice((5, 900)), now[0] + rng.choice((-1, 0, 30_000)))
+            mine = [r for r in waiting[-rng.randint(0, 5):] if r[0] == broker]
+            for t in (fast, locked):
+                t.set_fault(broker, item, lambda config, mine=mine: mine)  # type: ignore[misc]
+        assert fast.view.faults == locked.view.faults, step
+    assert fast.view.faults  # the sequences wrote something
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_reports_landing_while_events_are_worked_out_end_as_if_applied_after_them(
+    seed: int,
+) -> None:
+    """Random reports (of the event's broker and of others, a stripe's share of them or
+    more) land while each event is worked out outside the lock: the table ends as the
+    locked path's does when the same reports come after the event."""
+    rng = random.Random(seed)
+    fast, locked, now = _two_tables()
+    brokers = [f"b{i}" for i in range(40)]
+    for _ in range(60):
+        now[0] += rng.choice((0, 40, 5_000, 70_000))
+        broker = rng.choice(brokers[:4])
+        item = None if rng.random() < 0.3 else FaultItem(broker, 900, now[0] + 30_000)
+        mine = [(broker, rng.choice((1, 700)), False, 0) for _ in range(rng.randint(0, 3))]
+        landed = [(rng.choice(brokers[:4] + [rng.choice(brokers)]),
+                   rng.choice((1, 120, 700, 2500)), rng.random() < 0.2, rng.choice((0, 30)))
+                  for _ in range(rng.choice((0, 1, 3, LOGGED, LOGGED + 5)))]
+        calls = [0]
+
+        def own(config: Config, mine: list = mine, landed: list = landed,
+                broker: str = broker, calls: list = calls) -> list:
+            calls[0] += 1
+            if calls[0] == 1:  # read outside the lock: the reports land meanwhile
+                for report in landed:
+                    fast.apply_report(*report)
+                return mine
+            return mine + [r for r in landed if r[0] == broker]  # read again under it
+
+        fast.set_fault(broker, item, own)
+        locked.set_fault(broker, item, lambda config, mine=mine: mine)  # type: ignore[misc]
+        for report in landed:
+            locked.apply_report(*report)
+        assert fast.view.faults == locked.view.faults
+
+
+def test_a_report_applied_while_an_event_is_worked_out_is_not_undone() -> None:
+    """A producer's report lands between the event's read of the waiting reports and its
+    write: the event applies it after its own write, so the report survives (on the old
+    path it could not land in between)."""
+    table = LocalTable(lambda: NOW, "p1")
+    table.set_route("t", Route.from_brokers("t", [BrokerRoute("a", 1), BrokerRoute("b", 1)]))
+    queue: list[tuple[str, float, bool, int]] = []
+    reads = []
+
+    def own(config: Config) -> list[tuple[str, float, bool, int]]:
+        reads.append(table._lock.locked())
+        if len(reads) == 1:  # first read, outside the lock: a producer reports meanwhile
+            queue.append(("a", 5, True, 0))
+            table.apply_report("a", 5, True)
+            return []
+        return list(queue)
+
+    table.set_fault("a", None, own)
+    item = table.fault("a")
+    assert item is not None and item.available_at == NOW + 600_000
+    assert reads == [False]  # read once, without the lock
+
+
+def test_more_reports_landing_than_are_kept_work_the_event_out_again_under_the_lock() -> None:
+    """Past the reports a stripe keeps, the event does its work again under the lock, with
+    the waiting reports read afresh: every one of them survives it."""
+    table = LocalTable(lambda: NOW, "p1")
+    queue: list[tuple[str, float, bool, int]] = []
+    reads: list[bool] = []
+
+    def own(config: Config) -> list[tuple[str, float, bool, int]]:
+        reads.append(table._lock.locked())
+        if len(reads) == 1:
+            for i in range(LOGGED + 1):  # the isolation first, then fast answers
+                queue.append(("a", 5, i == 0, 0))
+                table.apply_report(*queue[-1])
+            return []
+        return list(queue)
+
+    table.set_fault("a", None, own)
+    item = table.fault("a")
+    assert reads == [False, True]
+    assert item is not None and item.available_at == NOW + 600_000
+
+
+def test_a_report_worked_out_while_an_event_lands_is_applied_on_the_events_item() -> None:
+    """The other order: Detour's item for the broker is written between a report's read of
+    the broker's item and its write. The report is applied again, on Detour's item."""
+    calls = [0]
+    table = LocalTable(lambda: NOW, "p1")
+
+    def clock() -> int:
+        calls[0] += 1
+        if calls[0] == 1:  # the report reads the time after the item: the event lands now
+            table.set_fault("a", FaultItem("a", 900, NOW + 60_000))
+        return NOW
+
+    table.view.now_ms = clock
+    item = table.apply_report("a", 20, False)
+    assert item is not None
+    # the report's latency on Detour's window (extend-only), not on the empty item it read
+    assert (item.current_latency_ms, item.available_at) == (20, NOW + 60_000)
+
+
+def test_own_reports_are_read_without_the_lock_when_nothing_moves() -> None:
+    """The quiet case: the event's reports are read and applied once, and only the write
+    takes the lock (a select waits for that write alone)."""
+    table = LocalTable(lambda: NOW, "p1")
+    reads: list[bool] = []
+
+    def own(config: Config) -> list[tuple[str, float, bool, int]]:
+        reads.append(table._lock.locked())
+        return [("a", 700, False, 0)]
+
+    table.set_fault("a", FaultItem("a", 5, NOW - 1), own)
+    item = table.fault("a")
+    assert reads == [False]
+    assert item is not None and (item.current_latency_ms, item.available_at) == (700, NOW + 30_000)
 
 
 # ---------------------------------------------------------------- send loop

@@ -15,7 +15,8 @@ Two rules the stream alone would get wrong:
   reconnect) or an event written before its report reached Detour would undo
   them until Detour's push of the report arrives. So reports Detour has not yet
   accepted are re-applied after every snapshot, and after a fault event for
-  their broker, under the table's lock with the event.
+  their broker, written with the event (``LocalTable.set_fault``: worked out
+  before the table's lock is taken, and again under it if a report landed meanwhile).
 
 The re-application is bounded, whatever the queue holds: while Detour refuses
 batches, 10,000 reports may wait, and re-applying every one of a broker's after

@@ -13,14 +13,26 @@ estimate of the service's clock.
 Thread-safe: producer threads select and report while a background thread
 applies stream events. Versions in the view are local sequence numbers: the
 stream is ordered, so the newest thing applied always wins.
+
+Why writers work outside the lock: a select waits for the lock, and a writer that
+held it while it applied reports through the rule (a stream event re-applies this
+client's waiting ones) held every select of the process behind it for as long as
+the interpreter let that thread run, milliseconds on a busy machine
+(docs/BENCHMARKS.md, "Cached mode re-measured"). So a report and a fault event
+work out their items first, on what the table holds then, and take the lock only
+to check what has changed since (``_Stamps``) and to write the items. A fault event
+then also applies the reports that landed meanwhile (a few, kept for this); if
+anything else changed, the work is done again under the lock, as before.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import random
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from detour.apply import ReportIn, Rules, apply_reports
@@ -35,10 +47,16 @@ from detour.view import Snapshot, TableView
 #: reports beyond it drop ended windows first, then change nothing.
 MAX_ITEMS = 10_000
 
+#: Writes of brokers' items are counted in this many stripes (a broker's is its hash's).
+STRIPES = 64
+#: Reports each stripe keeps, for an event worked out outside the lock to apply after its
+#: own those that landed meanwhile; if more landed, it is worked out again under the lock.
+LOGGED = 16
+
 #: One of this client's reports for its own table: (broker, latency_ms, isolation, age_ms).
 OwnReport = tuple[str, float, bool, int]
-#: The reports Detour has not accepted yet, read under the table's lock (given its config),
-#: so that a report queued before an event is re-applied with it, never undone by it.
+#: The reports Detour has not accepted yet (given the table's config), read with an event
+#: so that a report queued before it is re-applied with it, never undone by it.
 OwnReports = Callable[[Config], Sequence[OwnReport]]
 
 
@@ -65,6 +83,59 @@ def _answer(route: Route, choice: Choice) -> SelectedQueue:
     )
 
 
+#: What reports of one broker write, worked out outside the lock: its item after the last
+#: of them that wrote one (None: none did), and the latencies of those, in order.
+Plan = tuple[FaultItem | None, list[int]]
+#: ``_Stamps.of``: (epoch, the stripe's other writes, the stripe's reports).
+Stamp = tuple[int, int, int]
+
+
+class _Stamps:
+    """What a write worked out outside the lock read, counted, so that it can tell under
+    the lock what has changed since: the config and the whole table (``epoch``: a config,
+    a snapshot), and per stripe of broker names the writes of an item that are not this
+    client's reports (``writes``: Detour's events, hints) and the reports applied
+    (``reported``, with the newest ``LOGGED`` of them kept).
+
+    Bounded whatever the names: brokers sharing a stripe only cost a plan its shortcut.
+    """
+
+    __slots__ = ("epoch", "writes", "reported", "logs")
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.writes = [0] * STRIPES
+        self.reported = [0] * STRIPES
+        self.logs: list[deque[tuple[OwnReport, int]]] = [
+            deque(maxlen=LOGGED) for _ in range(STRIPES)
+        ]
+
+    def of(self, broker: str) -> Stamp:
+        h = hash(broker) % STRIPES
+        return self.epoch, self.writes[h], self.reported[h]
+
+    def wrote(self, broker: str) -> None:
+        self.writes[hash(broker) % STRIPES] += 1
+
+    def report(self, report: OwnReport, now: int) -> None:
+        h = hash(report[0]) % STRIPES
+        self.reported[h] += 1
+        self.logs[h].append((report, now))
+
+    def reports_since(self, broker: str, stamp: Stamp) -> list[tuple[OwnReport, int]] | None:
+        """The reports of ``broker`` applied since ``stamp`` was read, oldest first, each
+        with the time it was applied at; None when anything else moved, or more reports
+        than are kept."""
+        h = hash(broker) % STRIPES
+        if (self.epoch, self.writes[h]) != stamp[:2]:
+            return None
+        landed = self.reported[h] - stamp[2]
+        if landed > LOGGED:
+            return None
+        log = self.logs[h]
+        return [e for e in itertools.islice(log, len(log) - landed, None) if e[0][0] == broker]
+
+
 class LocalTable:
     def __init__(self, clock: Callable[[], int], producer: str | None = None) -> None:
         """``clock``: epoch ms on the clock the table's windows are written in.
@@ -75,6 +146,7 @@ class LocalTable:
         self.producer = producer
         self._lock = threading.Lock()
         self._version = 0
+        self._stamps = _Stamps()
 
     def _next_version(self) -> int:
         self._version += 1
@@ -132,22 +204,80 @@ class LocalTable:
         """Apply one report as Detour would, at ``now - age_ms``; returns the broker's item.
 
         With avoidance off the report changes nothing (RocketMQ's updateFaultItem).
+        Worked out before the lock is taken, on the broker's item then (``_plan``).
         """
+        report = [(broker_name, latency_ms, isolation, age_ms)]
+        view = self.view
+        stamp = self._stamps.of(broker_name)
+        base, config = view.faults.get(broker_name), view.config
+        now = view.now_ms()
+        plan = self._plan(broker_name, base, report, config, now)
         with self._lock:
-            self._apply_own([(broker_name, latency_ms, isolation, age_ms)])
-            return self.view.faults.get(broker_name)
+            if plan is not None and self._stamps.of(broker_name) == stamp:
+                self._install(broker_name, plan, now)
+                self._stamps.report(report[0], now)
+            else:
+                self._apply_own(report)
+            return view.faults.get(broker_name)
 
-    def _apply_own(self, reports: Sequence[OwnReport]) -> None:
+    def _plan(
+        self,
+        broker: str,
+        base: FaultItem | None,
+        reports: Sequence[OwnReport],
+        config: Config,
+        now: int,
+    ) -> Plan | None:
+        """Outside the lock: what ``reports`` (all of ``broker``) write on ``base``, its item,
+        as ``_apply_own`` would; None when that needs the whole table (near the cap, where
+        writing may drop other items) or the reports name another broker.
+
+        Only the last item is written: a select never sees the ones before it (they would
+        be written under one lock), so writing each was work done with every select
+        waiting."""
+        if len(self.view.faults) + 1 >= MAX_ITEMS or any(r[0] != broker for r in reports):
+            return None
+        batch = self._batch(reports)
+        table = {} if base is None else {broker: base}
+        applied = apply_reports(table, batch, now, Rules(config, MAX_ITEMS))
+        last: FaultItem | None = None
+        latencies = []
+        for report, effect in zip(batch, applied.effects, strict=False):
+            if effect.written and effect.item is not None:
+                last = effect.item
+                latencies.append(report.latency_ms)
+        return last, latencies
+
+    def _install(self, broker: str, plan: Plan, now: int) -> None:
+        """Under the lock: a plan's item and latencies."""
+        item, latencies = plan
+        if item is not None:
+            self._apply_fault(broker, item)
+        for latency_ms in latencies:
+            self.view.observe_latency(broker, latency_ms, now)
+
+    def _batch(self, reports: Sequence[OwnReport]) -> list[ReportIn]:
+        producer = self.producer or ""
+        return [ReportIn(b, math.floor(ms), iso, age, producer) for b, ms, iso, age in reports]
+
+    def _apply_own(
+        self, reports: Sequence[OwnReport], now: int | None = None, again: bool = False
+    ) -> None:
         """Under the lock: this client's ``(broker, latency_ms, isolation, age_ms)`` reports,
-        in order, as one ``apply_reports`` call (one rule, one pass over the table)."""
+        in order, as one ``apply_reports`` call (one rule, one pass over the table), at
+        ``now`` (the table's clock by default). ``again``: reports re-applied after an
+        event, not new ones (``_Stamps`` counts only new ones)."""
         if not reports:
             return
-        producer = self.producer or ""
-        batch = [ReportIn(b, math.floor(ms), iso, age, producer) for b, ms, iso, age in reports]
+        batch = self._batch(reports)
         view = self.view
-        now = view.now_ms()
+        now = view.now_ms() if now is None else now
+        if not again:
+            for own in reports:
+                self._stamps.report(own, now)
         applied = apply_reports(view.faults, batch, now, Rules(view.config, MAX_ITEMS))
         for broker in applied.evicted:
+            self._stamps.wrote(broker)
             self._apply_fault(broker, None)
         for report, effect in zip(batch, applied.effects, strict=False):
             if effect.written and effect.item is not None:
@@ -168,7 +298,8 @@ class LocalTable:
                     item = dataclasses.replace(old, available_at=until_ms)
                 else:
                     continue
-                view.apply_fault(broker, item, self._next_version())
+                self._stamps.wrote(broker)
+                self._apply_fault(broker, item)
 
     # -- what the service says -------------------------------------------------
     def _apply_fault(self, broker_name: str, item: FaultItem | None) -> None:
@@ -182,14 +313,39 @@ class LocalTable:
 
     def set_config(self, config: Config) -> None:
         with self._lock:
+            self._stamps.epoch += 1
             self.view.apply_config(config, self._next_version())
 
     def set_fault(self, broker_name: str, item: FaultItem | None, own: OwnReports = _none) -> None:
-        """Detour's item for the broker, then the ``own`` reports it has not accepted yet,
-        under one lock: a select never sees the item without them."""
+        """Detour's item for the broker, then the ``own`` reports it has not accepted yet
+        (of this broker), installed together: a select never sees the item without them.
+
+        ``own`` is read, and the reports applied on ``item``, before the lock is taken.
+        A report queued before ``own`` is read is among them. One queued after it is
+        applied after it is queued (``ClientCore.apply``): after this event's write, on
+        top of it, or before, and then it is applied again after the write here, as its
+        stripe kept it (``_Stamps.reports_since``). As before the work moved out of the
+        lock, a report queued just before ``own`` is read and applied just after may be
+        applied twice: extend-only, so only ``repeatMultiplier``'s count can tell.
+        If anything else moved, the event is worked out again under the lock.
+        """
+        view = self.view
+        stamp = self._stamps.of(broker_name)
+        config = view.config
+        now = view.now_ms()
+        plan = self._plan(broker_name, item, own(config), config, now)
         with self._lock:
-            self._apply_fault(broker_name, item)
-            self._apply_own(own(self.view.config))
+            landed = None if plan is None else self._stamps.reports_since(broker_name, stamp)
+            self._stamps.wrote(broker_name)
+            if plan is None or landed is None:
+                self._apply_fault(broker_name, item)
+                self._apply_own(own(view.config), again=True)
+                return
+            if item is None or plan[0] is None:
+                self._apply_fault(broker_name, item)  # a delete also drops the broker's scores
+            self._install(broker_name, plan, now)
+            for report, at in landed:
+                self._apply_own([report], at, again=True)
 
     def replace(
         self,
@@ -201,6 +357,7 @@ class LocalTable:
         """Install a whole table (a stream snapshot): newer than anything applied, so it wins;
         then ``own`` reports Detour has not accepted yet, under the same lock."""
         with self._lock:
+            self._stamps.epoch += 1
             v = self._next_version()
             self.view.replace(
                 Snapshot(
@@ -211,4 +368,4 @@ class LocalTable:
                     faults=dict(faults),
                 )
             )
-            self._apply_own(own(config))
+            self._apply_own(own(config), again=True)
