@@ -510,6 +510,27 @@ def test_more_reports_landing_than_are_kept_work_the_event_out_again_under_the_l
     assert item is not None and item.available_at == NOW + 600_000
 
 
+def test_a_write_half_done_is_never_counted_before_it_is_made() -> None:
+    """A plan reads the broker's stamp, then its item. Whatever it reads while a write under
+    the lock is half done (here: when the writer asks the time, before it writes), a stamp
+    still current afterwards came with the item that is current: the writer counts after
+    it writes."""
+    table = LocalTable(lambda: NOW, "p1")
+    seen: list[tuple[tuple[int, int, int], FaultItem | None]] = []
+
+    def clock() -> int:
+        seen.append((table._stamps.of("a"), table.view.faults.get("a")))
+        return NOW
+
+    table.view.now_ms = clock
+    with table._lock:  # the locked path, as when a report's plan was overtaken
+        table._apply_own([("a", 5, True, 0)])
+    after = (table._stamps.of("a"), table.view.faults.get("a"))
+    assert seen and after[1] is not None
+    for stamp, item in seen:
+        assert stamp != after[0] or item == after[1]
+
+
 def test_a_report_worked_out_while_an_event_lands_is_applied_on_the_events_item() -> None:
     """The other order: Detour's item for the broker is written between a report's read of
     the broker's item and its write. The report is applied again, on Detour's item."""

@@ -98,6 +98,8 @@ class _Stamps:
     (``reported``, with the newest ``LOGGED`` of them kept).
 
     Bounded whatever the names: brokers sharing a stripe only cost a plan its shortcut.
+    A writer counts after it wrote (and a plan reads its stamp before anything else): a
+    plan that read an item while a write was half done then sees the count move.
     """
 
     __slots__ = ("epoch", "writes", "reported", "logs")
@@ -272,17 +274,17 @@ class LocalTable:
         batch = self._batch(reports)
         view = self.view
         now = view.now_ms() if now is None else now
-        if not again:
-            for own in reports:
-                self._stamps.report(own, now)
         applied = apply_reports(view.faults, batch, now, Rules(view.config, MAX_ITEMS))
         for broker in applied.evicted:
-            self._stamps.wrote(broker)
             self._apply_fault(broker, None)
+            self._stamps.wrote(broker)
         for report, effect in zip(batch, applied.effects, strict=False):
             if effect.written and effect.item is not None:
                 self._apply_fault(report.broker_name, effect.item)
                 view.observe_latency(report.broker_name, report.latency_ms, now)
+        if not again:
+            for own in reports:
+                self._stamps.report(own, now)
 
     def hint_avoided(self, brokers: Iterable[str], until_ms: int) -> None:
         """Detour avoids ``brokers`` now (a select's ``avoidedBrokers``): a local select
@@ -298,8 +300,8 @@ class LocalTable:
                     item = dataclasses.replace(old, available_at=until_ms)
                 else:
                     continue
-                self._stamps.wrote(broker)
                 self._apply_fault(broker, item)
+                self._stamps.wrote(broker)
 
     # -- what the service says -------------------------------------------------
     def _apply_fault(self, broker_name: str, item: FaultItem | None) -> None:
@@ -313,8 +315,8 @@ class LocalTable:
 
     def set_config(self, config: Config) -> None:
         with self._lock:
-            self._stamps.epoch += 1
             self.view.apply_config(config, self._next_version())
+            self._stamps.epoch += 1
 
     def set_fault(self, broker_name: str, item: FaultItem | None, own: OwnReports = _none) -> None:
         """Detour's item for the broker, then the ``own`` reports it has not accepted yet
@@ -336,16 +338,16 @@ class LocalTable:
         plan = self._plan(broker_name, item, own(config), config, now)
         with self._lock:
             landed = None if plan is None else self._stamps.reports_since(broker_name, stamp)
-            self._stamps.wrote(broker_name)
             if plan is None or landed is None:
                 self._apply_fault(broker_name, item)
                 self._apply_own(own(view.config), again=True)
-                return
-            if item is None or plan[0] is None:
-                self._apply_fault(broker_name, item)  # a delete also drops the broker's scores
-            self._install(broker_name, plan, now)
-            for report, at in landed:
-                self._apply_own([report], at, again=True)
+            else:
+                if item is None or plan[0] is None:
+                    self._apply_fault(broker_name, item)  # a delete also drops its scores
+                self._install(broker_name, plan, now)
+                for report, at in landed:
+                    self._apply_own([report], at, again=True)
+            self._stamps.wrote(broker_name)
 
     def replace(
         self,
@@ -357,7 +359,6 @@ class LocalTable:
         """Install a whole table (a stream snapshot): newer than anything applied, so it wins;
         then ``own`` reports Detour has not accepted yet, under the same lock."""
         with self._lock:
-            self._stamps.epoch += 1
             v = self._next_version()
             self.view.replace(
                 Snapshot(
@@ -369,3 +370,4 @@ class LocalTable:
                 )
             )
             self._apply_own(own(config), again=True)
+            self._stamps.epoch += 1
