@@ -510,6 +510,25 @@ def test_more_reports_landing_than_are_kept_work_the_event_out_again_under_the_l
     assert item is not None and item.available_at == NOW + 600_000
 
 
+def test_reports_reapplied_after_events_are_not_scored_again() -> None:
+    """A broker's latency score (p2c's peak EWMA) folds each of this client's answers once,
+    when it is applied; re-applying it after Detour's events, on either path, does not
+    fold it again at the event's time (it would renew an old answer's weight)."""
+    now = [NOW]
+    fast, locked, _ = _two_tables()
+    for t in (fast, locked):
+        t.view.now_ms = lambda: now[0]
+        t.apply_report("a", 900, False)
+    scores = fast.view.latency_scores["a"], locked.view.latency_scores["a"]
+    for _ in range(5):
+        now[0] += 10_000
+        for t in (fast, locked):
+            t.apply_report("b", 10, False)  # scores are read at the same time on both
+            t.set_fault("a", FaultItem("a", 5, now[0] - 1), lambda config: [("a", 900, False, 0)])
+    after = fast.view.latency_scores["a"], locked.view.latency_scores["a"]
+    assert after[0] == after[1] < scores[0] == scores[1]  # faded, not renewed
+
+
 def test_a_write_half_done_is_never_counted_before_it_is_made() -> None:
     """A plan reads the broker's stamp, then its item. Whatever it reads while a write under
     the lock is half done (here: when the writer asks the time, before it writes), a stamp

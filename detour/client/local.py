@@ -250,12 +250,12 @@ class LocalTable:
                 latencies.append(report.latency_ms)
         return last, latencies
 
-    def _install(self, broker: str, plan: Plan, now: int) -> None:
-        """Under the lock: a plan's item and latencies."""
+    def _install(self, broker: str, plan: Plan, now: int, again: bool = False) -> None:
+        """Under the lock: a plan's item and latencies (``again``: as ``_apply_own``'s)."""
         item, latencies = plan
         if item is not None:
             self._apply_fault(broker, item)
-        for latency_ms in latencies:
+        for latency_ms in () if again else latencies:
             self.view.observe_latency(broker, latency_ms, now)
 
     def _batch(self, reports: Sequence[OwnReport]) -> list[ReportIn]:
@@ -268,7 +268,9 @@ class LocalTable:
         """Under the lock: this client's ``(broker, latency_ms, isolation, age_ms)`` reports,
         in order, as one ``apply_reports`` call (one rule, one pass over the table), at
         ``now`` (the table's clock by default). ``again``: reports re-applied after an
-        event, not new ones (``_Stamps`` counts only new ones)."""
+        event, not new ones: ``_Stamps`` does not count them, and their latencies, folded
+        into the broker's score when they were first applied, are not folded again (each
+        event would otherwise renew an old answer's weight)."""
         if not reports:
             return
         batch = self._batch(reports)
@@ -281,7 +283,8 @@ class LocalTable:
         for report, effect in zip(batch, applied.effects, strict=False):
             if effect.written and effect.item is not None:
                 self._apply_fault(report.broker_name, effect.item)
-                view.observe_latency(report.broker_name, report.latency_ms, now)
+                if not again:
+                    view.observe_latency(report.broker_name, report.latency_ms, now)
         if not again:
             for own in reports:
                 self._stamps.report(own, now)
@@ -344,7 +347,7 @@ class LocalTable:
             else:
                 if item is None or plan[0] is None:
                     self._apply_fault(broker_name, item)  # a delete also drops its scores
-                self._install(broker_name, plan, now)
+                self._install(broker_name, plan, now, again=True)
                 for report, at in landed:
                     self._apply_own([report], at, again=True)
             self._stamps.wrote(broker_name)
