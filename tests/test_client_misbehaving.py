@@ -36,6 +36,7 @@ from tests.faulty import (
     Request,
     answer,
     endless_line,
+    hang_up,
     response,
     trickle,
     two_broker_topic,
@@ -289,6 +290,32 @@ def test_an_answer_naming_a_queue_not_in_the_route_is_refused(
         wait_until(lambda: f"/routes/{topic}" in front.paths(), 10, "the route asked for again")
         front.requests.clear()
     assert p.since(before, "bad_answers") == (2,)
+
+
+def test_a_refetch_of_a_refused_route_that_fails_is_asked_for_again(
+    front: FaultyFront, topic: str, producer: MakeProducer
+) -> None:
+    """The route fetch that follows a refused answer fails (the connection is hung up under
+    it): the route stays due, and a later select Detour answers fetches it again, instead
+    of the producer keeping the route Detour contradicted for 30 s."""
+    p, before = producer(timeout=1.0)
+    front.misbehave(on("POST", "/select", answer(200, a_select_answer(topic, brokerName="x"))))
+    assert p.send(topic).queue.local
+    route = f"/routes/{topic}"
+    failed: list[Request] = []
+
+    def fail_the_first_refetch(request: Request) -> Reply | None:
+        if request.path == route and not failed:
+            failed.append(request)
+            return hang_up()
+        return None
+
+    front.requests.clear()
+    front.misbehave(fail_the_first_refetch)
+    wait_until(lambda: p.send(topic) is not None and front.paths("GET").count(route) >= 2, 10,
+               "the route asked for again after the failed fetch")
+    assert failed
+    assert p.since(before, "bad_answers") == (1,)
 
 
 def test_an_answer_too_large_is_not_read_whole(

@@ -786,6 +786,29 @@ def test_the_report_batch_halves_when_detour_does_not_keep_up_and_grows_back() -
     assert core.batch_size == MAX_BATCH
 
 
+def test_a_stale_route_whose_refetch_fails_stays_due() -> None:
+    """A refused answer marks the route stale; if the fetch that follows fails (Detour away,
+    a dead pooled connection), the route is still due, and the next refresh asks again
+    rather than keeping the route Detour contradicted for 30 s. A periodic refresh that
+    fails still waits the usual 30 s."""
+    from detour.client.core import ClientCore
+
+    core = ClientCore("remote", timeout=0.2, retries=0, deadline=1.0, max_pending=10,
+                      backoff_initial=0.5, backoff_max=5.0)
+    core.table.set_route("t", Route.from_brokers("t", [BrokerRoute("a", 1)]))
+    core.route_checked("t", answered=True)
+    core.route_checked("t", answered=False)  # a periodic refresh failed
+    assert core.refresh_due("t")[0] is False
+    core.route_stale("t")
+    assert core.refresh_due("t")[0] is True
+    core.route_checked("t", answered=False)  # the refetch failed
+    assert core.refresh_due("t")[0] is True
+    assert core.claim_refresh("t")  # so a refresh may go again
+    core.route_checked("t", answered=True)
+    assert core.refresh_due("t")[0] is False
+    core.release_refresh("t")
+
+
 def test_a_route_found_stale_during_a_background_refresh_is_fetched_by_that_refresh() -> None:
     """A select that refuses an answer while a background refresh runs cannot claim one of
     its own; the running refresh, at its release, sees the route due and goes round again

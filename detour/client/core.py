@@ -221,9 +221,12 @@ class ClientCore:
         self._route_checked.pop(topic, None)
 
     def route_checked(self, topic: str, answered: bool) -> None:
-        # A route never fetched is asked for again on the next remote select (the
-        # failure opened the circuit, which paces it); a known one waits 30 s.
-        if answered or self.table.has_route(topic):
+        """A fetch of the route ended. Unanswered, a route checked before (a periodic
+        refresh) waits the usual 30 s; one never fetched, or found stale by a refused
+        answer (``route_stale``), stays due and is asked for again on the next remote
+        select (the failure opened the circuit, which paces it). Marking a stale route
+        checked after one failed fetch kept a known-wrong route for 30 s."""
+        if answered or topic in self._route_checked:
             self._route_checked[topic] = time.monotonic()
 
     def config_checked(self, answered: bool) -> None:
