@@ -10,9 +10,9 @@ BIN := $(VENV)/bin
 # processes and client programs the tests start, Spark's Python workers) keeps its compiled
 # modules in one cache inside the virtualenv: each module is compiled once, by the first
 # process that imports it, and the tree stays free of __pycache__. A shell that sets
-# PYTHONDONTWRITEBYTECODE would otherwise make every process compile every import from
-# source, and pytest rewrite every test module's asserts, every time (collecting the suite:
-# 24 s of CPU per process uncached, 10 s cached).
+# PYTHONDONTWRITEBYTECODE would otherwise make every process compile the project's modules
+# from source, and pytest rewrite every test module's asserts, every time (tests/README.md
+# has the cost).
 unexport PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX := $(CURDIR)/$(VENV)/pycache
 # The stamps change whenever their pins or the project metadata do, so `make` reinstalls then.
