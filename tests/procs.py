@@ -99,6 +99,7 @@ class RedisServer:
         if binary is None:
             raise RuntimeError("redis-server not found: run `make test` (it installs it)")
         self.port = port or free_port()
+        self._held: socket.socket | None = None  # kill_holding_port's
         self.dir = data_dir or tempfile.mkdtemp(prefix="detour-redis-")
         # persistent: every write fsynced to the AOF before Redis answers, so a
         # SIGKILL loses nothing that was acknowledged.
@@ -126,8 +127,25 @@ class RedisServer:
         self.proc.kill()
         self.proc.wait(10)
 
+    def kill_holding_port(self) -> None:
+        """``kill``, then keep the port bound, not listening, until ``stop``: a connect is
+        refused as by a dead server, but no other server of the suite (another worker's) can
+        take the port while a sentinel still knows it as its old master, and would make
+        whatever answers there a replica of its new one."""
+        self.kill()
+        held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            held.bind(("127.0.0.1", self.port))
+        except OSError:  # taken in the instant since the kill: nothing left to hold
+            held.close()
+            return
+        self._held = held
+
     def stop(self) -> None:
         end_process(self.proc)
+        if self._held is not None:
+            self._held.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -15,6 +15,7 @@ store directly.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -144,6 +145,9 @@ class SentinelSetup:
 
     def __init__(self, count: int = 3, down_after_ms: int = 30_000) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="detour-sentinel-"))
+        # A name of its own: a sentinel counts and follows only sentinels that announce the
+        # same name, so another deployment of the suite's (another worker's) is never mixed in.
+        self.name = f"detour-{secrets.token_hex(4)}"
         self.sentinels: list[subprocess.Popen[bytes]] = []
         self.sentinel_ports = [free_port() for _ in range(count)]
         # No 5 s wait for more replicas before the first full sync.
@@ -163,20 +167,25 @@ class SentinelSetup:
                 conf = self.dir / f"sentinel-{port}.conf"
                 conf.write_text(
                     f"port {port}\nbind 127.0.0.1\ndir {self.dir}\n"
-                    f"sentinel monitor detour 127.0.0.1 {self.master.port} 1\n"
-                    f"sentinel down-after-milliseconds detour {down_after_ms}\n"
-                    "sentinel failover-timeout detour 5000\n"
-                    "sentinel parallel-syncs detour 1\n")
+                    f"sentinel monitor {self.name} 127.0.0.1 {self.master.port} 1\n"
+                    f"sentinel down-after-milliseconds {self.name} {down_after_ms}\n"
+                    f"sentinel failover-timeout {self.name} 5000\n"
+                    f"sentinel parallel-syncs {self.name} 1\n")
                 # redis-sentinel is redis-server started as a sentinel (same binary).
                 args = [binary, str(conf)] if binary else [server, str(conf), "--sentinel"]
                 self.sentinels.append(subprocess.Popen(
                     args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
+            seen: dict[int, object] = {}  # what each sentinel last said, for a timeout
+
             def watching() -> bool:
                 for port in self.sentinel_ports:
                     with self.sentinel_client(port) as s:
-                        state = s.sentinel_master("detour")
-                        replicas = s.sentinel_slaves("detour")
+                        state = s.sentinel_master(self.name)
+                        replicas = s.sentinel_slaves(self.name)
+                    seen[port] = (state["num-other-sentinels"], state["port"], [
+                        {k: r[k] for k in ("port", "is_disconnected", "is_sdown", "runid",
+                                           "master-link-status")} for r in replicas])
                     if state["num-other-sentinels"] != count - 1 or len(replicas) != 1:
                         return False
                     # Linked and read (INFO): else the sentinel would find no replica to promote.
@@ -187,8 +196,12 @@ class SentinelSetup:
                 return True
 
             # Sentinels find each other through the master's hello channel (every 2 s).
-            wait_until(watching, 30, "sentinels ready to fail over",
-                       interval_s=0.1)
+            try:
+                wait_until(watching, 30, "sentinels ready to fail over", interval_s=0.1)
+            except TimeoutError as exc:
+                raise TimeoutError(f"{exc}; master {self.master.port}, replica "
+                                   f"{replica.port}; each sentinel's (other sentinels, "
+                                   f"master port, replicas): {seen}") from None
         except BaseException:
             self.stop()
             raise
@@ -199,12 +212,12 @@ class SentinelSetup:
 
     def url(self, sentinels: list[int] | None = None) -> str:
         hosts = ",".join(f"127.0.0.1:{p}" for p in (sentinels or self.sentinel_ports))
-        return f"redis+sentinel://{hosts}/detour/0"
+        return f"redis+sentinel://{hosts}/{self.name}/0"
 
     def master_port(self) -> int:
         """Where the sentinels say the master is."""
         with self.sentinel_client(self.sentinel_ports[0]) as s:
-            _, port = s.sentinel_get_master_addr_by_name("detour")
+            _, port = s.sentinel_get_master_addr_by_name(self.name)
             return int(port)
 
     def flush(self) -> None:
@@ -475,7 +488,7 @@ def test_sentinel_failover_under_load_loses_no_report(tmp_path: Path) -> None:
         offset = _replication(old_master)["master_repl_offset"]
         wait_until(lambda: _replication(new_master)["master_repl_offset"] >= offset, 20,
                    "the replica caught up")
-        old_master.kill()
+        old_master.kill_holding_port()  # its sentinels keep trying the port
         at_kill = len(load.accepted)
         wait_until(lambda: setup.master_port() == new_master.port, 30, "sentinels promoted")
 
@@ -531,7 +544,7 @@ def test_sentinel_switchover_moves_the_store_before_the_old_master_steps_down() 
             await wait_until_async(lambda: subscribed(old) == 1, 20, "subscribed on the master",
                                    interval_s=0.05)
             with setup.sentinel_client(setup.sentinel_ports[0]) as s:
-                s.execute_command("SENTINEL", "FAILOVER", "detour")
+                s.execute_command("SENTINEL", "FAILOVER", setup.name)
             await wait_until_async(lambda: setup.master_port() == new.port, 30,
                                    "the sentinel names the new master", interval_s=0.05)
             # Within a poll (0.2 s), well before the old master steps down (about 10 s).

@@ -3,6 +3,7 @@ holds is lost (docs/reliability.md, "Redis lost its data")."""
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -37,13 +38,15 @@ def test_failover_to_a_replica_that_missed_writes_loses_nothing_a_replica_holds(
     replica = RedisServer(extra=["--replicaof", "127.0.0.1", str(proxy.port),
                                  "--repl-diskless-sync-delay", "0"])
     sentinel_port = free_port()
+    # A name of its own: no other deployment's sentinel of the suite counts or follows it.
+    name = f"detour-{secrets.token_hex(4)}"
     conf = workdir / "sentinel.conf"
     # A long failover-timeout: the sentinel leaves the replica's master address (the
     # proxy) alone for the length of the test.
     conf.write_text(f"port {sentinel_port}\nbind 127.0.0.1\ndir {workdir}\n"
-                    f"sentinel monitor detour 127.0.0.1 {master.port} 1\n"
-                    "sentinel down-after-milliseconds detour 500\n"
-                    "sentinel failover-timeout detour 120000\n")
+                    f"sentinel monitor {name} 127.0.0.1 {master.port} 1\n"
+                    f"sentinel down-after-milliseconds {name} 500\n"
+                    f"sentinel failover-timeout {name} 120000\n")
     binary = shutil.which("redis-sentinel")
     server_bin = shutil.which("redis-server")
     assert server_bin is not None
@@ -56,12 +59,12 @@ def test_failover_to_a_replica_that_missed_writes_loses_nothing_a_replica_holds(
         def watching() -> bool:
             with redis.Redis(port=sentinel_port, socket_timeout=2,
                              decode_responses=True) as s:
-                replicas = s.sentinel_slaves("detour")
+                replicas = s.sentinel_slaves(name)
             return len(replicas) == 1 and replicas[0]["master-link-status"] == "ok" \
                 and not replicas[0]["is_disconnected"]
 
         wait_until(watching, 30, "the sentinel sees the replica", interval_s=0.1)
-        url = f"redis+sentinel://127.0.0.1:{sentinel_port}/detour/0"
+        url = f"redis+sentinel://127.0.0.1:{sentinel_port}/{name}/0"
         svc = ServiceProcess(redis_url=url, env={"DETOUR_SYNC_INTERVAL_S": "0.2"})
         with httpx.Client(base_url=svc.url, timeout=10) as c:
             route = {"brokers": [{"brokerName": b, "writeQueueNums": 2} for b in "abc"]}
@@ -81,11 +84,11 @@ def test_failover_to_a_replica_that_missed_writes_loses_nothing_a_replica_holds(
             assert proxy.held > 0
             with replica.client() as r:
                 assert r.hget(f"{PREFIX}:faults", "m0") is None  # the replica lacks them
-            master.kill()
+            master.kill_holding_port()  # the sentinel keeps trying the port
             proxy.close()  # the held stream is gone with the link
             with redis.Redis(port=sentinel_port, socket_timeout=2,
                              decode_responses=True) as s:
-                wait_until(lambda: int(s.sentinel_get_master_addr_by_name("detour")[1])
+                wait_until(lambda: int(s.sentinel_get_master_addr_by_name(name)[1])
                            == replica.port, 60, "the sentinel promoted the replica")
             with replica.client() as r:
                 wait_until(lambda: r.hget(f"{PREFIX}:faults", "m4") is not None, 30,
