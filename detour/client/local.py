@@ -112,15 +112,19 @@ class _Stamps:
             deque(maxlen=LOGGED) for _ in range(STRIPES)
         ]
 
+    @staticmethod
+    def _stripe(broker: str) -> int:
+        return hash(broker) % STRIPES
+
     def of(self, broker: str) -> Stamp:
-        h = hash(broker) % STRIPES
+        h = self._stripe(broker)
         return self.epoch, self.writes[h], self.reported[h]
 
     def wrote(self, broker: str) -> None:
-        self.writes[hash(broker) % STRIPES] += 1
+        self.writes[self._stripe(broker)] += 1
 
     def report(self, report: OwnReport, now: int) -> None:
-        h = hash(report[0]) % STRIPES
+        h = self._stripe(report[0])
         self.reported[h] += 1
         self.logs[h].append((report, now))
 
@@ -128,7 +132,7 @@ class _Stamps:
         """The reports of ``broker`` applied since ``stamp`` was read, oldest first, each
         with the time it was applied at; None when anything else moved, or more reports
         than are kept."""
-        h = hash(broker) % STRIPES
+        h = self._stripe(broker)
         if (self.epoch, self.writes[h]) != stamp[:2]:
             return None
         landed = self.reported[h] - stamp[2]
