@@ -81,8 +81,10 @@ LUA = ROOT / "service" / "store" / "lua"
 #: a pushed change names its broker ({"k":"fault","v":..,"f":broker,"x":..})
 #: report.lua takes summary entries (a replica's quiet reports summed between flushes)
 SUMMARIES = "== 's'" in (LUA / "report.lua").read_text()
-#: report.lua's ARGV: the head's length, then values per report (its header says)
-HEAD, STRIDE = 10, 14
+#: report.lua's ARGV: the head's length, then values per report (as the script reads them)
+_FIRST = re.search(r"local FIRST, STRIDE = (\d+), (\d+)", (LUA / "report.lua").read_text())
+assert _FIRST is not None, "report.lua no longer says where its entries start"
+HEAD, STRIDE = int(_FIRST[1]) - 1, int(_FIRST[2])
 BROKER_IN_PUSH = re.compile(rb'"f":"([^"]+)"')
 #: the sidecars and sends of the projection's target
 SIDECARS = (100, 300, 1_000, 3_000, 10_000)

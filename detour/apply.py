@@ -78,6 +78,23 @@ class ReportIn:
     #: whose ``report_id`` this is: the token's name when tokens are on, "" for an open
     #: deployment; no other scope can claim or evict it
     scope: str = ""
+    #: when it happened on the table's clock, fixed once by the replica that accepted it
+    #: (``dated``); None = ``now - age_ms`` wherever it is applied
+    at_ms: int | None = None
+
+    def at(self, now_ms: int) -> int:
+        """When the report happened, as a store applying it at ``now_ms`` dates it: the
+        one rule report.lua mirrors (``dated``). A report dated at acceptance keeps that
+        date however late it is applied (a reply late, a journal replayed), so every copy
+        opens the same window the producer was answered; never after ``now_ms``, so a
+        replica whose clock ran ahead of the table's cannot open a window in its future."""
+        if self.at_ms is None:
+            return now_ms - self.age_ms
+        return min(self.at_ms, now_ms)
+
+    def dated(self, now_ms: int) -> ReportIn:
+        """This report with its date fixed at ``now_ms`` (a replica's acceptance)."""
+        return self if self.at_ms is not None else replace(self, at_ms=now_ms - self.age_ms)
 
     @property
     def voter_id(self) -> str:
@@ -245,7 +262,7 @@ def apply_one(
     """
     if not config.send_latency_fault_enable:
         return Effect(old, False, 0, None)
-    at_ms = now_ms - report.age_ms
+    at_ms = report.at(now_ms)
     if report.pending:
         return _signal(old, report, at_ms, now_ms, config)
     voter, isolation = report.voter_id, report.isolation

@@ -27,12 +27,12 @@ def script(raw: redis.Redis, name: str) -> Any:
 
 def head(config: Config, *, config_stamp: int = 0, epoch: str = "", writer: str = "test",
          acked: int = 0, floor: int = 0, cap: int = 10_000, log_cap: int = 1000,
-         events: int = 0) -> list[Any]:
-    """report.lua's ARGV[1..10]."""
+         events: int = 0, base: int | str = "") -> list[Any]:
+    """report.lua's ARGV[1..11] (``base`` "": the ages are from the script's own now)."""
     enabled = config.send_latency_fault_enable
     rule = ("overwrite" if config.last_report_wins else "extend") if enabled else "off"
     return [config_stamp, rule, CHANNEL, log_cap, cap, _policy_arg(config, events), epoch,
-            writer, integrity_arg(acked), floor]
+            writer, integrity_arg(acked), floor, base]
 
 
 def entry(config: Config, r: ReportIn, jitter_roll: int = 0) -> list[Any]:

@@ -100,6 +100,7 @@ class RedisServer:
             raise RuntimeError("redis-server not found: run `make test` (it installs it)")
         self.port = port or free_port()
         self._held: socket.socket | None = None  # kill_holding_port's
+        self._frozen = False  # freeze's: stop thaws first, so the server can exit cleanly
         self.dir = data_dir or tempfile.mkdtemp(prefix="detour-redis-")
         # persistent: every write fsynced to the AOF before Redis answers, so a
         # SIGKILL loses nothing that was acknowledged.
@@ -127,6 +128,16 @@ class RedisServer:
         self.proc.kill()
         self.proc.wait(10)
 
+    def freeze(self) -> None:
+        """SIGSTOP: commands sent meanwhile wait in the socket and run at ``thaw``, after
+        their callers may have given up on them (a server that runs a call late)."""
+        self.proc.send_signal(signal.SIGSTOP)
+        self._frozen = True
+
+    def thaw(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+        self._frozen = False
+
     def kill_holding_port(self) -> None:
         """``kill``, then keep the port bound, not listening, until ``stop``: a connect is
         refused as by a dead server, but no other server of the suite (another worker's) can
@@ -143,6 +154,8 @@ class RedisServer:
         self._held = held
 
     def stop(self) -> None:
+        if self._frozen and self.proc.poll() is None:
+            self.thaw()
         end_process(self.proc)
         if self._held is not None:
             self._held.close()

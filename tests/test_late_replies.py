@@ -1,6 +1,7 @@
 """Late replies caused on purpose: a TCP proxy holds Redis's (or Detour's) reply past the
-caller's timeout after the command ran. After recovery every report is in the latency log
-exactly once and no window end has moved."""
+caller's timeout after the command ran, or a frozen Redis runs the call after its caller
+gave up. After recovery every report is in the latency log exactly once, no window end has
+moved, and each window ends when the producer was answered it would."""
 
 from __future__ import annotations
 
@@ -54,6 +55,17 @@ def stored(raw: redis.Redis, broker: str) -> str | None:
     return raw.hget(f"{PREFIX}:faults", broker)  # type: ignore[return-value]
 
 
+def stored_end(raw: redis.Redis, broker: str) -> int:
+    value = stored(raw, broker)
+    assert value is not None, broker
+    return codec.decode_fault(broker, value).available_at
+
+
+def logged_at(raw: redis.Redis, broker: str) -> list[int]:
+    """When the latency log says each of ``broker``'s reports happened."""
+    return [int(e["t"]) for _, e in raw.xrange(f"{PREFIX}:latency-log") if e["b"] == broker]
+
+
 def late(server: RedisServer) -> tuple[DelayProxy, Settings]:
     proxy = DelayProxy(server.port)
     return proxy, Settings(redis_url=proxy.url, sync_interval_s=0.2, redis_timeout_s=5)
@@ -89,6 +101,7 @@ def test_a_report_whose_reply_came_late_is_applied_once(server: RedisServer,
             recover(c, proxy)
             assert logged(raw, "a") == 1
             assert stored(raw, "a") == first  # the window end did not move
+            assert stored_end(raw, "a") == r.json()["availableAt"]  # the one answered
             assert duplicates(c) - before == 1
     finally:
         proxy.close()
@@ -109,6 +122,8 @@ def test_a_batch_retried_after_a_late_reply_is_applied_once(server: RedisServer,
             assert all(x["degraded"] for x in first.json()["results"])
             wait_until(lambda: stored(raw, "b4") is not None, 10, "redis ran the batch")
             table = raw.hgetall(f"{PREFIX}:faults")
+            assert [x["availableAt"] for x in first.json()["results"]] == \
+                [codec.decode_fault("", table[f"b{i}"]).available_at for i in range(5)]
             # The producer did not get its answer either and sends the batch again.
             again = c.post("/report-latency:batch", json=batch)
             assert again.status_code == 200
@@ -123,6 +138,45 @@ def test_a_batch_retried_after_a_late_reply_is_applied_once(server: RedisServer,
             assert raw.hgetall(f"{PREFIX}:faults") == table
     finally:
         proxy.close()
+
+
+#: A single report, and a batch whose first report completed 2 s before it was sent (ageMs)
+RUN_LATE = [
+    ("/report-latency", {"brokerName": "a", "latencyMs": 5, "isolation": True}),
+    ("/report-latency:batch", {"reports": [
+        {"brokerName": "a", "latencyMs": 5, "isolation": True, "ageMs": 2000},
+        {"brokerName": "b", "latencyMs": 700},
+        {"brokerName": "c", "latencyMs": 2500, "reportId": "c-1"}]}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), RUN_LATE, ids=["single", "batch"])
+def test_a_report_redis_runs_after_the_replica_gave_up_ends_where_it_was_answered(
+        server: RedisServer, raw: redis.Redis, path: str, body: dict[str, Any]) -> None:
+    """Redis is frozen while the report's call waits in its socket: the replica gives up
+    after its call timeout, answers from its copy and journals the report; Redis then runs
+    the call anyway, later. Both date each report when the replica accepted it
+    (``ReportIn.dated``), so each window ends where the producer was told, to the
+    millisecond, and each report is logged once, at that date."""
+    settings = Settings(redis_url=server.url, sync_interval_s=0.2, redis_timeout_s=5)
+    with TestClient(create_app(settings)) as c:
+        warm(c)
+        server.freeze()
+        try:
+            r = c.post(path, json=body)
+        finally:
+            server.thaw()
+        assert r.status_code == 200, r.text
+        answers = r.json()["results"] if "reports" in body else [r.json()]
+        assert all(a["degraded"] for a in answers)  # the call timed out: answered locally
+        wait_until(lambda: c.get("/readyz").json()["degraded"] is False, 30,
+                   "journal replayed", interval_s=0.05)
+        items = {i["brokerName"]: i for i in c.get("/fault-items").json()["items"]}
+        for a in answers:
+            b = a["brokerName"]
+            assert stored_end(raw, b) == a["availableAt"], b
+            assert items[b]["availableAt"] == a["availableAt"], b
+            assert logged_at(raw, b) == [a["availableAt"] - a["notAvailableDurationMs"]], b
 
 
 @pytest.mark.e2e

@@ -4,10 +4,11 @@ A property test drives random report sequences through the pure function and thr
 real script on a real redis-server, and compares the answers and the whole table after
 every call: random configs (both quorums, backoff and jitter, probation, early recovery,
 the ramp, lastReportWins, in-flight signals, avoidance off), a small table cap (so that
-evictions happen), the active detector's readings (reach.lua against policy.reach), and
-repeats: reports sent again with their sequence number or their report id change nothing
-and are answered as the first time; an id reused with other content refuses the whole call.
-"""
+evictions happen), the active detector's readings (reach.lua against policy.reach),
+reports dated by the replica that accepted them (``ReportIn.at_ms`` against the call's
+base, also one in the table's future, which both clamp to now), and repeats: reports sent
+again with their sequence number or their report id change nothing and are answered as
+the first time; an id reused with other content refuses the whole call."""
 
 from __future__ import annotations
 
@@ -77,8 +78,11 @@ def scenarios(draw: st.DrawFn) -> tuple[Config, int, list[Any]]:
     for _ in range(draw(st.integers(1, 10))):
         kind = draw(st.sampled_from(("reports", "reports", "repeat", "repeat", "reach")))
         if kind == "reports":
+            # the call's base: None (the script's now), or Redis's clock read before the
+            # call plus an offset (ahead of the table's clock: clamped to now by both)
+            base = draw(st.sampled_from((None, None, -700_000, -5000, 0, 5000, 700_000)))
             steps.append(("reports", draw(st.lists(reports(), min_size=1, max_size=3)),
-                          draw(st.booleans())))
+                          draw(st.booleans()), base))
         elif kind == "repeat":
             steps.append(("repeat", draw(st.integers(0, 99)), draw(st.booleans())))
         else:
@@ -116,10 +120,15 @@ def _table(raw: redis.Redis) -> dict[str, FaultItem]:
     return {b: codec.decode_fault(b, v) for b, v in raw.hgetall(f"{PREFIX}:faults").items()}
 
 
-def _send(raw: redis.Redis, report: Any, model: Model, batch: list[tuple[ReportIn, int]]) -> None:
-    """One report.lua call and the same reports through detour.apply; compares both."""
+def _send(raw: redis.Redis, report: Any, model: Model, batch: list[tuple[ReportIn, int]],
+          base: int | None = None) -> None:
+    """One report.lua call and the same reports through detour.apply; compares both. With
+    a ``base``, each report is dated at ``base - age`` (as a replica dates it at acceptance)
+    and the script gets the base and the ages."""
     config = model.config
-    args = head(config, cap=model.cap)
+    batch = [(replace(r, at_ms=None if base is None else base - r.age_ms), roll)
+             for r, roll in batch]
+    args = head(config, cap=model.cap, base="" if base is None else base)
     for r, roll in batch:
         args += entry(config, r, roll)
     reply = report(keys=REPORT_KEYS, args=args)
@@ -215,7 +224,9 @@ def test_report_lua_and_the_python_rule_keep_the_same_table(
                     model.next_seq += 1
                     rid = f"id{model.next_seq}" if step[2] else ""
                     batch.append((replace(r, seq=model.next_seq, report_id=rid), roll))
-                _send(raw, report, model, batch)
+                sec, usec = raw.time()
+                base = None if step[3] is None else sec * 1000 + usec // 1000 + step[3]
+                _send(raw, report, model, batch, base)
             elif step[0] == "repeat" and model.sent:
                 # the same report sent again: by its sequence number (a journal replay) or
                 # by its id with the same content, or its id with other content (reused)

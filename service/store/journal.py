@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 from detour.model import MAX_REPORT_AGE_MS
@@ -19,7 +19,9 @@ Send = Callable[[Sequence[ReportIn]], Awaitable[Any]]
 
 
 class Journal:
-    """A bounded FIFO of reports with the local monotonic time each was accepted.
+    """A bounded FIFO of reports, each dated when it was accepted (``ReportIn.at_ms``, on
+    the table's clock): the replay opens the window from that date, the one the replica
+    answered, however long Redis was away.
 
     When full, the oldest report is dropped: the newest say most about brokers
     now, and an old failure's window has often ended anyway. Drops are counted
@@ -30,30 +32,27 @@ class Journal:
 
     def __init__(self, max_reports: int) -> None:
         self._max = max_reports
-        self._items: deque[tuple[ReportIn, float]] = deque()
+        self._items: deque[ReportIn] = deque()
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def append(self, report: ReportIn, accepted_mono_ms: float) -> None:
+    def append(self, report: ReportIn) -> None:
+        """Keep ``report``, dated (``ReportIn.dated``) when the replica accepted it."""
+        if report.at_ms is None:
+            raise ValueError("a journaled report carries the date it was accepted at")
         if len(self._items) >= self._max:
             self._items.popleft()
             metrics.JOURNAL_DROPPED.labels("full").inc()
-        self._items.append((report, accepted_mono_ms))
+        self._items.append(report)
         metrics.JOURNAL_SIZE.set(len(self._items))
 
-    def take(self, n: int, now_mono_ms: float) -> list[ReportIn]:
-        """The oldest ``n`` reports with ``age_ms`` brought up to now; expired ones removed."""
-        while self._items:
-            report, accepted = self._items[0]
-            if report.age_ms + (now_mono_ms - accepted) <= MAX_REPORT_AGE_MS:
-                break
+    def take(self, n: int, now_ms: int) -> list[ReportIn]:
+        """The oldest ``n`` reports; those older than any window at ``now_ms`` removed."""
+        while self._items and now_ms - self._items[0].at(now_ms) > MAX_REPORT_AGE_MS:
             self._items.popleft()
             metrics.JOURNAL_DROPPED.labels("expired").inc()
-        out = []
-        for report, accepted in list(self._items)[:n]:
-            out.append(replace(report, age_ms=report.age_ms + int(now_mono_ms - accepted)))
-        return out
+        return list(itertools.islice(self._items, n))
 
     def drop(self, n: int) -> None:
         """Forget the oldest ``n`` reports once Redis has them."""
@@ -62,14 +61,15 @@ class Journal:
         metrics.JOURNAL_SIZE.set(len(self._items))
 
 
-async def replay(journal: Journal, send: Send, now_mono_ms: Callable[[], float]) -> None:
-    """Hand journaled reports to the store in order, each dated from when it was accepted.
+async def replay(journal: Journal, send: Send, now_ms: Callable[[], int]) -> None:
+    """Hand journaled reports to the store in order, each dated from when it was accepted
+    (``now_ms``: the table's clock, as the reports' dates).
 
     Each report keeps the sequence number it was given when first tried, so one that did
     reach Redis before its reply was lost is skipped there, not applied twice.
     """
     while journal:
-        batch = journal.take(REPLAY_BATCH, now_mono_ms())
+        batch = journal.take(REPLAY_BATCH, now_ms())
         if batch:
             try:
                 await send(batch)

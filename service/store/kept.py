@@ -58,7 +58,7 @@ class Kept:
                 view.faults.get(r.broker_name),
                 r.latency_ms,
                 r.isolation,
-                now - r.age_ms,
+                r.at(now),
                 config,
                 r.pending,
             )
@@ -71,7 +71,7 @@ class Kept:
                 metrics.DUPLICATE_REPORTS.inc()
                 kept[i] = first
                 continue
-            at = now - r.age_ms
+            at = r.at(now)
             if not self._quiet.add(r.broker_name, r.producer, r.latency_ms, at):
                 continue
             metrics.REPORTS_LOCAL.inc()
@@ -116,7 +116,8 @@ class Kept:
 
 def summary_args(batch: Sequence[Summary], now: int) -> list[Any]:
     """Report.lua's entries for ``batch``: one summary entry (``s``) per broker and producer
-    (docs/semantics.md), of the report entries' stride."""
+    (docs/semantics.md), of the report entries' stride; their ages are from ``now``, the
+    call's base (ARGV[11])."""
     args: list[Any] = []
     for sm in batch:
         args += [

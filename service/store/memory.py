@@ -114,7 +114,7 @@ class MemoryStore:
                     answer.tier_ms,
                     answer.reporters,
                     answer.available_at,
-                    now - r.age_ms,
+                    r.at(now),
                     now,
                 )
         return self._ids.settle(done, answers, now)
@@ -177,7 +177,7 @@ class MemoryStore:
         if self._log.maxlen == 0:
             return
         self._log_seq += 1
-        at = now - r.age_ms
+        at = r.at(now)
         self._log.append(
             LogEntry(
                 f"{now}-{self._log_seq}", r.broker_name, r.latency_ms, r.isolation, r.producer, at

@@ -378,13 +378,16 @@ class RedisStore:
 
         While the journal holds reports, new ones queue behind them so Redis
         receives every report in the order this replica accepted it.
+
+        Each report is dated once, here, on the table's clock as this replica knows it (a
+        lower bound of Redis's, ``RedisClock``): Redis running the call late, the answer
+        made from the copy when its reply is late, and the journal's replay all open the
+        window from that date, so what the producer was answered is what every copy holds.
         """
+        accepted = self.view.now_ms()
+        reports = [r.dated(accepted) for r in reports]
         if not self._journal and self.synced.is_set() and not self._recovering:
-            kept = (
-                self._kept.keep(self.view, reports, self.view.now_ms())
-                if self._flush_ms > 0
-                else {}
-            )
+            kept = self._kept.keep(self.view, reports, accepted) if self._flush_ms > 0 else {}
             sent = self._number([r for i, r in enumerate(reports) if i not in kept])
             if not sent:
                 return [kept[i] for i in range(len(reports))]
@@ -396,7 +399,7 @@ class RedisStore:
             else:
                 now = self.view.now_ms()
                 for r, answer in zip(sent, answers, strict=True):
-                    self._kept.written(r.broker_name, now - r.age_ms)
+                    self._kept.written(r.broker_name, r.at(now))
                     self._kept.ids.remember(r, answer, now)
             outcomes = iter(answers)
             return [kept[i] if i in kept else next(outcomes) for i in range(len(reports))]
@@ -419,7 +422,7 @@ class RedisStore:
         now = view.now_ms()
         old = view.faults.get(r.broker_name)
         if not self._kept.has_room(r.broker_name, r.producer) or not policy.quiet(
-            old, r.latency_ms, r.isolation, now - r.age_ms, view.config, r.pending
+            old, r.latency_ms, r.isolation, r.at(now), view.config, r.pending
         ):
             return None
         # Quiet with room (or a duplicate): kept, at the same ``now``.
@@ -452,7 +455,7 @@ class RedisStore:
         keys = self._report_keys()
         for _ in range(3):
             now = self.view.now_ms()
-            args = self._head_args(self.view.config) + summary_args(batch, now)
+            args = self._head_args(self.view.config, now) + summary_args(batch, now)
             reply = ReportReply.decode(
                 await self._eval("flush", keys, args, self._scripts["report"])
             )
@@ -491,10 +494,9 @@ class RedisStore:
             view.set_local_fault,
             self.namespace,
         )
-        received = mono_ms()
         answers = []
         for r, e in zip(fresh, applied.effects, strict=True):
-            self._journal.append(r, received)
+            self._journal.append(r.dated(now))
             answers.append(outcome(r, e, now, config, degraded=True))
             if not r.pending:
                 view.observe_latency(r.broker_name, r.latency_ms, now)
@@ -502,13 +504,16 @@ class RedisStore:
 
     async def replay_journal(self) -> None:
         """Hand journaled reports to Redis in order (their identities make it once only)."""
-        await replay(self._journal, self._report_remote, mono_ms)
+        await replay(self._journal, self._report_remote, self.view.now_ms)
 
     def _report_args(
         self, reports: Sequence[ReportIn], config: Config
     ) -> tuple[list[Any], list[int | None]]:
-        """report.lua's ARGV for ``reports`` under ``config``, and each report's tier."""
+        """report.lua's ARGV for ``reports`` under ``config``, and each report's tier. The
+        ages are from one reading of the table's clock, sent with them (``_head_args``):
+        report.lua dates each report as this replica did, whenever it runs the call."""
         enabled = config.send_latency_fault_enable
+        base = self.view.now_ms()
         tiers = [
             None
             if not enabled
@@ -517,14 +522,14 @@ class RedisStore:
             else strategy.tier(config, r.latency_ms, r.isolation)
             for r in reports
         ]
-        args = self._head_args(config)
+        args = self._head_args(config, base)
         for r, t in zip(reports, tiers, strict=True):
             duration = 0 if t is None else config.not_available_duration[t]
             args += [
                 r.broker_name,
                 r.latency_ms,
                 duration,
-                r.age_ms,
+                base - r.at(base),
                 int(r.isolation and not r.pending),
                 r.producer,
                 _vote(config, r, duration),
@@ -538,9 +543,10 @@ class RedisStore:
             ]
         return args, tiers
 
-    def _head_args(self, config: Config) -> list[Any]:
-        """report.lua's ARGV[1..10]: the config, rule, bounds, epoch, writer, integrity and
-        the stamp floor."""
+    def _head_args(self, config: Config, base: int) -> list[Any]:
+        """report.lua's ARGV[1..11]: the config, rule, bounds, epoch, writer, integrity, the
+        stamp floor and ``base``, the reading of the table's clock the entries' ages are
+        from."""
         enabled = config.send_latency_fault_enable
         rule = ("overwrite" if config.last_report_wins else "extend") if enabled else "off"
         return [
@@ -554,6 +560,7 @@ class RedisStore:
             self._replica_id,
             integrity_arg(self._acked),
             self._seen_stamp,
+            base,
         ]
 
     def _report_keys(self) -> tuple[str, ...]:

@@ -34,8 +34,12 @@
 --         highest sequence number the writer saw applied; a high-water mark below it means
 --         the table lost writes (status -3)
 -- ARGV[10] the caller's stamp floor: the highest stamp it has seen (lib/item.lua stamper)
--- ARGV[11..] fourteen values per report, applied in order: broker, latency ms, the tier's
---         window ms, age ms (it happened at now - age), isolation (0/1), producer ("" =
+-- ARGV[11] base: the caller's reading of this table's clock that the ages below are from
+--         ("" = now). A report happened at base - age, never after now (``dated``: the
+--         date the replica answered with, however late this call runs; detour.apply
+--         ReportIn.at)
+-- ARGV[12..] fourteen values per report, applied in order: broker, latency ms, the tier's
+--         window ms, age ms (it happened at base - age), isolation (0/1), producer ("" =
 --         none), quorum (1: a failure that waits for the isolation quorum, 2: a slow answer
 --         that waits for the latency quorum, 3: an in-flight signal, whose window ms is
 --         pending_duration's), jitter roll (0..jitterScale-1), the tier's latencyMax ms
@@ -59,8 +63,13 @@
 --   stamp); -2 table full (extra: items evicted); -3 the table is not the one the caller
 --   holds (extra: its epoch); -4 a report id reused with other content (extra: the report's
 --   1-based index): nothing written.
-local FIRST, STRIDE = 11, 14
+local FIRST, STRIDE = 12, 14
 local now = clock_ms()
+local base = ARGV[11] ~= '' and tonumber(ARGV[11]) or now
+-- When something happened ``age`` ms before the caller's base: never in the table's future.
+local function dated(age)
+  return math.min(base - tonumber(age), now)
+end
 local epoch = redis.call('HGET', KEYS[2], 'epoch') or ''
 local writer = ARGV[8]
 local g = {}
@@ -318,7 +327,7 @@ end
 -- detour.apply.apply_one for a report that is not a signal; returns the item after, and
 -- {duration, change, quorum, reporters, probe, kind, reason, visible}.
 local function apply_report(i, old)
-  local at = now - tonumber(ARGV[i + 3])
+  local at = dated(ARGV[i + 3])
   local isolation, voter = ARGV[i + 4] == '1', ARGV[i + 9]
   local duration = tonumber(ARGV[i + 2])
   local it = {stamp = 0, lat = ARGV[i + 1], e = 0, iso = 0, prob = false, reach = '',
@@ -509,7 +518,7 @@ local function apply_signal(i, old)
   if rule == 'off' or pending_quorum == 0 or duration == 0 then
     return nil
   end
-  local at = now - tonumber(ARGV[i + 3])
+  local at = dated(ARGV[i + 3])
   local voter = ARGV[i + 9]
   local it = old or {stamp = 0, lat = '0', e = 0, iso = 0, prob = false, reach = '',
     suspects = {}, slow = {}, signals = {}, why = nil}
@@ -599,14 +608,14 @@ for i = FIRST, #ARGV, STRIDE do
     mark(seq)
     if log_cap > 0 then
       redis.call('XADD', KEYS[3], 'MAXLEN', '~', log_cap, '*', 'b', broker, 'h', ARGV[i + 5],
-        's', fmt(now - tonumber(ARGV[i + 2])), 'p', ARGV[i + 9], 'w', writer,
-        't', fmt(now - tonumber(ARGV[i + 3])))
+        's', fmt(dated(ARGV[i + 2])), 'p', ARGV[i + 9], 'w', writer,
+        't', fmt(dated(ARGV[i + 3])))
     end
     summaries[#summaries + 1] = {broker, ARGV[i + 1], #ends + 1}
     answer(now, 0, 0, 0, 0, '', 0, 0)
   else
     mark(seq)
-    local at = now - tonumber(ARGV[i + 3])
+    local at = dated(ARGV[i + 3])
     local cur = redis.call('HGET', KEYS[1], broker)
     local old = cur and parse_item(cur) or nil
     local it, eff = nil, nil
