@@ -48,6 +48,15 @@ class Server:
     port: int
     #: per port: the lane's verdicts, in order ("direct" or "declined")
     ways: list[str] = field(default_factory=list)
+    uv: uvicorn.Server | None = None
+
+    def idle(self) -> bool:
+        """No request of this server is still running: the ASGI way records a request's
+        metrics after its last byte is sent, so its answer can reach the client first (the
+        lane records before it writes). uvicorn keeps each request's task in this set until
+        the task is done."""
+        assert self.uv is not None
+        return not self.uv.server_state.tasks
 
 
 WAYS: dict[int, list[str]] = {}
@@ -87,8 +96,8 @@ def running(
 
 
 def _serve(settings: Settings, tokens: TokenTable | None = None) -> Iterator[Server]:
-    with running(settings, tokens) as (port, _):
-        yield Server("redis" if settings.redis_url else "memory", port, WAYS[port])
+    with running(settings, tokens) as (port, uv):
+        yield Server("redis" if settings.redis_url else "memory", port, WAYS[port], uv)
 
 
 def _settings(store: str, redis_url: str | None, direct: bool) -> Settings:
@@ -216,9 +225,15 @@ def both(pair: tuple[Server, Server], request: bytes, mask: tuple[str, ...] = ()
          ) -> tuple[tuple[int, dict[str, str], bytes], dict[Any, float]]:  # fmt: skip
     """The request to each server: the same answer and the same metrics moved."""
     results = []
+    def idle() -> None:  # the registry is shared: neither server may still be recording
+        wait_until(lambda: all(s.idle() for s in pair), 10, "the servers finished",
+                   interval_s=0.005)
+
     for server in pair:
+        idle()
         before = samples()
         answer = exchange(server.port, request)
+        idle()
         results.append((answer, moved(before, samples())))
     (a, ma), (b, mb) = results
     same_answer(a, b, mask)
