@@ -17,7 +17,7 @@ from service.settings import Settings
 from service.store import codec
 from service.store.merge import Candidates, calls
 from tests import lua
-from tests.procs import RedisServer, ServiceProcess, wait_until
+from tests.procs import PATIENT_CALL_TIMEOUT_S, RedisServer, ServiceProcess, wait_until
 from tests.proxy import DelayProxy
 
 pytestmark = [pytest.mark.integration]
@@ -177,7 +177,10 @@ def test_a_flush_is_noticed_by_the_first_write_after_it(redis_url: str,
                                                          redis_server: RedisServer) -> None:
     """FLUSHALL, then a report before any poll: the write reply carries the loss, the
     replica re-seeds first (route, config, the open window) and only then writes."""
-    settings = Settings(redis_url=redis_url, sync_interval_s=60)  # no poll in this test
+    # no poll in this test; a call timeout a busy machine does not reach (the write must go
+    # to Redis, not to the journal)
+    settings = Settings(redis_url=redis_url, sync_interval_s=60,
+                        redis_call_timeout_s=PATIENT_CALL_TIMEOUT_S)
     raw = redis_server.client()
     with TestClient(create_app(settings)) as c:
         c.put("/routes/t", json=ROUTE)

@@ -15,7 +15,14 @@ import pytest
 import redis
 
 from service.store import codec
-from tests.procs import RedisServer, ServiceProcess, end_process, free_port, wait_until
+from tests.procs import (
+    PATIENT_ENV,
+    RedisServer,
+    ServiceProcess,
+    end_process,
+    free_port,
+    wait_until,
+)
 from tests.proxy import DelayProxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
@@ -65,7 +72,8 @@ def test_failover_to_a_replica_that_missed_writes_loses_nothing_a_replica_holds(
 
         wait_until(watching, 30, "the sentinel sees the replica", interval_s=0.1)
         url = f"redis+sentinel://127.0.0.1:{sentinel_port}/{name}/0"
-        svc = ServiceProcess(redis_url=url, env={"DETOUR_SYNC_INTERVAL_S": "0.2"})
+        # (patient calls: the scenario needs the master to acknowledge the missed reports)
+        svc = ServiceProcess(redis_url=url, env={"DETOUR_SYNC_INTERVAL_S": "0.2", **PATIENT_ENV})
         with httpx.Client(base_url=svc.url, timeout=10) as c:
             route = {"brokers": [{"brokerName": b, "writeQueueNums": 2} for b in "abc"]}
             assert c.put("/routes/t", json=route).status_code == 200
