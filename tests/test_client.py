@@ -21,6 +21,7 @@ from detour.client import (
     TopicNotFound,
 )
 from tests.procs import ServiceProcess, wait_until
+from tests.proxy import DelayProxy
 
 pytestmark = pytest.mark.e2e
 
@@ -108,6 +109,42 @@ def test_the_deadline_stops_new_attempts(service: ServiceProcess, admin: httpx.C
     assert all(isinstance(e, TimeoutError) for e in err.errors)
     _, items = fault_items(admin)
     assert all(items[b]["available"] is False for b in calls)
+
+
+def test_a_restore_reaches_a_cached_client_whose_own_report_was_unanswered(
+    service: ServiceProcess, admin: httpx.Client
+) -> None:
+    """The client's report reaches Detour, but Detour's answer to its batch is held back;
+    meanwhile an operator restores the broker. Until the answer comes the client keeps its
+    own report on top of Detour's items (it cannot know Detour holds it); once it comes,
+    the broker's item is Detour's again: restored, not avoided for the rest of the window.
+    The late answer is caused on purpose (a proxy holds the batch's reply)."""
+    put_route(admin, "cache-r-t", {"cache-r": 1, "cache-s": 1})
+    proxy = DelayProxy(int(service.url.rsplit(":", 1)[1]))
+    try:
+        with DetourClient(f"http://127.0.0.1:{proxy.port}", mode="cached", timeout=20,
+                          deadline=30) as one, \
+                DetourClient(service.url, mode="cached") as two:
+            assert one.wait_ready(15) and two.wait_ready(15)
+
+            def avoids(client: DetourClient) -> bool:
+                return client.select("cache-r-t", last_broker="cache-s").broker_name != "cache-r"
+
+            proxy.hold_reply_to, proxy.hold_reply_s = b'"cache-r"', 8.0
+            one.report("cache-r", 3, isolation=True)
+            assert avoids(one)
+            wait_until(lambda: avoids(two), 10, "Detour applied the report and pushed it")
+            admin.delete("/fault-items/cache-r").raise_for_status()
+            wait_until(lambda: not avoids(two), 10, "the restore pushed")
+            # the premise: the restore arrived while the client's answer was still held
+            assert proxy.held == 1 and one.stats().pending_reports == 1
+            assert avoids(one)  # its report still waits: re-applied on the restore
+            wait_until(lambda: one.stats().pending_reports == 0, 20, "the answer came")
+            wait_until(lambda: not avoids(one), 5, "the restore reached the client")
+            _, items = fault_items(admin)
+            assert "cache-r" not in items or items["cache-r"]["available"]
+    finally:
+        proxy.close()
 
 
 def test_programming_mistakes_are_raised(service: ServiceProcess) -> None:

@@ -30,19 +30,29 @@ isolation behind a run of fast answers), found among the newest
 ``REAPPLY_SCAN`` waiting reports. Older reports of the broker are not
 re-applied: their effect on the copy returns with Detour's push once their
 batch is accepted (or they are dropped, and counted).
+
+And once Detour has answered a batch, its reports are no longer re-applied. An event that
+arrived while the batch was in flight may already hold them, or may be one they were meant
+to undo: an operator's restore, a probe that passed. So the broker's item becomes Detour's
+last again, with only the reports still waiting on top (``StreamApplier.settle``). A
+report Detour applied after that event comes back with its own push, milliseconds later.
+Re-applying it instead would keep a restored broker avoided for the rest of its window.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from detour import strategy
 from detour.client import wire
 from detour.client.local import LocalTable, OwnReport
 from detour.client.pending import Pending, PendingReports, mono_ms
 from detour.client.sse import Event
-from detour.model import Config
+from detour.model import Config, FaultItem
 
 #: Flush reports at least this often (s) ...
 FLUSH_INTERVAL_S = 0.05
@@ -102,6 +112,13 @@ class StreamApplier:
         self.table = table
         self.clock = clock
         self.pending = pending
+        #: Detour's item of each broker an event re-applied waiting reports on: at most one
+        #: per broker with a waiting report, dropped when they are settled (``settle``)
+        self._under: dict[str, FaultItem | None] = {}
+        #: events and settlements are applied one at a time (the stream's reader and the
+        #: flush are two threads): a settlement never puts back an older item than an
+        #: event applied meanwhile
+        self._lock = threading.Lock()
 
     def handle(self, event: Event, received_mono_ms: float) -> None:
         """Apply one event. Unknown kinds are ignored (a newer service may add some).
@@ -113,26 +130,64 @@ class StreamApplier:
         now = data.get("now")
         if isinstance(now, int):
             self.clock.observe(now, received_mono_ms)
-        kind = event.kind
+        with self._lock:
+            self._apply(event.kind, data, received_mono_ms)
+
+    def _apply(self, kind: str, data: dict[str, Any], received_mono_ms: float) -> None:
         table = self.table
         if kind == "snapshot":
             items = (wire.fault(i) for i in data["items"])
+            faults = {i.broker_name: i for i in items if i is not None}
             table.replace(
                 wire.config(data["config"]),
                 [wire.route(r) for r in data["routes"]],
-                {i.broker_name: i for i in items if i is not None},
-                lambda config: self.own(None, received_mono_ms, config),
+                faults,
+                lambda config: self._own_on(None, faults, received_mono_ms, config),
             )
         elif kind == "fault":
             broker = str(data["brokerName"])
+            item = wire.fault(data)
             table.set_fault(
-                broker, wire.fault(data), lambda config: self.own(broker, received_mono_ms, config)
+                broker,
+                item,
+                lambda config: self._own_on(broker, {broker: item}, received_mono_ms, config),
             )
         elif kind == "route":
             topic = str(data["topic"])
             table.set_route(topic, None if data.get("deleted") else wire.route(data))
         elif kind == "config":
             table.set_config(wire.config(data))
+
+    def settle(self, batch: Sequence[Pending]) -> None:
+        """Detour answered ``batch`` (took it, or refused it for good): where an event
+        re-applied these reports on Detour's item of their broker, the item is Detour's
+        again, with only the reports still waiting on top (the module's docstring says
+        why). Nothing to do for a broker no event arrived for meanwhile."""
+        with self._lock:
+            for broker in {p.broker_name for p in batch}:
+                if broker in self._under:
+                    self._restore(broker, self._under.pop(broker))
+
+    def _restore(self, broker: str, item: FaultItem | None) -> None:
+        """Under the lock: Detour's ``item`` of ``broker``, then the reports still waiting."""
+        now = mono_ms()
+        self.table.set_fault(
+            broker, item, lambda config: self._own_on(broker, {broker: item}, now, config)
+        )
+
+    def _own_on(
+        self,
+        broker: str | None,
+        items: Mapping[str, FaultItem | None],
+        now_ms: float,
+        config: Config,
+    ) -> list[OwnReport]:
+        """``own``, noting Detour's item (from ``items``) of each broker it re-applies
+        reports on, for ``settle``."""
+        out = self.own(broker, now_ms, config)
+        for b in {r[0] for r in out}:
+            self._under[b] = items.get(b)
+        return out
 
     def own(self, broker: str | None, now_ms: float, config: Config) -> list[OwnReport]:
         """The waiting reports an event re-applies (of ``broker``, or of every broker for a

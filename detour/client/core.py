@@ -176,6 +176,13 @@ class ClientCore:
         config_due = self._config_checked is None or now - self._config_checked >= ROUTE_REFRESH_S
         return route_due, config_due
 
+    def settled(self, batch: list[Pending], accepted: bool) -> None:
+        """Detour answered ``batch``: it took it (``accepted``) or refused it for good.
+        Either way its reports are no longer re-applied to the table
+        (``StreamApplier.settle``)."""
+        self.pending.done(batch, accepted)
+        self.applier.settle(batch)
+
     def batch_answered(self, answered: bool) -> None:
         """How the last report batch ended: a batch Detour did not answer in time (busy,
         throttled, away) is followed by one half as large, down to ``MIN_BATCH``; one it

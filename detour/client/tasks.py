@@ -42,7 +42,7 @@ async def flush_once(core: ClientCore, call: AsyncCall) -> bool:
         await call("POST", "/report-latency:batch", core.batch_body(batch))
     except DetourRequestError as exc:
         log.error("detour refused %d reports, dropped: %s", len(batch), exc)
-        core.pending.done(batch, accepted=False)
+        core.settled(batch, accepted=False)
         return False
     except DetourUnavailable as exc:
         log.debug("report batch not sent: %s", exc)
@@ -55,7 +55,7 @@ async def flush_once(core: ClientCore, call: AsyncCall) -> bool:
             raise
         log.exception("report batch failed")
         return False
-    core.pending.done(batch, accepted=True)
+    core.settled(batch, accepted=True)
     core.batch_answered(True)
     return True
 

@@ -45,7 +45,7 @@ def flush_once(core: ClientCore, call: Callable[[str, str, object], Any]) -> boo
         call("POST", "/report-latency:batch", core.batch_body(batch))
     except DetourRequestError as exc:
         log.error("detour refused %d reports, dropped: %s", len(batch), exc)
-        core.pending.done(batch, accepted=False)
+        core.settled(batch, accepted=False)
         return False
     except DetourUnavailable as exc:
         log.debug("report batch not sent: %s", exc)
@@ -56,7 +56,7 @@ def flush_once(core: ClientCore, call: Callable[[str, str, object], Any]) -> boo
         log.exception("report batch failed")
         core.pending.retry(batch)
         return False
-    core.pending.done(batch, accepted=True)
+    core.settled(batch, accepted=True)
     core.batch_answered(True)
     return True
 
