@@ -242,6 +242,7 @@ def test_the_idle_timer_is_made_once_per_connection_and_closes_when_uvicorns_wou
     answer = b"HTTP/1.1 200 "
     with server(keep_alive_s=1) as port, socket.create_connection(("127.0.0.1", port),
                                                                    timeout=10) as s:
+        started = time.monotonic()
         for _ in range(200):  # back to back: one timer for all of them
             s.sendall(post)
             got = b""
@@ -249,8 +250,11 @@ def test_the_idle_timer_is_made_once_per_connection_and_closes_when_uvicorns_wou
                 chunk = s.recv(65536)
                 assert chunk, "closed while busy"
                 got += chunk
+        took = time.monotonic() - started
         made = {id(t) for t in SEEN.timers if t is not None}
-        assert len(SEEN.timers) == 200 and len(made) <= 2, len(made)
+        # One timer, and one more each time it fired (once a second at most: a busy machine
+        # may take seconds for the 200), against uvicorn's 200.
+        assert len(SEEN.timers) == 200 and len(made) <= 2 + int(took), (len(made), took)
         # Busy across more than two timeouts, a request every 0.4 s: the timer fires,
         # finds the connection idle for less than 1 s, waits out the rest; never closes.
         deadline = time.monotonic() + 2.5
