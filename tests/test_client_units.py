@@ -327,6 +327,44 @@ def _wait(
     pending.add([pending.make(broker, ms, isolation, mono_ms() - ago_ms)])
 
 
+@pytest.mark.parametrize("event", ["fault", "snapshot"])
+@pytest.mark.parametrize("accepted", [True, False])
+def test_an_event_that_came_while_a_batch_was_in_flight_is_detours_word_once_it_answers(
+    event: str, accepted: bool
+) -> None:
+    """A restore of a (a delete, or a snapshot without it) arrives while our report of a is
+    in flight: it is re-applied on top (Detour may not have it yet). Once Detour answers
+    the batch (took it, or refused it for good) the restore stands, with only the reports
+    still waiting on top; a broker no event came for is left as it is."""
+    applier, table, pending, now = _applier_with_route()
+    for broker in "ab":
+        table.apply_report(broker, 5, isolation=True)
+        _wait(pending, broker, 5, isolation=True)
+    b_before = table.fault("b")
+    assert b_before is not None
+    batch = pending.take(10)
+    b_item = {"brokerName": "b", "availableAt": b_before.available_at, "currentLatencyMs": 5}
+    restore = (Event("fault", {"brokerName": "a", "deleted": True, "now": now})
+               if event == "fault" else
+               Event("snapshot", {"now": now, "config": {}, "routes": [ROUTE_JSON],
+                                  "items": [b_item]}))
+    applier.handle(restore, mono_ms())
+    a = table.fault("a")
+    assert a is not None and a.available_at > now  # our report, re-applied on the restore
+    _wait(pending, "b", 3)  # a later report of b, not in the batch: still waiting after it
+    pending.done(batch, accepted)
+    applier.settle(batch)
+    assert table.fault("a") is None  # the restore stands
+    b = table.fault("b")
+    assert b is not None and b.available_at == b_before.available_at
+    if event == "snapshot":  # Detour's b, and the report still waiting on it
+        assert b.current_latency_ms == 3
+    else:  # no event for b came: b as it was
+        assert b == b_before
+    applier.settle(batch)  # settling again changes nothing
+    assert table.fault("a") is None and table.fault("b") == b
+
+
 @pytest.mark.parametrize("waiting", [0, 5, 8, 9, 600, 10_000])
 def test_an_event_reapplies_a_bounded_share_of_the_waiting_reports(waiting: int) -> None:
     """However many reports wait (Detour refusing batches), an event for a broker re-applies
