@@ -365,6 +365,36 @@ def test_an_event_that_came_while_a_batch_was_in_flight_is_detours_word_once_it_
     assert table.fault("a") is None and table.fault("b") == b
 
 
+def test_only_an_event_during_the_flight_is_settled_and_the_latest_event_counts() -> None:
+    """An event that came while the report only waited (not sent yet) cannot hold it: the
+    re-applied report stands when its batch is answered (Detour's push of it follows). And
+    a settlement restores the broker's latest event, never an older one a batch that was
+    put back (not answered) saw."""
+    applier, table, pending, now = _applier_with_route()
+    delete = Event("fault", {"brokerName": "a", "deleted": True, "now": now})
+    table.apply_report("a", 5, isolation=True)
+    _wait(pending, "a", 5, isolation=True)
+    applier.handle(delete, mono_ms())  # before the send: re-applied, and it stands
+    batch = pending.take(10)
+    pending.done(batch, True)
+    applier.settle(batch)
+    a = table.fault("a")
+    assert a is not None and a.available_at > now
+    # In flight, a restore; the batch is not answered and goes back; then Detour's newer
+    # word on a (its window) with nothing in flight; the batch is sent again and answered.
+    _wait(pending, "a", 5, isolation=True)
+    batch = pending.take(10)
+    applier.handle(delete, mono_ms())
+    pending.retry(batch)
+    window = {"brokerName": "a", "availableAt": now + 600_000, "currentLatencyMs": 5}
+    applier.handle(Event("fault", {**window, "now": now}), mono_ms())
+    batch = pending.take(10)
+    pending.done(batch, True)
+    applier.settle(batch)
+    a = table.fault("a")
+    assert a is not None and a.available_at >= now + 600_000  # not the older restore
+
+
 @pytest.mark.parametrize("waiting", [0, 5, 8, 9, 600, 10_000])
 def test_an_event_reapplies_a_bounded_share_of_the_waiting_reports(waiting: int) -> None:
     """However many reports wait (Detour refusing batches), an event for a broker re-applies

@@ -112,8 +112,9 @@ class StreamApplier:
         self.table = table
         self.clock = clock
         self.pending = pending
-        #: Detour's item of each broker an event re-applied waiting reports on: at most one
-        #: per broker with a waiting report, dropped when they are settled (``settle``)
+        #: Detour's item of each broker whose latest event came while a report of it was in
+        #: flight and was re-applied on it: at most one per broker of the table, dropped
+        #: when the batch is settled (``settle``) or by the broker's next event
         self._under: dict[str, FaultItem | None] = {}
         #: events and settlements are applied one at a time (the stream's reader and the
         #: flush are two threads): a settlement never puts back an older item than an
@@ -183,10 +184,17 @@ class StreamApplier:
         config: Config,
     ) -> list[OwnReport]:
         """``own``, noting Detour's item (from ``items``) of each broker it re-applies
-        reports on, for ``settle``."""
+        reports on while one of them is in flight, for ``settle``. An event that came
+        before a report was sent cannot hold it: its re-application stands until Detour's
+        push of it."""
+        if broker is None:
+            self._under.clear()  # a snapshot: every broker's latest word
+        else:
+            self._under.pop(broker, None)
         out = self.own(broker, now_ms, config)
         for b in {r[0] for r in out}:
-            self._under[b] = items.get(b)
+            if self.pending.flying(b):
+                self._under[b] = items.get(b)
         return out
 
     def own(self, broker: str | None, now_ms: float, config: Config) -> list[OwnReport]:

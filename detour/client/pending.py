@@ -71,6 +71,8 @@ class PendingReports:
         self._lock = threading.Lock()
         self._items: deque[Pending] = deque()
         self._inflight: list[Pending] = []
+        #: reports in flight per broker (``flying``), kept with ``_inflight``
+        self._flying: dict[str, int] = {}
         self._seq = itertools.count(1)
         #: reports dropped: queue full (oldest first), or refused by Detour (4xx).
         self.dropped = 0
@@ -138,6 +140,8 @@ class PendingReports:
                 self.dropped += 1
             batch = [self._popleft() for _ in range(min(n, len(self._items)))]
             self._inflight.extend(batch)
+            for p in batch:
+                self._flying[p.broker_name] = self._flying.get(p.broker_name, 0) + 1
             return batch
 
     def done(self, batch: list[Pending], accepted: bool) -> None:
@@ -160,7 +164,22 @@ class PendingReports:
 
     def _forget(self, batch: list[Pending]) -> None:
         ids = {p.seq for p in batch}
-        self._inflight = [p for p in self._inflight if p.seq not in ids]
+        kept = []
+        for p in self._inflight:
+            if p.seq in ids:
+                left = self._flying[p.broker_name] - 1
+                if left:
+                    self._flying[p.broker_name] = left
+                else:
+                    del self._flying[p.broker_name]
+            else:
+                kept.append(p)
+        self._inflight = kept
+
+    def flying(self, broker: str) -> bool:
+        """A report of ``broker`` is in a batch Detour has not answered yet."""
+        with self._lock:
+            return broker in self._flying
 
     def abandon(self) -> int:
         """The client closed with these unsent: counted as dropped and no longer pending
@@ -169,6 +188,7 @@ class PendingReports:
             left = len(self._items) + len(self._inflight)
             self._items.clear()
             self._inflight.clear()
+            self._flying.clear()
             self._urgent = 0
             self.dropped += left
         return left
