@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -109,8 +110,6 @@ def test_pushes_stay_on_the_owning_shard_and_survive_its_failover(
                     and writer.synced.is_set() and follower.synced.is_set(), 30,
                     "both subscribed again on the new master", interval_s=0.05)
             except TimeoutError as exc:
-                # Seen once in ~40 runs beside a CPU hog, not yet explained: say where
-                # the subscribers are and what each node is, for the next one to read.
                 raise TimeoutError(f"{exc}; {_where(cluster, writer, follower)}") from None
             at = await report(writer, "b")
             await wait_until_async(lambda: "b" in follower.view.faults, 20,
@@ -180,6 +179,56 @@ def test_subscriptions_follow_a_slot_move(cluster: ReplicatedCluster) -> None:
             assert follower.view.faults["b"].available_at == out.available_at
         finally:
             await follower.close()
+            await writer.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_stale_slot_map_never_leaves_the_subscription_on_a_replica(
+    cluster: ReplicatedCluster,
+) -> None:
+    """The slot map a process reads after a failover can come from a node that has not yet
+    heard of it, and name the old master, by then a replica. Redis takes ``SSUBSCRIBE``
+    there, but a new master publishes past a replica it does not yet count in its shard:
+    pushes lost. Here the first map a process reads names the slot's replica (a stale map,
+    injected): the process finds it subscribed on a replica, reads the map again and ends
+    on the master, where pushes reach it."""
+    master, replica = cluster.owner(META)
+    settings = Settings(redis_url=cluster.url, sync_interval_s=60,
+                        redis_call_timeout_s=PATIENT_CALL_TIMEOUT_S)
+
+    async def scenario() -> None:
+        writer, stale = RedisStore(settings), RedisStore(settings)
+        topology = stale._topology
+        real = topology._pubsub_nodes
+        maps_read = 0
+
+        def first_map_stale(client: Any) -> tuple[list[tuple[str, int]], bool]:
+            nonlocal maps_read
+            maps_read += 1
+            if maps_read == 1:
+                return [("127.0.0.1", replica.port)], True
+            return real(client)
+
+        topology._pubsub_nodes = first_map_stale  # type: ignore[method-assign]
+        await writer.start()
+        await stale.start()
+        try:
+            try:
+                await wait_until_async(
+                    lambda: _shard_subscribers(master) == 2 and writer.synced.is_set()
+                    and stale.synced.is_set(), 20, "both subscribed on the slot's master",
+                    interval_s=0.05)
+            except TimeoutError as exc:
+                raise TimeoutError(f"{exc}; {_where(cluster, writer, stale)}") from None
+            assert maps_read >= 2, "the stale map was never read"
+            assert _shard_subscribers(replica) == 0, "a subscription left on the replica"
+            (out,) = await writer.report_many([ReportIn("a", 0, True)])
+            await wait_until_async(lambda: "a" in stale.view.faults, 20, "the push",
+                                   interval_s=0.05)
+            assert stale.view.faults["a"].available_at == out.available_at
+        finally:
+            await stale.close()
             await writer.close()
 
     asyncio.run(scenario())

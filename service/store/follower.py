@@ -297,6 +297,8 @@ class Follower:
                     await pubsub.subscribe(self._channel)
                 # Snapshot only once Redis confirms, so no change falls between.
                 await self._wait_subscribed(pubsub)
+                if self._sharded and replica is None:
+                    await self._topology.check_slot_master(pubsub)
                 # Another Redis process than before (a restart, a failover) does not know
                 # this replica's mark: the resync merges.
                 await store.check_identity()

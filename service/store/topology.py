@@ -158,6 +158,31 @@ class Topology:
             held["commands"] -= sub
         return held
 
+    async def check_slot_master(self, pubsub: PubSub) -> None:
+        """Cluster, once a sharded subscription is confirmed: it must be on a master.
+
+        A slot map read from a node that has not yet heard of a failover names the old
+        master, by then the new one's replica. Redis takes ``SSUBSCRIBE`` there too, but
+        for a moment after the failover the new master does not count that node in its
+        shard and publishes past it: pushes lost until the next one shows the gap, or the
+        next poll. A node drops its sharded subscribers in the same step in which it stops
+        serving the slot, before it calls itself a replica; so a node that still says
+        "master" once the subscription is confirmed drops it (and this process subscribes
+        again) when it stops being one. A replica's subscription is refused here: the
+        caller fails it, and the next one reads the slot map again.
+        """
+        client = self._conn.main
+        conn = pubsub.connection
+        if not isinstance(client, RedisCluster) or conn is None:
+            return
+        node = client.get_node(host=conn.host, port=conn.port)
+        if node is None:
+            return  # (a node the map no longer names: the next push or poll tells)
+        async with asyncio.timeout(self._timeout_s):
+            role = await client.execute_command("ROLE", target_nodes=node)
+        if str(role[0]) != "master":
+            raise StoreUnavailable("subscribed on a replica: the slot map read was stale")
+
     def open_pubsub(self) -> tuple[PubSub, Redis | None]:
         """A pub/sub connection for the changes channel, and the client to close with it."""
         client = self._conn.main
