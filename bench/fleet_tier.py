@@ -221,8 +221,6 @@ def _replica(primary: RedisServer, maxclients: int) -> RedisServer:
             "--replicaof",
             "127.0.0.1",
             str(primary.port),
-            "--repl-diskless-sync-delay",
-            "0",
             "--maxclients",
             str(maxclients),
         ]
@@ -236,7 +234,10 @@ def _replica(primary: RedisServer, maxclients: int) -> RedisServer:
 
 async def tier_run(opts: Options, redis_replicas: int, n: int) -> dict[str, TierPhase]:
     """One primary with ``redis_replicas`` replicas, ``n`` sidecars on them."""
-    primary = RedisServer(extra=["--maxclients", str(3 * n + 64)])
+    # (a master's setting: without it, each replica's full sync waits 5 s for more replicas)
+    primary = RedisServer(
+        extra=["--maxclients", str(3 * n + 64), "--repl-diskless-sync-delay", "0"]
+    )
     readers: list[RedisServer] = []
     store = RedisStore(
         Settings(

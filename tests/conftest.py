@@ -22,6 +22,12 @@ if TYPE_CHECKING:
 # out of the box (``recommended``) is tested where it is the point: tests/test_profiles.py.
 os.environ.setdefault("DETOUR_PROFILE", "rocketmq-4")
 
+# GET /metrics renders at most once per DETOUR_METRICS_CACHE_S (1 s): a scrape within a
+# second of the last rendering waits for the next. Many tests read a counter before and
+# after what they do, and would wait a second each time; only test_bounds' scrape test is
+# about the rate, and it sets its own.
+os.environ.setdefault("DETOUR_METRICS_CACHE_S", "0")
+
 # Every JVM the suite starts (Spark's drivers, spark-submit, the Java example) lives for
 # seconds: its JIT's optimising tier costs more CPU than it saves (about 40% of
 # spark-submit's CPU here), and on a 2-core machine that CPU is the suite's wall time.

@@ -197,7 +197,8 @@ def _busy_table(http: httpx.Client, brokers: int) -> None:
 
 # ------------------------------------------------------------------------------ /metrics
 def test_scrapes_need_a_token_stay_bounded_and_never_slow_selects(tokens_file: Path) -> None:
-    env = {"DETOUR_TOKENS_FILE": str(tokens_file), "DETOUR_METRICS_MAX_BROKERS": "300"}
+    env = {"DETOUR_TOKENS_FILE": str(tokens_file), "DETOUR_METRICS_MAX_BROKERS": "300",
+           "DETOUR_METRICS_CACHE_S": "1"}  # (the default; the suite's is 0)
     with ServiceProcess(env=env) as svc, httpx.Client(base_url=svc.url, timeout=30) as http:
         _calm_tenant(http)
         _busy_table(http, 1000)

@@ -1062,7 +1062,9 @@ def test_fanout_overlay_replicates_with_its_acl_and_lists_every_replica() -> Non
         return out
 
     password = "pw-fanout"
-    primary = RedisServer(extra=server_args(_args(primary_c, password)))
+    # (not the manifest's: a test's full sync need not wait 5 s for more replicas)
+    primary = RedisServer(extra=[*server_args(_args(primary_c, password)),
+                                 "--repl-diskless-sync-delay", "0"])
     replica = RedisServer(extra=[*server_args(_args(replica_c, password)),
                                  "--replicaof", "127.0.0.1", str(primary.port)])
     try:

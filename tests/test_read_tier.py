@@ -38,8 +38,9 @@ class Replicated:
     """A primary and one replica of it, linked and in sync."""
 
     def __init__(self) -> None:
-        self.primary = RedisServer()
-        self.replica = RedisServer(extra=["--repl-diskless-sync-delay", "0"])
+        # (a master's setting: without it, each full sync waits 5 s for more replicas)
+        self.primary = RedisServer(extra=["--repl-diskless-sync-delay", "0"])
+        self.replica = RedisServer()
         self.follow()
 
     def follow(self) -> None:
