@@ -90,6 +90,57 @@ async def wait_until_async(check: object, timeout_s: float, what: str,
     raise TimeoutError(f"{what} not seen after {timeout_s}s (last error: {last!r})")
 
 
+#: How many ports a server tries before giving up: each is free when chosen, but another
+#: worker's server may bind it before this one does (rare, and never five times in a row).
+PORT_TRIES = 5
+
+
+def start_redis_process(args: Sequence[str], port: int, what: str,
+                        stdout: Any = subprocess.DEVNULL) -> subprocess.Popen[bytes] | None:
+    """Start a redis-server (or sentinel) that listens on ``port``; None when it exited
+    before it was up, its port taken meanwhile.
+
+    Up means that the server answering on the port is this process (``INFO server``'s
+    ``process_id``): a port taken by another worker's server answers a PING too, and a test
+    would then talk to someone else's server.
+    """
+    proc = subprocess.Popen(list(args), stdout=stdout, stderr=subprocess.DEVNULL)
+    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
+
+    def ours() -> bool:
+        if proc.poll() is not None:
+            return True  # exited: stop waiting
+        return int(client.info("server")["process_id"]) == proc.pid
+
+    try:
+        wait_until(ours, 10, f"{what} on {port}")
+    except BaseException:
+        end_process(proc)
+        raise
+    finally:
+        client.close()
+    return proc if proc.poll() is None else None
+
+
+def start_sentinel(workdir: Path, config: str) -> tuple[subprocess.Popen[bytes], int]:
+    """A ``redis-sentinel`` on a free loopback port, ``config`` its monitor lines; returns
+    the process and its port."""
+    binary = shutil.which("redis-sentinel")
+    server = shutil.which("redis-server")
+    if server is None:
+        raise RuntimeError("redis-server not found: run `make test` (it installs it)")
+    for _ in range(PORT_TRIES):
+        port = free_port()
+        conf = workdir / f"sentinel-{port}.conf"
+        conf.write_text(f"port {port}\nbind 127.0.0.1\ndir {workdir}\n{config}")
+        # redis-sentinel is redis-server started as a sentinel (same binary).
+        args = [binary, str(conf)] if binary else [server, str(conf), "--sentinel"]
+        proc = start_redis_process(args, port, "redis-sentinel")
+        if proc is not None:
+            return proc, port
+    raise RuntimeError(f"redis-sentinel found no free port in {PORT_TRIES} tries")
+
+
 class RedisServer:
     """A throwaway ``redis-server`` with no persistence, on a free port."""
 
@@ -106,18 +157,20 @@ class RedisServer:
         # SIGKILL loses nothing that was acknowledged.
         aof = ["--appendonly", "yes", "--appendfsync", "always"] if persistent \
             else ["--appendonly", "no"]
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *aof,
-             "--dir", self.dir, "--protected-mode", "yes", *extra],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        for _ in range(PORT_TRIES):
+            proc = start_redis_process(
+                [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *aof,
+                 "--dir", self.dir, "--protected-mode", "yes", *extra],
+                self.port, "redis-server")
+            if proc is not None:
+                break
+            if port is not None:  # asked for this port (a restart in place): no other
+                raise RuntimeError(f"redis-server could not listen on {self.port}")
+            self.port = free_port()
+        else:
+            raise RuntimeError(f"redis-server found no free port in {PORT_TRIES} tries")
+        self.proc = proc
         self.url = f"redis://127.0.0.1:{self.port}/0"
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1)
-        try:
-            wait_until(client.ping, 10, f"redis-server on {self.port}")
-        finally:
-            client.close()
 
     def client(self) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2,

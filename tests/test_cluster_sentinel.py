@@ -39,6 +39,7 @@ from tests.procs import (
     ServiceProcess,
     end_process,
     free_port,
+    start_sentinel,
     wait_until,
     wait_until_async,
 )
@@ -149,7 +150,7 @@ class SentinelSetup:
         # same name, so another deployment of the suite's (another worker's) is never mixed in.
         self.name = f"detour-{secrets.token_hex(4)}"
         self.sentinels: list[subprocess.Popen[bytes]] = []
-        self.sentinel_ports = [free_port() for _ in range(count)]
+        self.sentinel_ports: list[int] = []
         # No 5 s wait for more replicas before the first full sync.
         self.master = RedisServer(persistent=True, extra=["--repl-diskless-sync-delay", "0"])
         self.replica: RedisServer | None = None
@@ -160,40 +161,36 @@ class SentinelSetup:
             replica = self.replica
             wait_until(lambda: _replication(replica)["master_link_status"] == "up", 20,
                        "replica in sync")
-            binary = shutil.which("redis-sentinel")
-            server = shutil.which("redis-server")
-            assert server is not None
-            for port in self.sentinel_ports:
-                conf = self.dir / f"sentinel-{port}.conf"
-                conf.write_text(
-                    f"port {port}\nbind 127.0.0.1\ndir {self.dir}\n"
+            self.sentinel_ports = []
+            for _ in range(count):
+                proc, port = start_sentinel(
+                    self.dir,
                     f"sentinel monitor {self.name} 127.0.0.1 {self.master.port} 1\n"
                     f"sentinel down-after-milliseconds {self.name} {down_after_ms}\n"
                     f"sentinel failover-timeout {self.name} 5000\n"
                     f"sentinel parallel-syncs {self.name} 1\n")
-                # redis-sentinel is redis-server started as a sentinel (same binary).
-                args = [binary, str(conf)] if binary else [server, str(conf), "--sentinel"]
-                self.sentinels.append(subprocess.Popen(
-                    args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                self.sentinels.append(proc)
+                self.sentinel_ports.append(port)
 
             seen: dict[int, object] = {}  # what each sentinel last said, for a timeout
 
+            def ready(port: int) -> bool:
+                with self.sentinel_client(port) as s:
+                    state = s.sentinel_master(self.name)
+                    replicas = s.sentinel_slaves(self.name)
+                seen[port] = (state["num-other-sentinels"], state["port"], [
+                    {k: r[k] for k in ("port", "is_disconnected", "is_sdown", "runid",
+                                       "master-link-status")} for r in replicas])
+                if state["num-other-sentinels"] != count - 1 or len(replicas) != 1:
+                    return False
+                # Linked and read (INFO): else the sentinel would find no replica to promote.
+                r = replicas[0]
+                return not (r["is_disconnected"] or r["is_sdown"] or not r["runid"]
+                            or r["master-link-status"] != "ok")
+
             def watching() -> bool:
-                for port in self.sentinel_ports:
-                    with self.sentinel_client(port) as s:
-                        state = s.sentinel_master(self.name)
-                        replicas = s.sentinel_slaves(self.name)
-                    seen[port] = (state["num-other-sentinels"], state["port"], [
-                        {k: r[k] for k in ("port", "is_disconnected", "is_sdown", "runid",
-                                           "master-link-status")} for r in replicas])
-                    if state["num-other-sentinels"] != count - 1 or len(replicas) != 1:
-                        return False
-                    # Linked and read (INFO): else the sentinel would find no replica to promote.
-                    r = replicas[0]
-                    if r["is_disconnected"] or r["is_sdown"] or not r["runid"] or \
-                            r["master-link-status"] != "ok":
-                        return False
-                return True
+                # (each one asked every time: a timeout then says what every sentinel saw)
+                return all([ready(port) for port in self.sentinel_ports])
 
             # Sentinels find each other through the master's hello channel (every 2 s).
             try:

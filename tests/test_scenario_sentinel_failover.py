@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import secrets
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from tests.procs import (
     RedisServer,
     ServiceProcess,
     end_process,
-    free_port,
+    start_sentinel,
     wait_until,
 )
 from tests.proxy import DelayProxy
@@ -44,21 +43,14 @@ def test_failover_to_a_replica_that_missed_writes_loses_nothing_a_replica_holds(
     proxy = DelayProxy(master.port)
     replica = RedisServer(extra=["--replicaof", "127.0.0.1", str(proxy.port),
                                  "--repl-diskless-sync-delay", "0"])
-    sentinel_port = free_port()
     # A name of its own: no other deployment's sentinel of the suite counts or follows it.
     name = f"detour-{secrets.token_hex(4)}"
-    conf = workdir / "sentinel.conf"
     # A long failover-timeout: the sentinel leaves the replica's master address (the
     # proxy) alone for the length of the test.
-    conf.write_text(f"port {sentinel_port}\nbind 127.0.0.1\ndir {workdir}\n"
-                    f"sentinel monitor {name} 127.0.0.1 {master.port} 1\n"
-                    f"sentinel down-after-milliseconds {name} 500\n"
-                    f"sentinel failover-timeout {name} 120000\n")
-    binary = shutil.which("redis-sentinel")
-    server_bin = shutil.which("redis-server")
-    assert server_bin is not None
-    args = [binary, str(conf)] if binary else [server_bin, str(conf), "--sentinel"]
-    sentinel = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sentinel, sentinel_port = start_sentinel(
+        workdir, f"sentinel monitor {name} 127.0.0.1 {master.port} 1\n"
+                 f"sentinel down-after-milliseconds {name} 500\n"
+                 f"sentinel failover-timeout {name} 120000\n")
     svc: ServiceProcess | None = None
     try:
         wait_until(lambda: _info(replica)["master_link_status"] == "up", 20, "replica in sync")

@@ -1,0 +1,89 @@
+"""The suite's own process helpers (tests/procs.py): a server that finds its port taken.
+
+A port is free when ``free_port`` chooses it, but another worker's server may bind it before
+the server it was chosen for does. That server then exits, and a readiness check that only
+asks the port would be answered by the other worker's server: the test would run against
+someone else's data. The helpers start again on another port, and call a server up only
+when the process answering on its port is theirs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests import procs
+from tests.procs import RedisServer, start_sentinel
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def taken() -> Iterator[RedisServer]:
+    """A server already on the port the next ``free_port`` will name (another worker's)."""
+    other = RedisServer()
+    with other.client() as c:
+        c.set("theirs", "1")
+    yield other
+    other.stop()
+
+
+def _first_port_taken(monkeypatch: pytest.MonkeyPatch, port: int) -> list[int]:
+    """``free_port`` names ``port`` first, then free ones; returns the ports it named."""
+    named: list[int] = []
+    real = procs.free_port
+
+    def racing() -> int:
+        named.append(port if not named else real())
+        return named[-1]
+
+    monkeypatch.setattr(procs, "free_port", racing)
+    return named
+
+
+def test_a_redis_server_whose_port_was_taken_starts_on_another(
+    taken: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    named = _first_port_taken(monkeypatch, taken.port)
+    mine = RedisServer()
+    try:
+        assert named[0] == taken.port and len(named) == 2
+        assert mine.port == named[1] != taken.port
+        with mine.client() as c:
+            assert int(c.info("server")["process_id"]) == mine.proc.pid
+            assert c.get("theirs") is None
+        with taken.client() as c:
+            assert c.get("theirs") == "1"  # the other server is left alone
+    finally:
+        mine.stop()
+
+
+def test_a_redis_server_asked_for_a_taken_port_says_so(taken: RedisServer) -> None:
+    with pytest.raises(RuntimeError, match=f"could not listen on {taken.port}"):
+        RedisServer(port=taken.port)
+
+
+def test_a_sentinel_whose_port_was_taken_starts_on_another(
+    taken: RedisServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    named = _first_port_taken(monkeypatch, taken.port)
+    proc, port = start_sentinel(
+        tmp_path, f"sentinel monitor m-{taken.port} 127.0.0.1 {taken.port} 1\n")
+    try:
+        assert named[0] == taken.port and port == named[1] != taken.port
+        with redis.Redis(port=port, socket_timeout=2, decode_responses=True) as s:
+            assert int(s.info("server")["process_id"]) == proc.pid
+            assert s.sentinel_master(f"m-{taken.port}")["port"] == taken.port
+    finally:
+        procs.end_process(proc)
+
+
+def test_every_try_taken_is_an_error_not_a_hang(
+    taken: RedisServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(procs, "free_port", lambda: taken.port)
+    with pytest.raises(RuntimeError, match=f"no free port in {procs.PORT_TRIES} tries"):
+        start_sentinel(tmp_path, f"sentinel monitor m 127.0.0.1 {taken.port} 1\n")
