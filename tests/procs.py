@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -90,6 +91,33 @@ async def wait_until_async(check: object, timeout_s: float, what: str,
     raise TimeoutError(f"{what} not seen after {timeout_s}s (last error: {last!r})")
 
 
+def listening_inodes(port: int) -> set[str]:
+    """The inodes of the sockets listening on TCP ``port``, any address
+    (``/proc/net/tcp`` and ``tcp6``)."""
+    want = f":{port:04X}"
+    inodes = set()
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError), open(name) as table:
+            for line in list(table)[1:]:
+                fields = line.split()
+                if fields[1].endswith(want) and fields[3] == "0A":  # LISTEN
+                    inodes.add(fields[9])
+    return inodes
+
+
+def holds_listener(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds a socket listening on ``port``."""
+    sockets = {f"socket:[{inode}]" for inode in listening_inodes(port)}
+    if not sockets:
+        return False
+    fds = Path(f"/proc/{pid}/fd")
+    for fd in fds.iterdir():
+        with contextlib.suppress(OSError):
+            if os.readlink(fd) in sockets:
+                return True
+    return False
+
+
 #: How many ports a server tries before giving up: each is free when chosen, but another
 #: worker's server may bind it before this one does (rare, and never five times in a row).
 PORT_TRIES = 5
@@ -100,9 +128,9 @@ def start_redis_process(args: Sequence[str], port: int, what: str,
     """Start a redis-server (or sentinel) that listens on ``port``; None when it exited
     before it was up, its port taken meanwhile.
 
-    Up means that the server answering on the port is this process (``INFO server``'s
-    ``process_id``): a port taken by another worker's server answers a PING too, and a test
-    would then talk to someone else's server.
+    Up means that this process holds the socket listening on the port, and the port answers
+    a PING (no command of a server whose ACL allows less): a port taken by another worker's
+    server answers a PING too, and a test would then talk to someone else's server.
     """
     proc = subprocess.Popen(list(args), stdout=stdout, stderr=subprocess.DEVNULL)
     client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
@@ -110,7 +138,7 @@ def start_redis_process(args: Sequence[str], port: int, what: str,
     def ours() -> bool:
         if proc.poll() is not None:
             return True  # exited: stop waiting
-        return int(client.info("server")["process_id"]) == proc.pid
+        return holds_listener(proc.pid, port) and bool(client.ping())
 
     try:
         wait_until(ours, 10, f"{what} on {port}")
@@ -215,9 +243,19 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+class ProcessExited(RuntimeError):
+    """A server exited before it was up; ``port_taken``: another process listens there."""
+
+    def __init__(self, what: str, returncode: int, port: int) -> None:
+        self.port_taken = bool(listening_inodes(port))
+        taken = f" (port {port} is another process's)" if self.port_taken else ""
+        super().__init__(f"{what} exited with {returncode}{taken}")
+
+
 class HttpProcess:
     """A server in its own process group on a free loopback port, ready when ``ready_path``
-    (``/readyz``) answers 200."""
+    (``/readyz``) answers 200 and the socket listening on the port is this process's: a
+    port another worker's server took answers too."""
 
     def __init__(self, what: str, args: list[str], port: int, env: dict[str, str] | None,
                  log_path: Path | None, ready_path: str = "/readyz") -> None:
@@ -230,12 +268,15 @@ class HttpProcess:
 
         def ready() -> bool:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{what} exited with {self.proc.returncode}")
-            return httpx.get(self.url + ready_path, timeout=1).status_code == 200
+                return True  # exited: stop waiting
+            return holds_listener(self.proc.pid, self.port) and \
+                httpx.get(self.url + ready_path, timeout=1).status_code == 200
 
         try:
             # Generous: imports alone take seconds on a busy machine.
             wait_until(ready, 60, f"{what} on {self.port}", interval_s=0.05)
+            if self.proc.poll() is not None:
+                raise ProcessExited(what, self.proc.returncode, self.port)
         except BaseException:
             self.stop()
             raise
@@ -265,9 +306,16 @@ class ServiceProcess(HttpProcess):
                  env: dict[str, str] | None = None, log_path: Path | None = None,
                  port: int | None = None) -> None:
         # ``port``: restart a stopped service where its clients expect it.
-        port = port or free_port()
-        args = [sys.executable, "-m", "service", "--port", str(port), "--log-level",
-                "info", "--workers", str(workers)]
-        if redis_url:
-            args += ["--redis-url", redis_url]
-        super().__init__("detour", args, port, env, log_path)
+        for _ in range(PORT_TRIES):
+            chosen = port or free_port()
+            args = [sys.executable, "-m", "service", "--port", str(chosen), "--log-level",
+                    "info", "--workers", str(workers)]
+            if redis_url:
+                args += ["--redis-url", redis_url]
+            try:
+                super().__init__("detour", args, chosen, env, log_path)
+                return
+            except ProcessExited as exc:
+                if port is not None or not exc.port_taken:
+                    raise
+        raise RuntimeError(f"detour found no free port in {PORT_TRIES} tries")

@@ -4,7 +4,7 @@ A port is free when ``free_port`` chooses it, but another worker's server may bi
 the server it was chosen for does. That server then exits, and a readiness check that only
 asks the port would be answered by the other worker's server: the test would run against
 someone else's data. The helpers start again on another port, and call a server up only
-when the process answering on its port is theirs.
+when the process listening on its port is theirs (the socket it holds, from ``/proc``).
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 
 from tests import procs
-from tests.procs import RedisServer, start_sentinel
+from tests.procs import ProcessExited, RedisServer, ServiceProcess, holds_listener, start_sentinel
 
 pytestmark = pytest.mark.integration
 
@@ -87,3 +88,21 @@ def test_every_try_taken_is_an_error_not_a_hang(
     monkeypatch.setattr(procs, "free_port", lambda: taken.port)
     with pytest.raises(RuntimeError, match=f"no free port in {procs.PORT_TRIES} tries"):
         start_sentinel(tmp_path, f"sentinel monitor m 127.0.0.1 {taken.port} 1\n")
+
+
+def test_a_service_whose_port_was_taken_starts_on_another(
+    taken: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The port answers, but not as Detour: the service exits (address in use), and the
+    helper starts it again on a free port instead of waiting out its readiness bound."""
+    named = _first_port_taken(monkeypatch, taken.port)
+    with ServiceProcess() as svc:
+        assert named[0] == taken.port and svc.port == named[1] != taken.port
+        assert holds_listener(svc.proc.pid, svc.port)
+        assert not holds_listener(svc.proc.pid, taken.port)
+        assert httpx.get(svc.url + "/readyz", timeout=5).status_code == 200
+
+
+def test_a_service_asked_for_a_taken_port_says_so(taken: RedisServer) -> None:
+    with pytest.raises(ProcessExited, match=f"port {taken.port} is another process's"):
+        ServiceProcess(port=taken.port)
