@@ -166,6 +166,8 @@ def start_sentinel(workdir: Path, config: str) -> tuple[subprocess.Popen[bytes],
         proc = start_redis_process(args, port, "redis-sentinel")
         if proc is not None:
             return proc, port
+        if not listening_inodes(port):
+            raise RuntimeError(f"redis-sentinel exited at start on {port} (see {conf})")
     raise RuntimeError(f"redis-sentinel found no free port in {PORT_TRIES} tries")
 
 
@@ -192,8 +194,10 @@ class RedisServer:
                 self.port, "redis-server")
             if proc is not None:
                 break
-            if port is not None:  # asked for this port (a restart in place): no other
-                raise RuntimeError(f"redis-server could not listen on {self.port}")
+            taken = bool(listening_inodes(self.port))
+            if port is not None or not taken:  # asked for this port, or another failure
+                raise RuntimeError(f"redis-server exited at start on {self.port}"
+                                   + (" (another process's port)" if taken else ""))
             self.port = free_port()
         else:
             raise RuntimeError(f"redis-server found no free port in {PORT_TRIES} tries")

@@ -63,8 +63,17 @@ def test_a_redis_server_whose_port_was_taken_starts_on_another(
 
 
 def test_a_redis_server_asked_for_a_taken_port_says_so(taken: RedisServer) -> None:
-    with pytest.raises(RuntimeError, match=f"could not listen on {taken.port}"):
+    with pytest.raises(RuntimeError, match=f"on {taken.port} \\(another process's port\\)"):
         RedisServer(port=taken.port)
+
+
+def test_a_redis_server_that_fails_for_another_reason_is_not_retried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    named = _first_port_taken(monkeypatch, procs.free_port())  # a free port, not taken
+    with pytest.raises(RuntimeError, match="exited at start") as raised:
+        RedisServer(extra=["--no-such-option", "1"])
+    assert len(named) == 1 and "another process" not in str(raised.value)
 
 
 def test_a_sentinel_whose_port_was_taken_starts_on_another(
