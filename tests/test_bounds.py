@@ -143,9 +143,14 @@ class Selects:
             self._proc.wait(timeout_s)
 
     def check(self, least: int = 100, calm_p99_s: float = 0.0, shed_per_mille: int = 0,
-              p99_s: float = P99_S) -> None:
+              p99_s: float = P99_S, calm_again: str | None = None) -> None:
         """Every select answered, p99 within the bound: ``p99_s``, or ``CALM_FACTOR`` times
         ``calm_p99_s`` (the same producer's p99 with no load beside it, from ``calm_p99``).
+
+        ``calm_again``: the replica's URL, where the test's load has ended by now. Over the
+        bound, the calm p99 is measured again after the load: the machine's noise on both
+        sides of it (another worker's test may have started meanwhile). A slowdown the load
+        itself caused is not in the second measurement, so it still fails.
 
         ``shed_per_mille``: where the test itself makes the replica shed (a storm of
         connects past the in-flight bound), a busy machine may also fast-fail a few of
@@ -161,9 +166,14 @@ class Selects:
             f"{len(refused)} of {len(self.statuses)} selects refused: "
             f"{list(zip(refused, self.errors, strict=True))[:5]}")
         bound = max(p99_s, CALM_FACTOR * calm_p99_s)
+        calm_after = None
+        if p99(self.latencies) >= bound and calm_again is not None:
+            calm_after = calm_p99(calm_again)
+            bound = max(bound, CALM_FACTOR * calm_after)
         assert p99(self.latencies) < bound, (
             f"p99 {p99(self.latencies) * 1000:.1f} ms over {len(self.latencies)} selects "
-            f"(calm p99 {calm_p99_s * 1000:.1f} ms)")
+            f"(calm p99 {calm_p99_s * 1000:.1f} ms before the load"
+            + (f", {calm_after * 1000:.1f} ms after it)" if calm_after is not None else ")"))
 
 
 def calm_p99(url: str) -> float:
@@ -247,7 +257,7 @@ def test_scrapes_need_a_token_stay_bounded_and_never_slow_selects(tokens_file: P
         for t in scrapers:
             t.join(30)
         elapsed = time.monotonic() - started
-        selects.check(least=200, calm_p99_s=calm)
+        selects.check(least=200, calm_p99_s=calm, calm_again=svc.url)
         # At most one rendering a second, however often it is asked for.
         assert len(bodies) >= 4
         assert len(set(bodies)) <= elapsed + 2, (len(set(bodies)), len(bodies), elapsed)
@@ -403,7 +413,7 @@ def test_a_reconnect_loop_costs_little_and_another_tenant_never_notices(
                     s.close()
                 connects += 1
         cpu_per_connect = (cpu_s(svc.proc.pid) - cpu_before) / connects
-        selects.check(least=100, calm_p99_s=calm)
+        selects.check(least=100, calm_p99_s=calm, calm_again=svc.url)
         assert connects >= 50
         # The snapshot is rendered once per table change and shared by every connect,
         # not once per connect: 40-55 ms of CPU each before.
