@@ -13,9 +13,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import httpx
 import redis
@@ -122,6 +122,28 @@ def holds_listener(pid: int, port: int) -> bool:
 #: worker's server may bind it before this one does (rare, and never five times in a row).
 PORT_TRIES = 5
 
+T = TypeVar("T")
+
+
+def on_a_free_port(start: Callable[[int], T | None], what: str,
+                   port: int | None = None) -> tuple[T, int]:
+    """``start(port)``, on ``port`` or else on a free one; returns what it started and where.
+
+    ``start`` returns None when its process exited before it was up. When another process
+    listens on that port now (it took the port after ``free_port`` chose it), this starts
+    again on another; any other failure, or a port asked for, is an error at once.
+    """
+    for _ in range(PORT_TRIES):
+        chosen = port or free_port()
+        started = start(chosen)
+        if started is not None:
+            return started, chosen
+        taken = bool(listening_inodes(chosen))
+        if port is not None or not taken:
+            raise RuntimeError(f"{what} exited at start on {chosen}"
+                               + (" (another process's port)" if taken else ""))
+    raise RuntimeError(f"{what} found no free port in {PORT_TRIES} tries")
+
 
 def start_redis_process(args: Sequence[str], port: int, what: str,
                         stdout: Any = subprocess.DEVNULL) -> subprocess.Popen[bytes] | None:
@@ -157,18 +179,15 @@ def start_sentinel(workdir: Path, config: str) -> tuple[subprocess.Popen[bytes],
     server = shutil.which("redis-server")
     if server is None:
         raise RuntimeError("redis-server not found: run `make test` (it installs it)")
-    for _ in range(PORT_TRIES):
-        port = free_port()
+
+    def start(port: int) -> subprocess.Popen[bytes] | None:
         conf = workdir / f"sentinel-{port}.conf"
         conf.write_text(f"port {port}\nbind 127.0.0.1\ndir {workdir}\n{config}")
         # redis-sentinel is redis-server started as a sentinel (same binary).
         args = [binary, str(conf)] if binary else [server, str(conf), "--sentinel"]
-        proc = start_redis_process(args, port, "redis-sentinel")
-        if proc is not None:
-            return proc, port
-        if not listening_inodes(port):
-            raise RuntimeError(f"redis-sentinel exited at start on {port} (see {conf})")
-    raise RuntimeError(f"redis-sentinel found no free port in {PORT_TRIES} tries")
+        return start_redis_process(args, port, "redis-sentinel")
+
+    return on_a_free_port(start, "redis-sentinel")
 
 
 class RedisServer:
@@ -179,7 +198,6 @@ class RedisServer:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server not found: run `make test` (it installs it)")
-        self.port = port or free_port()
         self._held: socket.socket | None = None  # kill_holding_port's
         self._frozen = False  # freeze's: stop thaws first, so the server can exit cleanly
         self.dir = data_dir or tempfile.mkdtemp(prefix="detour-redis-")
@@ -187,21 +205,10 @@ class RedisServer:
         # SIGKILL loses nothing that was acknowledged.
         aof = ["--appendonly", "yes", "--appendfsync", "always"] if persistent \
             else ["--appendonly", "no"]
-        for _ in range(PORT_TRIES):
-            proc = start_redis_process(
-                [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *aof,
-                 "--dir", self.dir, "--protected-mode", "yes", *extra],
-                self.port, "redis-server")
-            if proc is not None:
-                break
-            taken = bool(listening_inodes(self.port))
-            if port is not None or not taken:  # asked for this port, or another failure
-                raise RuntimeError(f"redis-server exited at start on {self.port}"
-                                   + (" (another process's port)" if taken else ""))
-            self.port = free_port()
-        else:
-            raise RuntimeError(f"redis-server found no free port in {PORT_TRIES} tries")
-        self.proc = proc
+        self.proc, self.port = on_a_free_port(lambda p: start_redis_process(
+            [binary, "--port", str(p), "--bind", "127.0.0.1", "--save", "", *aof,
+             "--dir", self.dir, "--protected-mode", "yes", *extra], p, "redis-server"),
+            "redis-server", port)
         self.url = f"redis://127.0.0.1:{self.port}/0"
 
     def client(self) -> redis.Redis:
@@ -248,12 +255,7 @@ class RedisServer:
 
 
 class ProcessExited(RuntimeError):
-    """A server exited before it was up; ``port_taken``: another process listens there."""
-
-    def __init__(self, what: str, returncode: int, port: int) -> None:
-        self.port_taken = bool(listening_inodes(port))
-        taken = f" (port {port} is another process's)" if self.port_taken else ""
-        super().__init__(f"{what} exited with {returncode}{taken}")
+    """A server exited before it was up."""
 
 
 class HttpProcess:
@@ -280,7 +282,7 @@ class HttpProcess:
             # Generous: imports alone take seconds on a busy machine.
             wait_until(ready, 60, f"{what} on {self.port}", interval_s=0.05)
             if self.proc.poll() is not None:
-                raise ProcessExited(what, self.proc.returncode, self.port)
+                raise ProcessExited(f"{what} exited with {self.proc.returncode}")
         except BaseException:
             self.stop()
             raise
@@ -310,16 +312,15 @@ class ServiceProcess(HttpProcess):
                  env: dict[str, str] | None = None, log_path: Path | None = None,
                  port: int | None = None) -> None:
         # ``port``: restart a stopped service where its clients expect it.
-        for _ in range(PORT_TRIES):
-            chosen = port or free_port()
-            args = [sys.executable, "-m", "service", "--port", str(chosen), "--log-level",
+        def start(p: int) -> ServiceProcess | None:
+            args = [sys.executable, "-m", "service", "--port", str(p), "--log-level",
                     "info", "--workers", str(workers)]
             if redis_url:
                 args += ["--redis-url", redis_url]
             try:
-                super().__init__("detour", args, chosen, env, log_path)
-                return
-            except ProcessExited as exc:
-                if port is not None or not exc.port_taken:
-                    raise
-        raise RuntimeError(f"detour found no free port in {PORT_TRIES} tries")
+                HttpProcess.__init__(self, "detour", args, p, env, log_path)
+            except ProcessExited:
+                return None
+            return self
+
+        on_a_free_port(start, "detour", port)

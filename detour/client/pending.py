@@ -71,8 +71,6 @@ class PendingReports:
         self._lock = threading.Lock()
         self._items: deque[Pending] = deque()
         self._inflight: list[Pending] = []
-        #: reports in flight per broker (``flying``), kept with ``_inflight``
-        self._flying: dict[str, int] = {}
         self._seq = itertools.count(1)
         #: reports dropped: queue full (oldest first), or refused by Detour (4xx).
         self.dropped = 0
@@ -140,8 +138,6 @@ class PendingReports:
                 self.dropped += 1
             batch = [self._popleft() for _ in range(min(n, len(self._items)))]
             self._inflight.extend(batch)
-            for p in batch:
-                self._flying[p.broker_name] = self._flying.get(p.broker_name, 0) + 1
             return batch
 
     def done(self, batch: list[Pending], accepted: bool) -> None:
@@ -164,22 +160,14 @@ class PendingReports:
 
     def _forget(self, batch: list[Pending]) -> None:
         ids = {p.seq for p in batch}
-        kept = []
-        for p in self._inflight:
-            if p.seq in ids:
-                left = self._flying[p.broker_name] - 1
-                if left:
-                    self._flying[p.broker_name] = left
-                else:
-                    del self._flying[p.broker_name]
-            else:
-                kept.append(p)
-        self._inflight = kept
+        self._inflight = [p for p in self._inflight if p.seq not in ids]
 
     def flying(self, broker: str) -> bool:
-        """A report of ``broker`` is in a batch Detour has not answered yet."""
+        """A report of ``broker`` is in a batch Detour has not answered yet (asked once per
+        broker a stream event re-applies reports on: a scan of the batch in flight, not an
+        index to keep in step with it)."""
         with self._lock:
-            return broker in self._flying
+            return any(p.broker_name == broker for p in self._inflight)
 
     def abandon(self) -> int:
         """The client closed with these unsent: counted as dropped and no longer pending
@@ -188,7 +176,6 @@ class PendingReports:
             left = len(self._items) + len(self._inflight)
             self._items.clear()
             self._inflight.clear()
-            self._flying.clear()
             self._urgent = 0
             self.dropped += left
         return left
