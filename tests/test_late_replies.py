@@ -138,8 +138,14 @@ def test_a_batch_retried_after_a_late_reply_is_applied_once(server: RedisServer,
             again = c.post("/report-latency:batch", json=batch)
             assert again.status_code == 200
             recover(c, proxy)
-            # And once more after recovery, straight to Redis.
-            third = c.post("/report-latency:batch", json=batch).json()["results"]
+            # And once more after recovery, straight to Redis. Beside a busy machine that
+            # call may itself miss the 50 ms call timeout and be journaled: sent again
+            # until Redis answers it in time (each one a duplicate by its reportIds).
+            for _ in range(20):
+                third = c.post("/report-latency:batch", json=batch).json()["results"]
+                if not any(x["degraded"] for x in third):
+                    break
+                recover(c, proxy)
             assert [x["degraded"] for x in third] == [False] * 5
             assert [x["availableAt"] for x in third] == \
                 [codec.decode_fault("", table[f"b{i}"]).available_at for i in range(5)]
