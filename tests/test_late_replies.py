@@ -151,7 +151,10 @@ def test_a_batch_retried_after_a_late_reply_is_applied_once(server: RedisServer,
                 [codec.decode_fault("", table[f"b{i}"]).available_at for i in range(5)]
             for i in range(5):
                 assert logged(raw, f"b{i}") == 1
-            assert raw.hgetall(f"{PREFIX}:faults") == table
+            # The batch's items are as the first run wrote them. (The warm-up broker's is
+            # left out: its fast reports may be coalesced and written at a later flush.)
+            now = raw.hgetall(f"{PREFIX}:faults")
+            assert [now[f"b{i}"] for i in range(5)] == [table[f"b{i}"] for i in range(5)]
     finally:
         proxy.close()
 

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.settings import Settings
-from service.store.follower import RedisClock
+from service.store.follower import RedisClock, mono_ms
 from tests.procs import PATIENT_CALL_TIMEOUT_S, RedisServer
 from tests.proxy import DelayProxy
 
@@ -49,8 +49,27 @@ def test_a_clock_set_far_back_is_followed_at_once() -> None:
     clock = RedisClock()
     clock.observe(1_000_000, 0.0)
     back = 1_000_000 - int(RedisClock.STEP_MS) - 1_000
+    reading = clock.now_ms()
     clock.observe(back, 10.0)
     assert offset(clock) == pytest.approx(back - 10, abs=1)
+    assert clock.now_ms() < reading - RedisClock.STEP_MS  # readings follow it back too
+
+
+@pytest.mark.unit
+def test_readings_never_go_back_when_the_best_sample_ages_out() -> None:
+    # The estimate drops 9 s (just short of a step) when the best sample's bucket ends:
+    # a reading holds still instead, so a report accepted next is never dated before
+    # one accepted earlier. A better sample moves the readings on at once.
+    clock, hold, at = RedisClock(), RedisClock.HOLD_MS, mono_ms()
+    clock.observe(10**12, at)
+    first = clock.now_ms()
+    drop = RedisClock.STEP_MS - 1_000
+    clock.observe(int(10**12 + hold - drop), at + hold)
+    clock.observe(int(10**12 + 2 * hold - drop), at + 2 * hold)
+    assert offset(clock) == pytest.approx(10**12 - at - drop, abs=1)  # the estimate dropped
+    assert clock.now_ms() == first  # ... the readings did not (the test takes < 9 s)
+    clock.observe(10**12 + 10_000, at)  # a better bound than ever, in this bucket
+    assert clock.now_ms() >= first + 10_000
 
 
 @pytest.fixture
