@@ -205,10 +205,15 @@ class RedisServer:
         # SIGKILL loses nothing that was acknowledged.
         aof = ["--appendonly", "yes", "--appendfsync", "always"] if persistent \
             else ["--appendonly", "no"]
-        self.proc, self.port = on_a_free_port(lambda p: start_redis_process(
-            [binary, "--port", str(p), "--bind", "127.0.0.1", "--save", "", *aof,
-             "--dir", self.dir, "--protected-mode", "yes", *extra], p, "redis-server"),
-            "redis-server", port)
+        try:
+            self.proc, self.port = on_a_free_port(lambda p: start_redis_process(
+                [binary, "--port", str(p), "--bind", "127.0.0.1", "--save", "", *aof,
+                 "--dir", self.dir, "--protected-mode", "yes", *extra], p, "redis-server"),
+                "redis-server", port)
+        except BaseException:
+            if data_dir is None:  # ours, and no server will use it
+                shutil.rmtree(self.dir, ignore_errors=True)
+            raise
         self.url = f"redis://127.0.0.1:{self.port}/0"
 
     def client(self) -> redis.Redis:

@@ -32,6 +32,21 @@ def taken() -> Iterator[RedisServer]:
     other.stop()
 
 
+@pytest.fixture
+def made_dirs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The data directories RedisServer makes, so a test can check that one whose server
+    never started is not left behind."""
+    made: list[str] = []
+    real = procs.tempfile.mkdtemp
+
+    def recording(*args: object, **kwargs: object) -> str:
+        made.append(real(*args, **kwargs))  # type: ignore[call-overload]
+        return made[-1]
+
+    monkeypatch.setattr(procs.tempfile, "mkdtemp", recording)
+    return made
+
+
 def _first_port_taken(monkeypatch: pytest.MonkeyPatch, port: int) -> list[int]:
     """``free_port`` names ``port`` first, then free ones; returns the ports it named."""
     named: list[int] = []
@@ -62,18 +77,21 @@ def test_a_redis_server_whose_port_was_taken_starts_on_another(
         mine.stop()
 
 
-def test_a_redis_server_asked_for_a_taken_port_says_so(taken: RedisServer) -> None:
+def test_a_redis_server_asked_for_a_taken_port_says_so(taken: RedisServer,
+                                                       made_dirs: list[str]) -> None:
     with pytest.raises(RuntimeError, match=f"on {taken.port} \\(another process's port\\)"):
         RedisServer(port=taken.port)
+    assert len(made_dirs) == 1 and not Path(made_dirs[0]).exists()  # its directory went too
 
 
 def test_a_redis_server_that_fails_for_another_reason_is_not_retried(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, made_dirs: list[str]
 ) -> None:
     named = _first_port_taken(monkeypatch, procs.free_port())  # a free port, not taken
     with pytest.raises(RuntimeError, match="exited at start") as raised:
         RedisServer(extra=["--no-such-option", "1"])
     assert len(named) == 1 and "another process" not in str(raised.value)
+    assert len(made_dirs) == 1 and not Path(made_dirs[0]).exists()
 
 
 def test_a_sentinel_whose_port_was_taken_starts_on_another(
