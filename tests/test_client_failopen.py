@@ -16,8 +16,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from detour.client import AsyncDetourClient, DetourClient, SelectedQueue
-from tests.procs import PATIENT_ENV, ServiceProcess, wait_until
+from detour.client import AsyncDetourClient, ClientStats, DetourClient, SelectedQueue
+from tests.procs import PATIENT_ENV, ServiceProcess, wait_until, wait_until_async
+from tests.proxy import DelayProxy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -287,3 +288,60 @@ def test_the_async_client_closing_with_reports_unsent_counts_them_once(
         return s.sent_reports, s.pending_reports, s.dropped_reports
 
     assert asyncio.run(run()) == (0, 0, 3)
+
+
+# -- a report whose answer came late: sent again, applied once -------------------------
+
+
+def duplicates(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    return float(next(ln.split()[1] for ln in text.splitlines()
+                      if ln.startswith("detour_reports_duplicate_total ")))
+
+
+@pytest.mark.parametrize("mode", ["remote", "cached"])
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_report_whose_answer_came_late_is_sent_again_and_applied_once(
+    service: ServiceProcess, kind: str, mode: str
+) -> None:
+    """Detour applies the report at once, but its answer is held past the SDK's timeout
+    (a proxy holds it on purpose). The SDK cannot tell that from a report that never
+    arrived, so it sends it again: remote mode queues it for the next batch, cached mode
+    retries the batch. The report id makes the second one a duplicate: the table and the
+    latency log hold it once, the SDK counts it sent and none dropped."""
+    broker = f"late-{kind}-{mode}"
+    put_route(service.url)
+    before = duplicates(service.url)
+    proxy = DelayProxy(int(service.url.rsplit(":", 1)[1]))
+    proxy.hold_reply_to, proxy.hold_reply_s = f'"{broker}"'.encode(), 2.0
+    url = f"http://127.0.0.1:{proxy.port}"
+
+    def settled(stats: ClientStats) -> bool:
+        return stats.pending_reports == 0 and stats.sent_reports >= 1
+
+    try:
+        if kind == "sync":
+            with DetourClient(url, mode=mode, timeout=0.5, backoff_initial=0.1) as client:
+                assert mode == "remote" or client.wait_ready(15)
+                client.report(broker, 5, isolation=True)
+                wait_until(lambda: settled(client.stats()), 20, "the report sent again")
+                stats = client.stats()
+        else:
+            async def main() -> ClientStats:
+                async with AsyncDetourClient(url, mode=mode, timeout=0.5,
+                                             backoff_initial=0.1) as client:
+                    assert mode == "remote" or await client.wait_ready(15)
+                    await client.report(broker, 5, isolation=True)
+                    await wait_until_async(lambda: settled(client.stats()), 20,
+                                           "the report sent again")
+                    return client.stats()
+
+            stats = asyncio.run(main())
+        assert proxy.held == 1  # the fault happened: the first answer came late
+        assert stats.dropped_reports == 0
+        assert duplicates(service.url) - before == 1  # the second one was known
+        logged = httpx.get(f"{service.url}/latency-log", timeout=5).json()["entries"]
+        assert [e["brokerName"] for e in logged].count(broker) == 1
+        assert table(service.url)[broker]["available"] is False
+    finally:
+        proxy.close()
