@@ -22,7 +22,13 @@ from detour.client import (
     SelectedQueue,
     SendError,
 )
-from detour.client.cached import REAPPLY_NEWEST, REAPPLY_SCAN, ServiceClock, StreamApplier
+from detour.client.cached import (
+    CLOCK_STEP_MS,
+    REAPPLY_NEWEST,
+    REAPPLY_SCAN,
+    ServiceClock,
+    StreamApplier,
+)
 from detour.client.calls import BACKGROUND_TIMEOUT_S, Calls, Loud
 from detour.client.circuit import CircuitBreaker, Ticket
 from detour.client.errors import DetourBadAnswer, DetourRejected
@@ -798,6 +804,21 @@ def test_service_clock_keeps_its_best_bound_against_late_events() -> None:
     clock.reconnected()  # a new stream may come from another replica: start over
     clock.observe(979_000, 500.0)
     assert clock.offset_ms == 978_500
+
+
+def test_service_clock_readings_never_go_back_short_of_a_step() -> None:
+    # A new stream from another replica whose estimate trails by 2 s (short of a step):
+    # the offset starts over from it, but readings hold still instead of going back.
+    clock, at = ServiceClock(), mono_ms()
+    clock.observe(10**12, at)
+    first = clock.now_ms()
+    clock.reconnected()
+    clock.observe(10**12 - 2_000, at)
+    assert clock.offset_ms == pytest.approx(10**12 - 2_000 - at)  # the estimate dropped
+    assert clock.now_ms() == first  # ... the readings did not (the test takes < 2 s)
+    # The service's clock set back further than a step: readings follow it at once.
+    clock.observe(10**12 - 2 * CLOCK_STEP_MS, at)
+    assert clock.now_ms() < first - CLOCK_STEP_MS
 
 
 def test_a_batch_item_carries_the_producer_id() -> None:

@@ -84,12 +84,20 @@ class ServiceClock:
     ``CLOCK_STEP_MS`` back (the service's clock was set back) or a new connection.
     Moving back on every late event would make brokers reported moments ago look
     avoided again and again.
+
+    Read, it never goes back short of that step, even on a new connection whose first
+    sample is lower (another replica, whose own estimate trails Redis's clock a little
+    more): ``now_ms`` holds still until the estimate catches up. Each reading was a lower
+    bound of the service's clock when made, so it stays one. (The service's
+    ``RedisClock`` reads the same way.)
     """
 
     def __init__(self) -> None:
         # Until the first event, the process wall clock is the best guess.
         self.offset_ms = time.time_ns() / 1_000_000 - mono_ms()
         self._bounded = False
+        self._guessed = True  # the offset is still the wall clock's guess
+        self._read = 0  # the highest reading given
 
     def reconnected(self) -> None:
         """A new stream (maybe from another replica): the next sample starts over."""
@@ -97,12 +105,20 @@ class ServiceClock:
 
     def observe(self, service_now_ms: int, received_mono_ms: float) -> None:
         sample = service_now_ms - received_mono_ms
-        if not self._bounded or sample > self.offset_ms or sample < self.offset_ms - CLOCK_STEP_MS:
+        stepped = sample < self.offset_ms - CLOCK_STEP_MS
+        if not self._bounded or sample > self.offset_ms or stepped:
+            if self._guessed or stepped:
+                self._read = 0  # readings follow a guess replaced or a step back
             self.offset_ms = sample
             self._bounded = True
+            self._guessed = False
 
     def now_ms(self) -> int:
-        return int(time.monotonic_ns() / 1_000_000 + self.offset_ms)
+        now = int(time.monotonic_ns() / 1_000_000 + self.offset_ms)
+        if now < self._read:
+            return self._read
+        self._read = now
+        return now
 
 
 class StreamApplier:
