@@ -33,11 +33,12 @@ from detour.client.calls import BACKGROUND_TIMEOUT_S, Calls, Loud
 from detour.client.circuit import CircuitBreaker, Ticket
 from detour.client.errors import DetourBadAnswer, DetourRejected
 from detour.client.local import LOGGED, LocalTable
-from detour.client.pending import Pending, PendingReports, mono_ms
+from detour.client.pending import Pending, PendingReports
 from detour.client.reconnect import Jitter
 from detour.client.send import send_async, send_sync
 from detour.client.sse import Event, EventTooLarge, SSEParser
 from detour.client.wire import MAX_LATENCY_MS, batch_head, batch_text, check_report
+from detour.clock import mono_ms
 from detour.model import MAX_REPORT_AGE_MS, BrokerRoute, Config, FaultItem, Route
 
 pytestmark = pytest.mark.unit

@@ -345,7 +345,7 @@ def test_inflight_signals_once_then_when_the_outstanding_time_doubles() -> None:
 
 def test_pending_reports_are_urgent_and_never_applied_to_the_local_table() -> None:
     from detour.client.core import ClientCore
-    from detour.client.pending import mono_ms
+    from detour.clock import mono_ms
 
     core = ClientCore("cached", timeout=1, retries=0, deadline=1, max_pending=10,
                       backoff_initial=0.1, backoff_max=1, producer="p1")

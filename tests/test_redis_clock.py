@@ -10,9 +10,10 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
+from detour.clock import mono_ms
 from service.app import create_app
 from service.settings import Settings
-from service.store.follower import RedisClock, mono_ms
+from service.store.follower import RedisClock
 from tests.procs import PATIENT_CALL_TIMEOUT_S, RedisServer
 from tests.proxy import DelayProxy
 

@@ -31,11 +31,12 @@ from detour.client.errors import (
     TopicNotFound,
 )
 from detour.client.http import AsyncHTTP, Parse, headers, json_object
-from detour.client.pending import Pending, mono_ms
+from detour.client.pending import Pending
 from detour.client.send import ExcTypes, send_async
 from detour.client.sse import MAX_EVENT_BYTES
 from detour.client.tasks import FlushTask, StreamTask, flush_once
 from detour.client.values import ClientStats, Mode, Report, SelectedQueue, SendResult
+from detour.clock import mono_ms
 
 log = logging.getLogger("detour.client")
 

@@ -50,8 +50,9 @@ from typing import Any
 from detour import strategy
 from detour.client import wire
 from detour.client.local import LocalTable, OwnReport
-from detour.client.pending import Pending, PendingReports, mono_ms
+from detour.client.pending import Pending, PendingReports
 from detour.client.sse import Event
+from detour.clock import Readings, mono_ms
 from detour.model import Config, FaultItem
 
 #: Flush reports at least this often (s) ...
@@ -85,11 +86,9 @@ class ServiceClock:
     Moving back on every late event would make brokers reported moments ago look
     avoided again and again.
 
-    Read, it never goes back short of that step, even on a new connection whose first
-    sample is lower (another replica, whose own estimate trails Redis's clock a little
-    more): ``now_ms`` holds still until the estimate catches up. Each reading was a lower
-    bound of the service's clock when made, so it stays one. (The service's
-    ``RedisClock`` reads the same way.)
+    Read, it never goes back short of that step (``detour.clock.Readings``), even on a
+    new connection whose first sample is lower (another replica, whose own estimate
+    trails Redis's clock a little more).
     """
 
     def __init__(self) -> None:
@@ -97,7 +96,7 @@ class ServiceClock:
         self.offset_ms = time.time_ns() / 1_000_000 - mono_ms()
         self._bounded = False
         self._guessed = True  # the offset is still the wall clock's guess
-        self._read = 0  # the highest reading given
+        self._readings = Readings()
 
     def reconnected(self) -> None:
         """A new stream (maybe from another replica): the next sample starts over."""
@@ -108,17 +107,13 @@ class ServiceClock:
         stepped = sample < self.offset_ms - CLOCK_STEP_MS
         if not self._bounded or sample > self.offset_ms or stepped:
             if self._guessed or stepped:
-                self._read = 0  # readings follow a guess replaced or a step back
+                self._readings.reset()  # readings follow a guess replaced or a step back
             self.offset_ms = sample
             self._bounded = True
             self._guessed = False
 
     def now_ms(self) -> int:
-        now = int(time.monotonic_ns() / 1_000_000 + self.offset_ms)
-        if now < self._read:
-            return self._read
-        self._read = now
-        return now
+        return self._readings.read(self.offset_ms)
 
 
 class StreamApplier:

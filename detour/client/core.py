@@ -20,9 +20,10 @@ from detour.client.circuit import CircuitBreaker
 from detour.client.errors import DetourBadAnswer, DetourUnavailable, TopicNotFound
 from detour.client.inflight import InFlight
 from detour.client.local import LocalTable
-from detour.client.pending import Pending, PendingReports, mono_ms
+from detour.client.pending import Pending, PendingReports
 from detour.client.sse import MAX_EVENT_BYTES
 from detour.client.values import ClientStats, Mode, Report, SelectedQueue
+from detour.clock import mono_ms
 
 #: A known route (and the config) is fetched again at most this often in remote mode (s).
 ROUTE_REFRESH_S = 30.0

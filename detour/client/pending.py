@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from detour.clock import mono_ms
 from detour.model import MAX_REPORT_AGE_MS
 
 #: ``PendingReports``' encoder: (seq, broker, latency_ms, isolation, pending) -> batch head.
@@ -24,11 +24,6 @@ Encode = Callable[[int, str, float, bool, bool], str]
 
 #: The oldest report Detour takes (``ageMs`` limit), ms.
 MAX_AGE_MS = MAX_REPORT_AGE_MS
-
-
-def mono_ms() -> float:
-    """The local monotonic clock in ms (the base of every age and latency)."""
-    return time.monotonic_ns() / 1_000_000
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,11 +31,12 @@ from detour.client.errors import (
     TopicNotFound,
 )
 from detour.client.http import LIMITS, Parse, SyncHTTP, headers, json_object
-from detour.client.pending import Pending, mono_ms
+from detour.client.pending import Pending
 from detour.client.send import ExcTypes, send_sync
 from detour.client.sse import MAX_EVENT_BYTES
 from detour.client.threads import FlushThread, SignalThread, StreamThread, flush_once
 from detour.client.values import ClientStats, Mode, Report, SelectedQueue, SendResult
+from detour.clock import mono_ms
 
 log = logging.getLogger("detour.client")
 

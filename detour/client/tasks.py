@@ -20,9 +20,9 @@ from detour.client.cached import STREAM_IDLE_S, STREAM_PATH
 from detour.client.core import ClientCore
 from detour.client.errors import DetourRequestError, DetourUnavailable
 from detour.client.http import LIMITS, check_stream
-from detour.client.pending import mono_ms
 from detour.client.reconnect import Jitter, stream_connect_s, stream_jitter
 from detour.client.sse import EventTooLarge, SSEParser
+from detour.clock import mono_ms
 
 log = logging.getLogger("detour.client")
 

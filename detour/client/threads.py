@@ -23,9 +23,10 @@ from detour.client.core import ClientCore
 from detour.client.deadline import DeadlineTransport, call_deadline
 from detour.client.errors import DetourRequestError, DetourUnavailable
 from detour.client.http import check_stream
-from detour.client.pending import Pending, mono_ms
+from detour.client.pending import Pending
 from detour.client.reconnect import Jitter, stream_connect_s, stream_jitter
 from detour.client.sse import EventTooLarge, SSEParser
+from detour.clock import mono_ms
 
 log = logging.getLogger("detour.client")
 

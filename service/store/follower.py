@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from redis.asyncio.client import PubSub
 
+from detour.clock import Readings, mono_ms
 from detour.view import TableView
 from service import metrics
 from service.cancelling import honour_cancel
@@ -34,10 +35,6 @@ from service.store.topology import Topology
 log = logging.getLogger("detour.store")
 
 _MAX_BACKOFF_S = 5.0
-
-
-def mono_ms() -> float:
-    return time.monotonic_ns() / 1_000_000
 
 
 class RedisClock:
@@ -56,11 +53,9 @@ class RedisClock:
     clock was set back by more than ``STEP_MS`` (or a failover reached a host whose
     clock is that far behind).
 
-    Read, it never goes back (short of that step): when a bucket ends and the estimate
-    drops by a few ms, ``now_ms`` holds still until the lower estimate catches up. A
-    reading is a lower bound of Redis time when it is made, so it stays one. Without the
-    hold, a report accepted just after the drop would be dated before one accepted
-    earlier, and an item judged available a moment ago could look avoided again.
+    Read, it never goes back short of that step (``detour.clock.Readings``): when a
+    bucket ends and the estimate drops by a few ms, ``now_ms`` holds still until it
+    catches up.
     """
 
     HOLD_MS = 5_000.0
@@ -72,14 +67,10 @@ class RedisClock:
         self._current: float | None = None  # the best sample of the current bucket
         self._previous: float | None = None  # ... and of the one before
         self._bucket_at = 0.0
-        self._read = 0  # the highest reading given
+        self._readings = Readings()
 
     def now_ms(self) -> int:
-        now = int(mono_ms() + self._offset_ms)
-        if now < self._read:
-            return self._read
-        self._read = now
-        return now
+        return self._readings.read(self._offset_ms)
 
     def observe(self, redis_now_ms: int, received_ms: float) -> None:
         """Take one sample: Redis said ``redis_now_ms`` in a reply received (local
@@ -87,7 +78,7 @@ class RedisClock:
         sample = redis_now_ms - received_ms
         if self._current is None or sample < self._offset_ms - self.STEP_MS:
             self._current, self._previous, self._bucket_at = sample, None, received_ms
-            self._read = 0  # Redis's clock went back: so do the readings
+            self._readings.reset()  # Redis's clock went back (or this is the first sample)
         elif received_ms - self._bucket_at >= self.HOLD_MS:
             self._current, self._previous, self._bucket_at = sample, self._current, received_ms
         elif sample > self._current:

@@ -56,6 +56,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from detour import policy, strategy
+from detour.clock import mono_ms
 from detour.model import MAX_REPORT_AGE_MS, Config, FaultItem, Route
 from detour.profiles import PROFILES
 from detour.view import Graves, Snapshot, TableView
@@ -72,7 +73,7 @@ from service.store.base import (
     ReportOutcome,
 )
 from service.store.connect import StoreClients, parse_redis_url
-from service.store.follower import Follower, FollowerTimes, RedisClock, mono_ms
+from service.store.follower import Follower, FollowerTimes, RedisClock
 from service.store.journal import Journal, replay
 from service.store.kept import Kept, summary_args
 from service.store.local import apply_locally, outcome
