@@ -22,7 +22,10 @@ class Readings:
     """Readings of ``mono_ms() + offset`` that never go back: when the offset drops, a
     reading holds still until the estimate catches up. Each reading was a lower bound of
     the remote clock when made, so it stays one. ``reset`` when the remote clock itself
-    went back (a step the estimator detected) or the offset was only a guess."""
+    went back (a step the estimator detected) or the offset was only a guess.
+
+    Not thread-safe: a clock read from several threads reads under a lock (the SDK's
+    ``ServiceClock``); the server reads its clock on the event loop's thread only."""
 
     __slots__ = ("_last",)
 

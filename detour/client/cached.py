@@ -97,6 +97,10 @@ class ServiceClock:
         self._bounded = False
         self._guessed = True  # the offset is still the wall clock's guess
         self._readings = Readings()
+        # Selects read the clock on the producer's threads, reports and events on others:
+        # without it, a thread paused between working out a reading and keeping it would
+        # keep an older one, and the next reading could go back.
+        self._reading = threading.Lock()
 
     def reconnected(self) -> None:
         """A new stream (maybe from another replica): the next sample starts over."""
@@ -113,7 +117,8 @@ class ServiceClock:
             self._guessed = False
 
     def now_ms(self) -> int:
-        return self._readings.read(self.offset_ms)
+        with self._reading:
+            return self._readings.read(self.offset_ms)
 
 
 class StreamApplier:
