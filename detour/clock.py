@@ -19,25 +19,35 @@ def mono_ms() -> float:
 
 
 class Readings:
-    """Readings of ``mono_ms() + offset`` that never go back: when the offset drops, a
-    reading holds still until the estimate catches up. Each reading was a lower bound of
-    the remote clock when made, so it stays one. ``reset`` when the remote clock itself
-    went back (a step the estimator detected) or the offset was only a guess.
+    """Readings of ``mono_ms() + offset`` that never go back when the offset drops: they
+    hold at the highest reading the old offset could have given until the new one catches
+    up. Each reading was a lower bound of the remote clock when made, so it stays one.
 
-    Not thread-safe: a clock read from several threads reads under a lock (the SDK's
-    ``ServiceClock``); the server reads its clock on the event loop's thread only."""
+    Only the estimator writes (``move``, ``restart``); a read writes nothing, so readers on
+    any thread need no lock. ``move`` raises the floor before it lowers the offset, and
+    ``read`` takes the offset before the floor: a reader that sees the lower offset also
+    sees the floor that goes with it.
+    """
 
-    __slots__ = ("_last",)
+    __slots__ = ("offset_ms", "_floor")
 
-    def __init__(self) -> None:
-        self._last = 0
+    def __init__(self, offset_ms: float) -> None:
+        self.offset_ms = offset_ms
+        self._floor = 0
 
-    def read(self, offset_ms: float) -> int:
-        now = int(time.monotonic_ns() / 1_000_000 + offset_ms)
-        if now < self._last:
-            return self._last
-        self._last = now
-        return now
+    def read(self) -> int:
+        now = int(time.monotonic_ns() / 1_000_000 + self.offset_ms)
+        floor = self._floor
+        return now if now >= floor else floor
 
-    def reset(self) -> None:
-        self._last = 0
+    def move(self, offset_ms: float) -> None:
+        """The estimator's new offset; a lower one holds the readings still."""
+        if offset_ms < self.offset_ms:
+            self._floor = max(self._floor, int(mono_ms() + self.offset_ms))
+        self.offset_ms = offset_ms
+
+    def restart(self, offset_ms: float) -> None:
+        """The new offset, readings following it back: the remote clock was set back (a
+        step the estimator detected), or the old offset was only a guess."""
+        self.offset_ms = offset_ms
+        self._floor = 0

@@ -21,7 +21,7 @@ from tests.proxy import DelayProxy
 def offset(clock: RedisClock) -> float:
     """The clock's current offset from the local monotonic clock: read as held, not as
     now_ms() - mono_ms(), whose two clock reads a busy machine can put milliseconds apart."""
-    return clock._offset_ms
+    return clock.offset_ms
 
 
 @pytest.mark.unit

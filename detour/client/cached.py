@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from detour import strategy
@@ -93,14 +93,16 @@ class ServiceClock:
 
     def __init__(self) -> None:
         # Until the first event, the process wall clock is the best guess.
-        self.offset_ms = time.time_ns() / 1_000_000 - mono_ms()
+        self._readings = Readings(time.time_ns() / 1_000_000 - mono_ms())
         self._bounded = False
         self._guessed = True  # the offset is still the wall clock's guess
-        self._readings = Readings()
-        # Selects read the clock on the producer's threads, reports and events on others:
-        # without it, a thread paused between working out a reading and keeping it would
-        # keep an older one, and the next reading could go back.
-        self._reading = threading.Lock()
+        #: Epoch ms on the service's clock now (every select reads it: one call, no wrapper).
+        self.now_ms: Callable[[], int] = self._readings.read
+
+    @property
+    def offset_ms(self) -> float:
+        """The service's clock minus the local monotonic clock, as estimated now."""
+        return self._readings.offset_ms
 
     def reconnected(self) -> None:
         """A new stream (maybe from another replica): the next sample starts over."""
@@ -109,16 +111,14 @@ class ServiceClock:
     def observe(self, service_now_ms: int, received_mono_ms: float) -> None:
         sample = service_now_ms - received_mono_ms
         stepped = sample < self.offset_ms - CLOCK_STEP_MS
-        if not self._bounded or sample > self.offset_ms or stepped:
-            if self._guessed or stepped:
-                self._readings.reset()  # readings follow a guess replaced or a step back
-            self.offset_ms = sample
-            self._bounded = True
-            self._guessed = False
-
-    def now_ms(self) -> int:
-        with self._reading:
-            return self._readings.read(self.offset_ms)
+        if self._guessed or stepped:
+            self._readings.restart(sample)  # readings follow a guess replaced or a step back
+        elif not self._bounded or sample > self.offset_ms:
+            self._readings.move(sample)
+        else:
+            return
+        self._bounded = True
+        self._guessed = False
 
 
 class StreamApplier:

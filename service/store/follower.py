@@ -63,27 +63,32 @@ class RedisClock:
 
     def __init__(self) -> None:
         # Until the first sample, the local wall clock stands in for Redis's.
-        self._offset_ms = time.time_ns() / 1_000_000 - mono_ms()
+        self._readings = Readings(time.time_ns() / 1_000_000 - mono_ms())
         self._current: float | None = None  # the best sample of the current bucket
         self._previous: float | None = None  # ... and of the one before
         self._bucket_at = 0.0
-        self._readings = Readings()
+        #: Redis's time now, in ms (every select reads it: one call, no wrapper).
+        self.now_ms: Callable[[], int] = self._readings.read
 
-    def now_ms(self) -> int:
-        return self._readings.read(self._offset_ms)
+    @property
+    def offset_ms(self) -> float:
+        """Redis's clock minus the local monotonic clock, as estimated now."""
+        return self._readings.offset_ms
 
     def observe(self, redis_now_ms: int, received_ms: float) -> None:
         """Take one sample: Redis said ``redis_now_ms`` in a reply received (local
         monotonic clock) at ``received_ms``."""
         sample = redis_now_ms - received_ms
-        if self._current is None or sample < self._offset_ms - self.STEP_MS:
+        if self._current is None or sample < self.offset_ms - self.STEP_MS:
+            # The first sample, or Redis's clock went back: the readings follow it.
             self._current, self._previous, self._bucket_at = sample, None, received_ms
-            self._readings.reset()  # Redis's clock went back (or this is the first sample)
-        elif received_ms - self._bucket_at >= self.HOLD_MS:
+            self._readings.restart(sample)
+            return
+        if received_ms - self._bucket_at >= self.HOLD_MS:
             self._current, self._previous, self._bucket_at = sample, self._current, received_ms
         elif sample > self._current:
             self._current = sample
-        self._offset_ms = (
+        self._readings.move(
             self._current if self._previous is None else max(self._current, self._previous)
         )
 
