@@ -325,7 +325,9 @@ class ServiceProcess(HttpProcess):
             try:
                 HttpProcess.__init__(self, "detour", args, p, env, log_path)
             except ProcessExited:
-                return None
+                if listening_inodes(p):
+                    return None  # the port was taken: try another
+                raise  # a failure of its own: say how it exited
             return self
 
         on_a_free_port(start, "detour", port)

@@ -130,6 +130,15 @@ def test_a_service_whose_port_was_taken_starts_on_another(
         assert httpx.get(svc.url + "/readyz", timeout=5).status_code == 200
 
 
+def test_a_service_that_fails_for_another_reason_says_how_it_exited(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    named = _first_port_taken(monkeypatch, procs.free_port())  # a free port, not taken
+    with pytest.raises(procs.ProcessExited, match="detour exited with [1-9]"):
+        ServiceProcess(env={"DETOUR_PROFILE": "no-such-profile"})
+    assert len(named) == 1  # not retried on another port
+
+
 def test_a_service_asked_for_a_taken_port_says_so(taken: RedisServer) -> None:
     with pytest.raises(RuntimeError, match=f"on {taken.port} \\(another process's port\\)"):
         ServiceProcess(port=taken.port)
