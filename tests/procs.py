@@ -20,6 +20,8 @@ from typing import Any, Self, TypeVar
 import httpx
 import redis
 
+from tests.forkserver import Forked, ForkServer, fork_server
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: Detour's per-report Redis timeout (``redis_call_timeout_s``) for tests that are not about
@@ -269,13 +271,21 @@ class HttpProcess:
     port another worker's server took answers too."""
 
     def __init__(self, what: str, args: list[str], port: int, env: dict[str, str] | None,
-                 log_path: Path | None, ready_path: str = "/readyz") -> None:
+                 log_path: Path | None, ready_path: str = "/readyz",
+                 forked_from: ForkServer | None = None) -> None:
+        """``forked_from``: a fork server whose preloaded process runs ``args[3:]`` as
+        ``python -m service`` (tests/forkserver.py); None execs ``args``."""
         self.port = port
         self.url = f"http://127.0.0.1:{self.port}"
         full_env = {**os.environ, **(env or {})}
-        self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.proc = subprocess.Popen(args, cwd=ROOT, env=full_env, stdout=self._log,
-                                     stderr=self._log, start_new_session=True)
+        self._log: Any = subprocess.DEVNULL
+        self.proc: subprocess.Popen[bytes] | Forked
+        if forked_from is not None:
+            self.proc = forked_from.spawn(args[3:], full_env, log_path)
+        else:
+            self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
+            self.proc = subprocess.Popen(args, cwd=ROOT, env=full_env, stdout=self._log,
+                                         stderr=self._log, start_new_session=True)
 
         def ready() -> bool:
             if self.proc.poll() is not None:
@@ -317,13 +327,20 @@ class ServiceProcess(HttpProcess):
                  env: dict[str, str] | None = None, log_path: Path | None = None,
                  port: int | None = None) -> None:
         # ``port``: restart a stopped service where its clients expect it.
+        # Forked from a process that has imported the service already, when the fork can
+        # stand for an exec (tests/forkserver.py says when it cannot).
+        forking = fork_server() if workers == 1 else None
+        if forking is not None and not forking.takes({**os.environ, **(env or {})}):
+            forking = None
+
         def start(p: int) -> ServiceProcess | None:
             args = [sys.executable, "-m", "service", "--port", str(p), "--log-level",
                     "info", "--workers", str(workers)]
             if redis_url:
                 args += ["--redis-url", redis_url]
             try:
-                HttpProcess.__init__(self, "detour", args, p, env, log_path)
+                HttpProcess.__init__(self, "detour", args, p, env, log_path,
+                                     forked_from=forking)
             except ProcessExited:
                 if listening_inodes(p):
                     return None  # the port was taken: try another
