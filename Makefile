@@ -26,9 +26,10 @@ BUILD_WHEELS := $(VENV)/wheels/build
 SITE := $(VENV)/lib/python3.11/site-packages
 PYTEST_ARGS ?=
 # Test workers (pytest-xdist, one file at a time each, each with its own redis-server); 0 runs
-# the suite in this process. Three on two cores: much of the suite waits on other processes
-# (JVMs, redis-servers, client programs); tests/README.md has the times.
-PYTEST_WORKERS ?= 3
+# the suite in this process. Four on two cores: much of the suite waits on other processes
+# (JVMs, redis-servers, client programs), and with service processes forked rather than
+# exec'd (tests/forkserver.py) a fourth worker fills those waits; tests/README.md has the times.
+PYTEST_WORKERS ?= 4
 ARGS ?=
 
 .PHONY: help setup setup-run run test pytest lint fmt typecheck system-deps bench bench-overload \
