@@ -64,10 +64,6 @@ def _preload() -> None:
     import service.edge.protocol  # noqa: F401  (the HTTP protocol uvicorn is given)
 
 
-def _exit_code(status: int) -> int:
-    return os.waitstatus_to_exitcode(status)
-
-
 def _child(request: dict[str, Any], proto: tuple[int, int]) -> None:
     """Become ``python -m service <args>``; never returns."""
     code = 1
@@ -86,7 +82,6 @@ def _child(request: dict[str, Any], proto: tuple[int, int]) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         time.tzset()
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         import service.__main__ as entry
 
         sys.argv = [entry.__file__, *request["args"]]
@@ -135,7 +130,7 @@ def _serve() -> None:
             if pid == 0:
                 return
             children.discard(pid)
-            statuses[pid] = _exit_code(status)
+            statuses[pid] = os.waitstatus_to_exitcode(status)
             while len(statuses) > _MAX_STATUSES:
                 del statuses[next(iter(statuses))]
 

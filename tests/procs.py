@@ -281,6 +281,7 @@ class HttpProcess:
         self._log: Any = subprocess.DEVNULL
         self.proc: subprocess.Popen[bytes] | Forked
         if forked_from is not None:
+            assert args[:3] == [sys.executable, "-m", "service"], args
             self.proc = forked_from.spawn(args[3:], full_env, log_path)
         else:
             self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
