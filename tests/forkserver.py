@@ -185,10 +185,9 @@ class ForkServer:
     """The test worker's handle on its fork server; thread-safe."""
 
     def __init__(self) -> None:
-        env = {**os.environ}
-        self.env = env
+        self.env = dict(os.environ)
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.forkserver"], cwd=ROOT, env=env,
+            [sys.executable, "-m", "tests.forkserver"], cwd=ROOT, env=self.env,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
         )
         self._lock = threading.Lock()

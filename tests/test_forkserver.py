@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -38,28 +39,39 @@ def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
-def test_the_suite_forks_its_services() -> None:
-    """conftest.py turns the fork server on: a service's parent is the worker's fork server."""
+def test_services_are_forked_unless_turned_off() -> None:
+    """conftest.py turns the fork server on: a service's parent is the worker's fork server.
+    ``TESTS_FORK_SERVICES=0`` execs it instead: its parent is this process."""
     shared = forkserver.fork_server()
-    assert shared is not None
+    assert (shared is not None) == (os.environ.get("TESTS_FORK_SERVICES") == "1")
     with ServiceProcess() as svc:
-        assert _parent(svc.proc.pid) == shared._proc.pid != os.getpid()
-        assert os.getsid(svc.proc.pid) == svc.proc.pid  # its own session, as exec'd ones
+        parent = shared._proc.pid if shared is not None else os.getpid()
+        assert _parent(svc.proc.pid) == parent
+        assert os.getsid(svc.proc.pid) == svc.proc.pid  # its own session either way
         assert httpx.get(svc.url + "/readyz", timeout=5).status_code == 200
 
 
-def test_a_forked_service_takes_its_environment_and_arguments(tmp_path: Path) -> None:
+def _ready(port: int) -> bool:
+    return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
+
+
+def test_a_forked_service_takes_its_environment_and_arguments(server: ForkServer,
+                                                              tmp_path: Path) -> None:
     """A setting given only in the start's environment (a tokens file) is in force, and
     one given only as an argument (the port) too: nothing of the fork server's stands."""
     tokens = write_tokens(tmp_path / "tokens.json", {"p": ("s3cret", "producer", "a")})
-    with ServiceProcess(env={"DETOUR_TOKENS_FILE": str(tokens)}) as svc:
-        assert isinstance(svc.proc, forkserver.Forked)
-        anonymous = httpx.post(svc.url + "/select", json={"topic": "t"}, timeout=5)
-        assert anonymous.status_code == 401
-        assert anonymous.json()["error"]
-    with ServiceProcess() as plain:  # the next fork does not inherit the last one's env
-        assert httpx.post(plain.url + "/select", json={"topic": "t"},
-                          timeout=5).status_code != 401
+    for env, refused in (({"DETOUR_TOKENS_FILE": str(tokens)}, True),
+                         ({}, False)):  # the next fork does not inherit the last one's env
+        port = free_port()
+        child = server.spawn(["--port", str(port)], {**os.environ, **env}, None)
+        try:
+            wait_until(partial(_ready, port), 30, "forked service")
+            answer = httpx.post(f"http://127.0.0.1:{port}/select", json={"topic": "t"},
+                                timeout=5)
+            assert (answer.status_code == 401) == refused, answer.text
+        finally:
+            child.terminate()
+            child.wait(30)
 
 
 def test_a_forked_start_that_fails_exits_as_an_exec_would(server: ForkServer,
@@ -84,8 +96,7 @@ def test_a_forked_service_ends_with_the_code_of_how_it_was_stopped(
     """Killed: minus the signal, as Popen says it. Terminated: uvicorn's clean stop, 0."""
     port = free_port()
     child = server.spawn(["--port", str(port)], {**os.environ}, None)
-    wait_until(lambda: child.poll() is not None or httpx.get(
-        f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200, 30, "forked service")
+    wait_until(lambda: child.poll() is not None or _ready(port), 30, "forked service")
     assert child.poll() is None
     child.send_signal(sig)
     assert child.wait(30) == code
@@ -108,8 +119,7 @@ def test_nothing_a_fork_server_started_outlives_it(tmp_path: Path) -> None:
     fs = ForkServer()
     port = free_port()
     child = fs.spawn(["--port", str(port)], {**os.environ}, None)
-    wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1)
-               .status_code == 200, 30, "forked service")
+    wait_until(partial(_ready, port), 30, "forked service")
     pid = child.pid
     fs.close()
     assert fs._proc.returncode == 0
