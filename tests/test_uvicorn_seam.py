@@ -11,12 +11,14 @@ running a protocol that records what the seam's hooks see, over 127.0.0.1.
 from __future__ import annotations
 
 import ast
+import asyncio
 import inspect
 import socket
 import sys
 import textwrap
 import threading
 import time
+import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -24,6 +26,7 @@ from typing import Any
 import httptools
 import pytest
 import uvicorn
+import uvloop
 from uvicorn.protocols.http import flow_control, httptools_impl
 
 from service.edge import answers
@@ -232,6 +235,30 @@ def test_behaviour_the_seam_relies_on() -> None:
     assert out.startswith(b"HTTP/1.1 400 ")  # uvicorn's own, from the seam's default
     assert len(SEEN.malformed) == 1
     assert isinstance(SEEN.malformed[0], httptools.HttpParserError), SEEN.malformed
+
+
+def test_re_arming_the_idle_timer_keeps_it_on_uvloops_millisecond_clock() -> None:
+    """uvloop's clock counts milliseconds: re-armed in the millisecond the timer was made,
+    its ``when()`` can exceed ``time() + delay`` in a float's last digit (for about one
+    millisecond in twelve, measured), and the timer was replaced. Made in 300 different
+    milliseconds and re-armed at once each time, it is never replaced."""
+
+    async def replaced_timers() -> int:
+        conn = types.SimpleNamespace(loop=asyncio.get_running_loop(),
+                                     timeout_keep_alive_task=None, _idle_check=lambda: None)
+        replaced = 0
+        for _ in range(300):
+            conn.timeout_keep_alive_task = None
+            UvicornHttp.arm_idle(conn, 5.0)  # type: ignore[arg-type]
+            made = conn.timeout_keep_alive_task
+            await asyncio.sleep(0)  # the next iteration, most often in the same millisecond
+            UvicornHttp.arm_idle(conn, 5.0)  # type: ignore[arg-type]
+            replaced += conn.timeout_keep_alive_task is not made
+            conn.timeout_keep_alive_task.cancel()
+            await asyncio.sleep(0.001)  # the next round in another millisecond
+        return replaced
+
+    assert uvloop.run(replaced_timers()) == 0
 
 
 def test_the_idle_timer_is_made_once_per_connection_and_closes_when_uvicorns_would() -> None:

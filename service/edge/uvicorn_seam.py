@@ -62,6 +62,9 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 Header = tuple[bytes, bytes]
 
+#: The event loop clock's resolution (uvloop's: a millisecond), for comparing its times.
+CLOCK_RESOLUTION_S = 0.001
+
 
 class _Flow(FlowControl):
     """uvicorn's flow control, asking the edge before reading resumes."""
@@ -287,13 +290,17 @@ class UvicornHttp(HttpToolsProtocol):
 
     def arm_idle(self, delay_s: float) -> None:
         """``idle_timeout`` once the connection has been idle ``delay_s`` from now,
-        unless it gets busy first. A timer already due no later is left to move itself."""
+        unless it gets busy first. A timer already due no later is left to move itself.
+
+        "No later" is judged to the loop clock's resolution: uvloop counts milliseconds,
+        and in the millisecond a timer was made its ``when()`` and ``time() + delay`` can
+        differ in a float's last digit, which would replace the timer at every answer."""
         now = self.loop.time()
         self._idle_start = now
         self._idle_delay = delay_s
         task = self.timeout_keep_alive_task
         if task is not None:
-            if task.when() <= now + delay_s:
+            if task.when() <= now + delay_s + CLOCK_RESOLUTION_S:
                 return
             task.cancel()
         self.timeout_keep_alive_task = self.loop.call_later(delay_s, self._idle_check)
