@@ -388,10 +388,25 @@ def test_clients_that_never_read_are_dropped_and_memory_stays_bounded(
             s.close()
 
 
+def ahead_of_the_machine(pid: int) -> None:
+    """Every thread of ``pid`` at nice -10, as a pod with a CPU request runs against the
+    best-effort load beside it. Where a test drives the replica as hard as one core allows,
+    what it measures is the replica's own queueing; at nice 0 the rest of a busy machine
+    (the other test workers, a CPU hog) decides instead when the replica runs: beside the
+    hog, the other tenant's select p99 was 68 ms against a calm 14 ms, twice in about 35
+    runs."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        os.setpriority(os.PRIO_PROCESS, int(tid), -10)
+
+
 def test_a_reconnect_loop_costs_little_and_another_tenant_never_notices(
         tokens_file: Path) -> None:
+    """A client that reconnects to the stream as fast as it can (each connect reads its
+    snapshot of a 1,000-broker table) costs the replica little CPU per connect, and
+    namespace b's selects beside it keep their calm p99."""
     with ServiceProcess(env={"DETOUR_TOKENS_FILE": str(tokens_file)}) as svc, \
             httpx.Client(base_url=svc.url, timeout=30) as http:
+        ahead_of_the_machine(svc.proc.pid)
         _calm_tenant(http)
         _busy_table(http, 1000)
         connects = 0
