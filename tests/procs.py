@@ -57,6 +57,18 @@ def end_process(proc: subprocess.Popen[Any], timeout_s: float = 10) -> None:
         proc.wait(timeout_s)
 
 
+def ahead_of_the_machine(pid: int) -> None:
+    """Every thread of ``pid`` at nice -10, as a pod with a CPU request runs against the
+    best-effort load beside it. Where a test drives a replica as hard as its core allows and
+    judges its fairness (one client's load against another tenant's latency or refusals),
+    what it measures is the replica's own queueing; at nice 0 the rest of a busy machine
+    (the other test workers, a CPU hog) decides instead when the replica runs. Beside the
+    hog, another tenant's select p99 was once 68 ms against a calm 14 ms, and a single
+    report once waited 200 ms in a replica's queue and was refused SYSTEM_BUSY."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        os.setpriority(os.PRIO_PROCESS, int(tid), -10)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from bench.batches import detour_env, measure, tokens_file
-from tests.procs import RedisServer, ServiceProcess
+from tests.procs import RedisServer, ServiceProcess, ahead_of_the_machine
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -27,6 +27,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 def svc(redis_server: RedisServer, redis_url: str, tmp_path: Path) -> Iterator[ServiceProcess]:
     env = detour_env(tokens_file(tmp_path / "tokens.json"))
     with ServiceProcess(redis_url=redis_url, env=env) as proc:
+        ahead_of_the_machine(proc.proc.pid)
         yield proc
 
 

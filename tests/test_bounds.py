@@ -23,7 +23,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.procs import ServiceProcess, end_process, wait_until, write_tokens
+from tests.procs import (
+    ServiceProcess,
+    ahead_of_the_machine,
+    end_process,
+    wait_until,
+    write_tokens,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -210,6 +216,7 @@ def test_scrapes_need_a_token_stay_bounded_and_never_slow_selects(tokens_file: P
     env = {"DETOUR_TOKENS_FILE": str(tokens_file), "DETOUR_METRICS_MAX_BROKERS": "300",
            "DETOUR_METRICS_CACHE_S": "1"}  # (the default; the suite's is 0)
     with ServiceProcess(env=env) as svc, httpx.Client(base_url=svc.url, timeout=30) as http:
+        ahead_of_the_machine(svc.proc.pid)
         _calm_tenant(http)
         _busy_table(http, 1000)
         # Who may scrape, and what each sees.
@@ -330,6 +337,7 @@ def test_clients_that_never_read_are_dropped_and_memory_stays_bounded(
            "DETOUR_MAX_CONNECTIONS": "2000", "DETOUR_MAX_CONNECTIONS_PER_PEER": "2000"}
     with ServiceProcess(env=env, log_path=tmp_path / "detour.log") as svc, \
             httpx.Client(base_url=svc.url, timeout=30) as http:
+        ahead_of_the_machine(svc.proc.pid)
         _calm_tenant(http)
         _busy_table(http, 2500)  # a snapshot of ~350 KB: more than a socket takes (~150 KB)
         warm = _open_stream(svc.port, TOKENS["admin-a"][0])  # the shared snapshot, rendered
@@ -386,17 +394,6 @@ def test_clients_that_never_read_are_dropped_and_memory_stays_bounded(
             assert _status(s)[0] == 200
         finally:
             s.close()
-
-
-def ahead_of_the_machine(pid: int) -> None:
-    """Every thread of ``pid`` at nice -10, as a pod with a CPU request runs against the
-    best-effort load beside it. Where a test drives the replica as hard as one core allows,
-    what it measures is the replica's own queueing; at nice 0 the rest of a busy machine
-    (the other test workers, a CPU hog) decides instead when the replica runs: beside the
-    hog, the other tenant's select p99 was 68 ms against a calm 14 ms, twice in about 35
-    runs."""
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        os.setpriority(os.PRIO_PROCESS, int(tid), -10)
 
 
 def test_a_reconnect_loop_costs_little_and_another_tenant_never_notices(

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from service.edge.hosts import HostNames
-from tests.procs import ServiceProcess, write_tokens
+from tests.procs import ServiceProcess, ahead_of_the_machine, write_tokens
 
 pytestmark = [pytest.mark.e2e]
 
@@ -214,6 +214,7 @@ def test_partial_bodies_do_not_starve_another_tenant(tmp_path: Path) -> None:
     with ServiceProcess(env=env) as proc, httpx.Client(
         base_url=proc.url, timeout=10, headers={"authorization": "Bearer token-b-0123456789"}
     ) as b:
+        ahead_of_the_machine(proc.proc.pid)
         b.put("/routes/orders", json=ROUTE).raise_for_status()
         for _ in range(20):  # warm up
             assert b.post("/select", json={"topic": "orders"}).status_code == 200
