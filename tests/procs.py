@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
@@ -57,16 +57,33 @@ def end_process(proc: subprocess.Popen[Any], timeout_s: float = 10) -> None:
         proc.wait(timeout_s)
 
 
+#: The nice value of processes a test runs ahead of the machine (``ahead_of_the_machine``).
+NICE_AHEAD = -10
+
+
 def ahead_of_the_machine(pid: int) -> None:
-    """Every thread of ``pid`` at nice -10, as a pod with a CPU request runs against the
-    best-effort load beside it. Where a test drives a replica as hard as its core allows and
-    judges its fairness (one client's load against another tenant's latency or refusals),
-    what it measures is the replica's own queueing; at nice 0 the rest of a busy machine
-    (the other test workers, a CPU hog) decides instead when the replica runs. Beside the
-    hog, another tenant's select p99 was once 68 ms against a calm 14 ms, and a single
-    report once waited 200 ms in a replica's queue and was refused SYSTEM_BUSY."""
+    """Every thread of ``pid`` at ``NICE_AHEAD``, as a pod with a CPU request runs against
+    the best-effort load beside it. Where a test drives a replica as hard as its core allows
+    and judges its fairness (one client's load against another tenant's latency or
+    refusals), what it measures is the replica's own queueing; at nice 0 the rest of a busy
+    machine (the other test workers, a CPU hog) decides instead when the replica runs
+    (tests/README.md has the failures that showed it)."""
     for tid in os.listdir(f"/proc/{pid}/task"):
-        os.setpriority(os.PRIO_PROCESS, int(tid), -10)
+        os.setpriority(os.PRIO_PROCESS, int(tid), NICE_AHEAD)
+
+
+@contextlib.contextmanager
+def starting_ahead_of_the_machine() -> Iterator[None]:
+    """The calling thread at ``NICE_AHEAD`` meanwhile, so that the processes it starts (which
+    inherit its nice value) run ahead of the machine: for a test whose judgement needs its
+    processes at their own pace, such as producers sending at a fixed rate."""
+    fork_server()  # started (once per worker) before: the services it forks keep nice 0
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    os.setpriority(os.PRIO_PROCESS, 0, NICE_AHEAD)
+    try:
+        yield
+    finally:
+        os.setpriority(os.PRIO_PROCESS, 0, before)
 
 
 def free_port() -> int:

@@ -12,7 +12,7 @@ import pytest
 
 import detour.strategy
 from bench import efficacy, simulate
-from tests.procs import ROOT
+from tests.procs import ROOT, starting_ahead_of_the_machine
 
 SMALL = simulate.World(brokers=20, queues=4, duration_s=600, seed=3)
 
@@ -127,7 +127,10 @@ def test_real_producers_shared_table_fails_less_on_a_crash(tmp_path: Path) -> No
         "kill:broker-b@0.5+2.5", "--arms", "per-producer,detour-cached", "--out",
         str(tmp_path), "--no-progress",
     ])
-    results, wall = efficacy.run(args)
+    # The producers send at a fixed rate and skip the slots they fall behind on; at their
+    # own pace (ahead of the rest of a busy machine) they send at least 80% of them.
+    with starting_ahead_of_the_machine():
+        results, wall = efficacy.run(args)
     by_arm = {r.arm: r for r in results}
     alone = by_arm["per-producer"].faults[0]
     shared = by_arm["detour-cached"].faults[0]

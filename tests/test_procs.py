@@ -9,6 +9,9 @@ when the process listening on its port is theirs (the socket it holds, from ``/p
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -142,3 +145,29 @@ def test_a_service_that_fails_for_another_reason_says_how_it_exited(
 def test_a_service_asked_for_a_taken_port_says_so(taken: RedisServer) -> None:
     with pytest.raises(RuntimeError, match=f"on {taken.port} \\(another process's port\\)"):
         ServiceProcess(port=taken.port)
+
+
+def _nice_of_a_child() -> int:
+    out = subprocess.run([sys.executable, "-c", "import os; print(os.nice(0))"],
+                         capture_output=True, text=True, timeout=30, check=True)
+    return int(out.stdout)
+
+
+def test_processes_started_ahead_of_the_machine_run_ahead_and_nothing_else_does() -> None:
+    """``starting_ahead_of_the_machine``: what the block starts inherits ``NICE_AHEAD``; the
+    worker's thread is back at its nice value after it, and a service started in the block
+    through the worker's fork server keeps the fork server's (0)."""
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    with procs.starting_ahead_of_the_machine():
+        assert _nice_of_a_child() == procs.NICE_AHEAD
+        with ServiceProcess() as svc:
+            forked = procs.fork_server() is not None
+            nice = os.getpriority(os.PRIO_PROCESS, svc.proc.pid)
+    assert nice == (before if forked else procs.NICE_AHEAD)
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before
+    assert _nice_of_a_child() == before
+    with ServiceProcess() as svc:
+        procs.ahead_of_the_machine(svc.proc.pid)
+        tids = os.listdir(f"/proc/{svc.proc.pid}/task")
+        assert tids and all(os.getpriority(os.PRIO_PROCESS, int(t)) == procs.NICE_AHEAD
+                            for t in tids)

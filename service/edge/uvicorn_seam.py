@@ -294,7 +294,7 @@ class UvicornHttp(HttpToolsProtocol):
 
         "No later" is judged to the loop clock's resolution: uvloop counts milliseconds,
         and in the millisecond a timer was made its ``when()`` and ``time() + delay`` can
-        differ in a float's last digit, which would replace the timer at every answer."""
+        differ in a float's last digit, and the timer was replaced for nothing."""
         now = self.loop.time()
         self._idle_start = now
         self._idle_delay = delay_s
