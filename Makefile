@@ -69,11 +69,12 @@ $(RUN_STAMP): requirements.lock | $(BIN)/uv
 # Both locks in one run, which stands for the run-time install too.
 # pyspark is published as a source distribution only: pip keeps the wheel it builds from it
 # in its cache, where uv rebuilt it on every install here (about 25 s), so pip installs it.
-SPARK_PINS = $$(grep -E '^(pyspark|py4j)==' requirements-dev.lock)
+BY_PIP := ^(pyspark|py4j)==
 $(DEV_STAMP): requirements.lock requirements-dev.lock pyproject.toml | $(BIN)/uv
 	$(UV_INSTALL) pip -r requirements.lock \
-		-r <(grep -vE '^(-r |pyspark==|py4j==)' requirements-dev.lock)
-	$(BIN)/python -m pip install -q --no-compile --no-deps $(SPARK_PINS)
+		-r <(grep -vE '^-r |$(BY_PIP)' requirements-dev.lock)
+	$(BIN)/python -m pip install -q --no-compile --no-deps \
+		$$(grep -E '$(BY_PIP)' requirements-dev.lock)
 	@rm -f $(VENV)/.run-* && touch $(RUN_STAMP)
 	echo "$(CURDIR)" > $(SITE)/detour-tree.pth
 	rm -rf $(SDK_WHEELS) $(BUILD_WHEELS) && mkdir -p $(SDK_WHEELS) $(BUILD_WHEELS)
