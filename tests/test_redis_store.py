@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
+import threading
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,9 +20,10 @@ from detour.model import Config, FaultItem
 from service.app import create_app
 from service.settings import Settings
 from service.store import ReportIn, codec
+from service.store.follower import PUSHES_PER_TURN
 from service.store.redis import RedisStore
 from tests import lua
-from tests.procs import PATIENT_CALL_TIMEOUT_S, RedisServer, wait_until
+from tests.procs import PATIENT_CALL_TIMEOUT_S, RedisServer, wait_until, wait_until_async
 
 pytestmark = pytest.mark.integration
 
@@ -318,5 +322,57 @@ def test_a_report_acknowledged_during_a_poll_does_not_make_the_poll_look_lost(
             assert store.table_lost(await store.poll(), store.held())
         finally:
             await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_burst_of_pushes_is_applied_a_few_at_a_time(redis_url: str) -> None:
+    """A batch's window changes reach a replica together, and redis-py reads buffered pushes
+    without giving up the event loop: applied all in one turn, they held every request behind
+    them. The follower gives the loop up every ``PUSHES_PER_TURN`` pushes, so between two
+    turns of another task its view moves by at most that many versions."""
+    settings = patient(redis_url=redis_url, namespace=f"burst-{uuid.uuid4().hex[:8]}",
+                       sync_interval_s=60, report_flush_ms=0)
+    changes = 400
+
+    async def write(brokers: range) -> None:
+        writer = RedisStore(settings)
+        await writer.start()
+        try:
+            for start in range(brokers.start, brokers.stop, 25):  # a batch's chunks
+                await writer.report_many([ReportIn(f"b{i}", 600, False)  # each a new window
+                                          for i in range(start, min(start + 25, brokers.stop))])
+            assert not writer.degraded
+        finally:
+            await writer.close()
+
+    def in_a_thread(brokers: range) -> threading.Thread:
+        thread = threading.Thread(target=lambda: asyncio.run(write(brokers)))
+        thread.start()
+        return thread
+
+    async def scenario() -> None:
+        follower = RedisStore(settings)
+        await follower.start()
+        try:
+            # One push applied: the follower is in its loop, subscribed.
+            await asyncio.to_thread(in_a_thread(range(1)).join, 60)
+            await wait_until_async(lambda: follower.view.version == 1, 20, "the first push")
+            # The burst is written while this loop is held: its pushes wait in the socket.
+            burst = in_a_thread(range(1, 1 + changes))
+            burst.join(60)
+            assert not burst.is_alive()
+            seen = [follower.view.version]
+            for _ in range(100_000):
+                if seen[-1] >= 1 + changes:
+                    break
+                await asyncio.sleep(0)
+                seen.append(follower.view.version)
+            assert seen[-1] == 1 + changes
+            steps = [b - a for a, b in itertools.pairwise(seen)]
+            assert max(steps) <= PUSHES_PER_TURN, max(steps)
+            assert sum(1 for s in steps if s) >= changes // PUSHES_PER_TURN
+        finally:
+            await follower.close()
 
     asyncio.run(scenario())

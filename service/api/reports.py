@@ -162,9 +162,7 @@ async def report_latency_batch(
     completed: `now - ageMs`. A replayed failure whose window has already ended changes
     no window. The body limit for this endpoint is 256 KiB.
     """
-    principal = principal_of(request.scope["state"])
-    items = await _validated(body.reports)
-    reports = [report_in(r, principal) for r in items]
+    reports = await _validated(body.reports, principal_of(request.scope["state"]))
     # An id repeated with other content within the batch is refused before any chunk is
     # applied (the same rule the stores apply to one call).
     with _naming_item(0):
@@ -192,22 +190,24 @@ def _naming_item(offset: int) -> Iterator[None]:
         raise
 
 
-async def _validated(raw: list[dict[str, Any]]) -> list[BatchReport]:
-    """The batch's reports, each validated as a ``BatchReport``, all before any is applied
-    (an invalid one is a 422 naming it, and nothing changed), ``VALIDATE_CHUNK`` at a time
-    with a turn of the event loop between them."""
-    items: list[BatchReport] = []
+async def _validated(raw: list[dict[str, Any]], principal: Principal | None) -> list[ReportIn]:
+    """The batch's reports, each validated as a ``BatchReport`` and made the core's
+    ``ReportIn``, all before any is applied (an invalid one is a 422 naming it, and nothing
+    changed), ``VALIDATE_CHUNK`` at a time with a turn of the event loop between them: a
+    1,000-report batch is about 10 ms of CPU here, which in one turn every other request
+    would wait behind."""
+    reports: list[ReportIn] = []
     for start in range(0, len(raw), VALIDATE_CHUNK):
         if start:
             await asyncio.sleep(0)
         for i, item in enumerate(raw[start : start + VALIDATE_CHUNK], start):
             try:
-                items.append(_ITEM.validate_python(item))
+                reports.append(report_in(_ITEM.validate_python(item), principal))
             except ValidationError as exc:
                 raise RequestValidationError(
                     [{**e, "loc": ("body", "reports", i, *e["loc"])} for e in exc.errors()]
                 ) from None
-    return items
+    return reports
 
 
 @router.get(
