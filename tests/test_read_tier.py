@@ -129,9 +129,16 @@ def test_a_process_reads_the_replica_and_writes_the_primary(servers: Replicated)
             # At rest on the replica: the subscription and the polls' connection.
             await wait_until_async(lambda: replica_clients() == (1, 1), 10,
                                    "2 connections on the replica", interval_s=0.05)
-            held = {u: metrics.REDIS_CONNECTIONS.labels("default", u)._value.get()
-                    for u in ("subscription", "replica")}
-            assert held == {"subscription": 1, "replica": 1}
+            # The gauge counts a process's connections for a namespace at each poll, and
+            # this process holds two stores of one namespace: the writer's counts (no
+            # replica) and the reader's take turns. The reader's, at its next poll:
+            def held() -> dict[str, float]:
+                return {u: metrics.REDIS_CONNECTIONS.labels("default", u)._value.get()
+                        for u in ("subscription", "replica")}
+
+            await wait_until_async(lambda: held() == {"subscription": 1, "replica": 1}, 10,
+                                   f"the reader's connections counted (last: {held()})",
+                                   interval_s=0.02)
         finally:
             await writer.close()
             await reader.close()

@@ -166,6 +166,8 @@ class Follower:
         #: the fan-out tier: subscribe and read on a replica while one keeps up
         self._tier = tier
         self._next_primary_poll = 0.0
+        #: pushes applied so far (``_paced``)
+        self._applied = 0
         self.resync_needed = False
         #: called after a (re)subscription on a master other than the last one (Sentinel)
         self.on_master_change: Callable[[], Awaitable[None]] | None = None
@@ -214,17 +216,22 @@ class Follower:
             raise ReplicaBehind("the replica's table is not the one this process holds")
 
     async def _drain(self, pubsub: PubSub) -> None:
-        """Apply the pushes already received, ``PUSHES_PER_TURN`` a turn of the loop."""
-        applied = 0
+        """Apply the pushes already received."""
         while (msg := await pubsub.get_message()) is not None:
             self.on_message(msg)
-            applied += 1
-            if applied % PUSHES_PER_TURN == 0:
-                await asyncio.sleep(0)
+            await self._paced()
+
+    async def _paced(self) -> None:
+        """After each push applied: the loop given up every ``PUSHES_PER_TURN`` (a
+        buffered push is read without giving it up)."""
+        self._applied += 1
+        if self._applied % PUSHES_PER_TURN == 0:
+            await asyncio.sleep(0)
 
     def _count(self, pubsub: PubSub) -> None:
         """The connections held now, by use (the metric docs/deploy.md's Sizing counts):
-        at each poll, not at each push, whose cost it was a third of."""
+        at each poll and after idle ones were closed, not at each push, whose cost it was
+        a third of."""
         replica = self._tier.client if self._tier is not None else None
         held = self._topology.held(pubsub, replica)
         for use, count in held.items():
@@ -331,7 +338,6 @@ class Follower:
                 await store.replay_journal()
                 next_poll = mono_ms() + interval * 1000
                 self._count(pubsub)
-                applied = 0
                 while True:
                     honour_cancel()
                     timeout = max(0.0, (next_poll - mono_ms()) / 1000)
@@ -340,9 +346,7 @@ class Follower:
                         if not store.has_epoch:
                             await self._learn_epoch()
                         self.on_message(msg)
-                        applied += 1
-                        if applied % PUSHES_PER_TURN == 0:
-                            await asyncio.sleep(0)  # (a buffered push is read without one)
+                        await self._paced()
                     elif msg is not None:
                         self.on_message(msg)  # a dropped subscription raises
                     if mono_ms() >= next_poll:
@@ -357,7 +361,8 @@ class Follower:
                         self.resync_needed = False
                     if store.journal_size:
                         await store.replay_journal()
-                    await self._topology.close_idle(*([replica] if replica else []))
+                    if await self._topology.close_idle(*([replica] if replica else [])):
+                        self._count(pubsub)
                     if replica is None and tier is not None and tier.may_try():
                         return  # back to a replica once the fallback has lasted retry_s
         except ReplicaBehind as exc:

@@ -141,9 +141,10 @@ class Topology:
         nodes += self._conn.target.hosts
         return list(dict.fromkeys(nodes)), owned
 
-    async def close_idle(self, *others: Redis) -> None:
-        """Close the connections nothing uses (``StoreClients.close_idle``), ``others``' too."""
-        await self._conn.close_idle(self._routing_key, *others)
+    async def close_idle(self, *others: Redis) -> int:
+        """Close the connections nothing uses (``StoreClients.close_idle``), ``others``' too;
+        how many were closed."""
+        return await self._conn.close_idle(self._routing_key, *others)
 
     def held(self, pubsub: PubSub, replica: Redis | None) -> dict[str, int]:
         """The connections open now, by use (``StoreClients.held``), the subscription
