@@ -85,9 +85,9 @@ def client(settings: Settings) -> Iterator[TestClient]:
 
 
 #: Files that take minutes (Spark, schemathesis, real builds, many processes), by one run's
-#: ``--durations``: scheduled first, so that the two workers of ``make test`` (``--dist
+#: ``--durations``: scheduled first, so that the workers of ``make test`` (``--dist
 #: loadfile --no-loadscope-reorder``: a file stays on one worker, in this order) end
-#: together instead of one of them starting a Spark suite when the other is done.
+#: together instead of one of them starting a Spark suite when the others are done.
 LONGEST_FIRST = (
     "test_pipeline.py",
     "test_pipeline_cli.py",
