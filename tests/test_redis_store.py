@@ -346,8 +346,16 @@ def test_a_burst_of_pushes_is_applied_a_few_at_a_time(redis_url: str) -> None:
         finally:
             await writer.close()
 
+    failed: list[BaseException] = []
+
     def in_a_thread(brokers: range) -> threading.Thread:
-        thread = threading.Thread(target=lambda: asyncio.run(write(brokers)))
+        def run() -> None:
+            try:
+                asyncio.run(write(brokers))
+            except BaseException as exc:  # noqa: BLE001 - the test thread asserts on it
+                failed.append(exc)
+
+        thread = threading.Thread(target=run)
         thread.start()
         return thread
 
@@ -357,11 +365,12 @@ def test_a_burst_of_pushes_is_applied_a_few_at_a_time(redis_url: str) -> None:
         try:
             # One push applied: the follower is in its loop, subscribed.
             await asyncio.to_thread(in_a_thread(range(1)).join, 60)
+            assert not failed, failed
             await wait_until_async(lambda: follower.view.version == 1, 20, "the first push")
             # The burst is written while this loop is held: its pushes wait in the socket.
             burst = in_a_thread(range(1, 1 + changes))
             burst.join(60)
-            assert not burst.is_alive()
+            assert not burst.is_alive() and not failed, failed
             seen = [follower.view.version]
             for _ in range(100_000):
                 if seen[-1] >= 1 + changes:
