@@ -17,6 +17,13 @@ from detour.model import Config, FaultItem, Route
 from detour.policy.steady import select_reads
 from detour.selector_state import SelectorState
 
+#: Changes a follower of the table applies in one turn of its event loop at most: a
+#: replica's pushes (service/store/follower.py) and the async SDK's stream events
+#: (detour/client/tasks.py). A batch's 1,000 window changes arrive together, and a buffered
+#: message is read without giving the loop up: applied in one turn, they held everything
+#: else on that loop (the replica's requests, the producer's own sends) behind them.
+CHANGES_PER_TURN = 32
+
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:

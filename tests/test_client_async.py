@@ -6,12 +6,15 @@ No pytest plugin: each test runs its coroutine with ``asyncio.run``.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import threading
 import time
 
 import httpx
 import pytest
 
 from detour.client import AsyncDetourClient, SelectedQueue, SendError, SendResult
+from detour.view import CHANGES_PER_TURN
 from tests.procs import ServiceProcess, wait_until_async
 
 pytestmark = pytest.mark.e2e
@@ -115,3 +118,56 @@ def test_async_cached_clients_obey_each_others_reports(service: ServiceProcess) 
 
     asyncio.run(main())
     assert items(service.url)["acache-a"]["available"] is False
+
+
+def test_async_cached_client_applies_a_burst_of_events_a_few_at_a_time(
+    service: ServiceProcess,
+) -> None:
+    """One read of the event stream can hold hundreds of events (a batch's window changes),
+    applied on the producer's own loop. The stream task gives the loop up every
+    ``CHANGES_PER_TURN`` events, as a replica does with its pushes: between two turns of
+    another task the client's table takes at most that many of them."""
+    changes = 400
+    batch = {"reports": [{"brokerName": f"burst-{i}", "latencyMs": 600} for i in range(changes)]}
+    relayed = threading.Event()
+    subscribed = threading.Event()
+
+    def watch() -> None:
+        """Another stream reader: once it has the burst's last event, the service has
+        written every event of the burst to the client's connection too."""
+        with httpx.stream("GET", f"{service.url}/fault-items/stream", timeout=30) as r:
+            for line in r.iter_lines():
+                if line.startswith("event: snapshot"):
+                    subscribed.set()
+                elif f'"burst-{changes - 1}"' in line:
+                    relayed.set()
+                    return
+
+    async def main() -> None:
+        async with AsyncDetourClient(service.url, mode="cached") as client:
+            assert await client.wait_ready(15)
+            watcher = threading.Thread(target=watch, daemon=True)
+            watcher.start()
+            assert subscribed.wait(15)
+            faults = client._core.table.view.faults  # the client's copy of the table
+
+            def burst_known() -> int:
+                return sum(1 for name in faults if name.startswith("burst-"))
+
+            # Posted while this loop is held: the client's stream task reads nothing
+            # until the whole burst waits in its connection.
+            httpx.post(f"{service.url}/report-latency:batch", json=batch,
+                       timeout=30).raise_for_status()
+            assert relayed.wait(30), "the burst never reached the other reader"
+            seen = [burst_known()]
+            for _ in range(100_000):
+                if seen[-1] == changes:
+                    break
+                await asyncio.sleep(0)
+                seen.append(burst_known())
+            assert seen[-1] == changes
+            steps = [b - a for a, b in itertools.pairwise(seen)]
+            assert max(steps) <= CHANGES_PER_TURN, max(steps)
+            watcher.join(10)
+
+    asyncio.run(main())

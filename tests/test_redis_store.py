@@ -17,10 +17,10 @@ from fastapi.testclient import TestClient
 
 from detour import policy
 from detour.model import Config, FaultItem
+from detour.view import CHANGES_PER_TURN
 from service.app import create_app
 from service.settings import Settings
 from service.store import ReportIn, codec
-from service.store.follower import PUSHES_PER_TURN
 from service.store.redis import RedisStore
 from tests import lua
 from tests.procs import PATIENT_CALL_TIMEOUT_S, RedisServer, wait_until, wait_until_async
@@ -329,7 +329,7 @@ def test_a_report_acknowledged_during_a_poll_does_not_make_the_poll_look_lost(
 def test_a_burst_of_pushes_is_applied_a_few_at_a_time(redis_url: str) -> None:
     """A batch's window changes reach a replica together, and redis-py reads buffered pushes
     without giving up the event loop: applied all in one turn, they held every request behind
-    them. The follower gives the loop up every ``PUSHES_PER_TURN`` pushes, so between two
+    them. The follower gives the loop up every ``CHANGES_PER_TURN`` pushes, so between two
     turns of another task its view moves by at most that many versions."""
     settings = patient(redis_url=redis_url, namespace=f"burst-{uuid.uuid4().hex[:8]}",
                        sync_interval_s=60, report_flush_ms=0)
@@ -379,8 +379,8 @@ def test_a_burst_of_pushes_is_applied_a_few_at_a_time(redis_url: str) -> None:
                 seen.append(follower.view.version)
             assert seen[-1] == 1 + changes
             steps = [b - a for a, b in itertools.pairwise(seen)]
-            assert max(steps) <= PUSHES_PER_TURN, max(steps)
-            assert sum(1 for s in steps if s) >= changes // PUSHES_PER_TURN
+            assert max(steps) <= CHANGES_PER_TURN, max(steps)
+            assert sum(1 for s in steps if s) >= changes // CHANGES_PER_TURN
         finally:
             await follower.close()
 

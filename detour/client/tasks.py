@@ -23,6 +23,7 @@ from detour.client.http import LIMITS, check_stream
 from detour.client.reconnect import Jitter, stream_connect_s, stream_jitter
 from detour.client.sse import EventTooLarge, SSEParser
 from detour.clock import mono_ms
+from detour.view import CHANGES_PER_TURN
 
 log = logging.getLogger("detour.client")
 
@@ -150,6 +151,7 @@ class StreamTask:
             parser = SSEParser(core.max_event_bytes)
             applier = core.applier
             core.service_clock.reconnected()
+            applied = 0
             async for chunk in r.aiter_bytes():
                 for event in parser.feed_bytes(chunk):
                     applier.handle(event, mono_ms())
@@ -158,6 +160,9 @@ class StreamTask:
                         self.connected = True
                         self.synced.set()
                         jitter.reset()
+                    applied += 1
+                    if applied % CHANGES_PER_TURN == 0:
+                        await asyncio.sleep(0)  # (one chunk can hold hundreds of events)
         finally:
             await r.aclose()
 

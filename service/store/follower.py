@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from redis.asyncio.client import PubSub
 
 from detour.clock import Readings, mono_ms
-from detour.view import TableView
+from detour.view import CHANGES_PER_TURN, TableView
 from service import metrics
 from service.cancelling import honour_cancel
 from service.errors import StoreUnavailable
@@ -35,10 +35,6 @@ from service.store.topology import Topology
 log = logging.getLogger("detour.store")
 
 _MAX_BACKOFF_S = 5.0
-#: Pushes applied in one turn of the event loop at most. A batch's 1,000 window changes
-#: reach the replica together, and redis-py reads buffered messages without giving up the
-#: loop: applied in one turn (about 15 ms of CPU), every request waited behind them.
-PUSHES_PER_TURN = 32
 
 
 class RedisClock:
@@ -222,10 +218,10 @@ class Follower:
             await self._paced()
 
     async def _paced(self) -> None:
-        """After each push applied: the loop given up every ``PUSHES_PER_TURN`` (a
+        """After each push applied: the loop given up every ``CHANGES_PER_TURN`` (a
         buffered push is read without giving it up)."""
         self._applied += 1
-        if self._applied % PUSHES_PER_TURN == 0:
+        if self._applied % CHANGES_PER_TURN == 0:
             await asyncio.sleep(0)
 
     def _count(self, pubsub: PubSub) -> None:
