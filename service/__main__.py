@@ -179,6 +179,8 @@ def _serve(settings: Settings) -> None:
         # (service/edge/protocol.py, over service/edge/uvicorn_seam.py: pyproject pins
         # uvicorn's minor).
         http="service.edge.protocol:EdgeProtocol",
+        # Detour serves no WebSocket: upgrades are refused at the head (service/edge/heads.py).
+        ws="none",
         log_level=settings.log_level,
         access_log=False,
         proxy_headers=False,

@@ -150,6 +150,9 @@ def create_app(settings: Settings | None = None, tokens: TokenTable | None = Non
         "send went (`POST /report-latency`); brokers that were slow or failed are avoided for "
         "a while, for every producer that shares the table. See docs/semantics.md.",
         lifespan=lifespan,
+        # `/select/` is a path Detour does not have (404 in the Error shape), not a 307 to
+        # a Location built from the client's own Host header.
+        redirect_slashes=False,
         # Routes that need a token (when tokens are configured) declare it, for the contract.
         routes=list(
             included(

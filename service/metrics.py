@@ -171,7 +171,8 @@ EDGE_REFUSED = Counter(
     "reason=connections (at the cap, none idle), peer_connections (the peer's cap), "
     "idle_evicted (an idle connection closed for a new one), idle_timeout (no request "
     "begun in time by a connection that had not proven itself), headers_too_large, "
-    "too_many_headers, header_timeout, body_timeout, send_timeout (answers not taken while "
+    "too_many_headers, body_too_large (what followed a head passed any body's bound: "
+    "chunk framing, trailers), header_timeout, body_timeout, send_timeout (answers not taken while "
     "the pipelining bound held the connection), host, malformed (the HTTP parser refused it).",
     ["reason"],
 )
@@ -283,6 +284,7 @@ for _reason in (
     "malformed",
     "headers_too_large",
     "too_many_headers",
+    "body_too_large",
     "header_timeout",
     "body_timeout",
     "host",

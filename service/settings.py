@@ -153,8 +153,9 @@ class Settings(BaseSettings):
 
     # -- Streams, scrapes and names (docs/security.md, "Streams, scrapes and names") --
     #: Push streams (GET /fault-items/stream) this process serves at once; past it a
-    #: connect gets 503 SYSTEM_BUSY.
-    stream_max: int = Field(512, ge=1, le=100_000)
+    #: connect gets 503 SYSTEM_BUSY. Never more than half of ``max_connections``
+    #: (service/edge/bounds.py ``stream_bound``): streams are never idle.
+    stream_max: int = Field(256, ge=1, le=100_000)
     #: Push streams one token may hold open on this process; past it 429 TOO_MANY_STREAMS.
     #: (No tokens: only ``stream_max`` applies.)
     stream_max_per_token: int = Field(128, ge=1, le=100_000)

@@ -327,6 +327,33 @@ def test_stream_caps_per_token_and_per_process(tokens_file: Path) -> None:
                 s.close()
 
 
+def test_streams_never_take_more_than_half_the_connections(tokens_file: Path) -> None:
+    """A stream is never idle (it cannot be closed to make room) and one that reads none of
+    its few bytes a second fills no buffer for hours: streams alone must not take every
+    connection. With 8 connections and the default stream cap, 4 streams are served, the
+    5th is refused, and a producer still gets its select."""
+    env = {"DETOUR_TOKENS_FILE": str(tokens_file), "DETOUR_MAX_CONNECTIONS": "8",
+           "DETOUR_MAX_CONNECTIONS_PER_PEER": "8"}  # fmt: skip
+    with ServiceProcess(env=env) as svc:
+        held: list[socket.socket] = []
+        try:
+            for i in range(4):
+                s = _open_stream(svc.port, TOKENS["prod-a" if i < 2 else "prod-a2"][0])
+                held.append(s)
+                assert _status(s)[0] == 200
+            fifth = _open_stream(svc.port, TOKENS["prod-b"][0])
+            held.append(fifth)
+            assert _status(fifth)[0] == 503
+            with httpx.Client(base_url=svc.url, timeout=10) as http:
+                http.put("/routes/orders", headers=auth("admin-a"),
+                         json=_route("o", 2)).raise_for_status()  # fmt: skip
+                r = http.post("/select", headers=auth("prod-a"), json={"topic": "orders"})
+                assert r.status_code == 200, r.text
+        finally:
+            for s in held:
+                s.close()
+
+
 @pytest.mark.timeout(300)
 def test_clients_that_never_read_are_dropped_and_memory_stays_bounded(
         tokens_file: Path, tmp_path: Path) -> None:

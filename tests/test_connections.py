@@ -136,17 +136,25 @@ def test_connections_that_have_not_proven_themselves_make_room_first() -> None:
 
 
 def test_busy_connections_are_not_closed_and_a_new_one_is_told_why() -> None:
-    """At the cap with every connection busy (a push stream being answered), a new
-    connection is answered 503 SYSTEM_BUSY in the Error shape and closed; the busy ones
-    go on."""
-    env = {"DETOUR_MAX_CONNECTIONS": "5"}
+    """At the cap with every connection busy (push streams being answered, as many as
+    the cap allows them, half of it; requests whose bodies are arriving), a new connection
+    is answered 503 SYSTEM_BUSY in the Error shape and closed; the busy ones go on."""
+    env = {"DETOUR_MAX_CONNECTIONS": "5", "DETOUR_BODY_TIMEOUT_S": "60"}
     with ServiceProcess(env=env) as proc:
         busy = [connect(proc.port) for _ in range(5)]
         try:
-            for s in busy:
+            for s in busy[:2]:
                 s.sendall(b"GET /fault-items/stream HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
                 s.settimeout(10)
                 assert s.recv(65536).startswith(b"HTTP/1.1 200 ")  # answering, for ever
+            for s in busy[2:]:
+                # The app waits for the body once it asks for it: uvicorn's 100 Continue.
+                s.sendall(b"PUT /routes/t HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: "
+                          b"application/json\r\ncontent-length: 100\r\n"
+                          b"expect: 100-continue\r\n\r\n")  # fmt: skip
+                s.settimeout(10)
+                assert s.recv(65536).startswith(b"HTTP/1.1 100 ")
+                s.sendall(b"{")  # and the rest never comes
             with connect(proc.port, "127.0.0.2") as extra:
                 extra.settimeout(10)
                 refusal = answer(extra)

@@ -367,8 +367,19 @@ def test_the_refusals_are_counted_by_reason(served: Served) -> None:
      400, "BAD_REQUEST"),
     (b"POST /select HTTP/1.1\r\nhost: rebind.example\r\ncontent-length: 0\r\n\r\n", 421,
      "HOST_NOT_ALLOWED"),
+    (b"GET /routes HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: upgrade\r\nupgrade: websocket\r\n"
+     b"sec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+     400, "BAD_REQUEST"),
+    (b"POST /select HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: upgrade, http2-settings\r\n"
+     b"upgrade: h2c\r\nhttp2-settings: AAMAAABkAAQAoAAAAAIAAAAA\r\ncontent-length: 2\r\n\r\n{}",
+     400, "BAD_REQUEST"),
+    (b"POST /select HTTP/2.0\r\nhost: 127.0.0.1\r\ncontent-length: 0\r\n\r\n", 400,
+     "BAD_REQUEST"),
+    (b"POST /select HTTP/1.1\r\nhost: 127.0.0.1\r\nhost: rebind.example\r\n"
+     b"content-length: 0\r\n\r\n", 400, "BAD_REQUEST"),
 ], ids=["unknown method", "control character in the target", "control character in a header",
-        "foreign Host"])  # fmt: skip
+        "foreign Host", "WebSocket upgrade", "h2c upgrade", "HTTP/2.0 as text",
+        "two Hosts"])  # fmt: skip
 def test_while_shedding_what_the_edge_refuses_is_refused_as_always(
     served: Served, raw: bytes, status: int, code: str
 ) -> None:
@@ -385,4 +396,23 @@ def test_while_shedding_what_the_edge_refuses_is_refused_as_always(
     body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
     assert set(body) == {"error", "message", "field"} and body["error"] == code
     assert TAKEN == []
+    assert served.entered == 0
+
+
+def test_while_shedding_a_refused_request_whose_body_is_malformed_gets_one_answer(
+    served: Served,
+) -> None:
+    """A request refused at its head (503) whose chunked body then fails to parse: its one
+    answer is the 503, and the connection closes; a 400 after it would be paired by a
+    pipelining client with its next request."""
+    served.shed()
+    raw = (b"POST /select HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+           b"transfer-encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n")  # fmt: skip
+    with connect(served.port) as s:
+        s.sendall(raw)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    assert answer.count(b"HTTP/1.1 ") == 1, answer
+    assert answer.startswith(b"HTTP/1.1 503 "), answer[:200]
     assert served.entered == 0

@@ -28,6 +28,26 @@ def test_openapi_yaml_matches_the_app() -> None:
     assert render(served()) == (ROOT / "openapi.yaml").read_text()
 
 
+def test_every_schema_reference_names_a_schema_of_the_document() -> None:
+    """A ``$ref`` to a model FastAPI never put in the components (the config bodies, read
+    raw by their routes) left PUT and PATCH /config without a schema a client could use."""
+    doc = served()
+
+    def refs(node: object) -> list[str]:
+        if isinstance(node, dict):
+            own = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
+            return own + [r for v in node.values() for r in refs(v)]
+        if isinstance(node, list):
+            return [r for v in node for r in refs(v)]
+        return []
+
+    found = refs(doc)
+    names = {f"#/components/schemas/{name}" for name in doc["components"]["schemas"]}
+    assert found and set(found) <= names, sorted(set(found) - names)
+    put = doc["paths"]["/config"]["put"]["requestBody"]["content"]["application/json"]
+    assert "isolationQuorum" in put["schema"]["required"]
+
+
 def test_every_field_has_a_description_and_an_example() -> None:
     doc = served()
     missing = [

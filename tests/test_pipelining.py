@@ -130,3 +130,48 @@ def test_a_pipeliner_that_reads_gets_every_answer_in_order(svc: ServiceProcess, 
         s.sendall(request * 2000 + b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
         statuses = read_answers(s, 2001)
     assert statuses == [200] * 2001
+
+
+def endless_trailer(port: int, head: bytes, limit_bytes: int, seconds: float) -> int:
+    """A chunked body, then one trailer field that never ends (up to ``limit_bytes`` or
+    ``seconds``, within the body deadline); the bytes the server took before it closed."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        body = b'{"brokerName": "trailed", "latencyMs": 5}'
+        sock.sendall(head + b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\nx-trailer: "
+                     % (len(body), body))  # fmt: skip
+        sent = 0
+        chunk = b"a" * 65536
+        ends = time.monotonic() + seconds
+        try:
+            while sent < limit_bytes and time.monotonic() < ends:
+                sock.sendall(chunk)
+                sent += len(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+    return sent
+
+
+@pytest.mark.parametrize("who", ["with a token", "without one (the guard's 401)"])
+def test_what_follows_a_head_is_bounded_trailers_included(
+    svc: ServiceProcess, who: str
+) -> None:
+    """The parser holds a trailer's value whole: three connections each sending one that
+    never ends were taking 150 MiB. What follows a head, chunk framing and trailers
+    included, is bounded (twice the largest body limit plus the head bound): the
+    connection is closed past it, and the server does not grow."""
+    head = b"POST /report-latency HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+    if who == "with a token":
+        head = with_token(head)
+    before = rss_kib(svc.proc.pid)
+    taken = [endless_trailer(svc.port, head, 48 * 2**20, seconds=3) for _ in range(3)]
+    grown_mib = (rss_kib(svc.proc.pid) - before) / 1024
+    assert grown_mib < 32, f"RSS grew by {grown_mib:.1f} MiB"
+    # The bound is 544 KiB; the kernel's buffers on both sides take a few MiB more.
+    assert all(t < 16 * 2**20 for t in taken), taken
+    with httpx.Client(base_url=svc.url, timeout=10,
+                      headers={"authorization": f"Bearer {TOKEN}"}) as http:  # fmt: skip
+        text = http.get("/metrics").text
+        refused = next(float(line.split()[-1]) for line in text.splitlines()
+                       if line.startswith('detour_edge_refused_total{reason="body_too_large"}'))
+        assert refused == 3, refused
+        assert http.get("/healthz").status_code == 200

@@ -12,9 +12,10 @@ from detour.model import CONFIG_FIELDS, Config
 from detour.profiles import PROFILES
 from service.api.bodies import parse, request_body, validated
 from service.api.deps import ERRORS, UNAVAILABLE, BrokerPath, StoreDep, not_found
-from service.api.render import config_in, config_out, why_out
+from service.api.render import config_in, config_out
+from service.api.table_answer import TableAnswers
 from service.errors import NotFound
-from service.schemas import ConfigBody, ConfigPatch, ConfigReplace, FaultItemOut, FaultItemsOut
+from service.schemas import ConfigBody, ConfigPatch, ConfigReplace, FaultItemsOut
 
 #: RFC 7396's media type
 MERGE_PATCH = "application/merge-patch+json"
@@ -71,15 +72,7 @@ async def put_config(request: Request, store: StoreDep) -> ConfigBody:
     response_model=ConfigBody,
     responses={**ERRORS, **UNAVAILABLE},
     summary="Change the fields named; the others stay (JSON merge patch)",
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {
-                MERGE_PATCH: {"schema": {"$ref": "#/components/schemas/ConfigPatch"}},
-                "application/json": {"schema": {"$ref": "#/components/schemas/ConfigPatch"}},
-            },
-        }
-    },
+    openapi_extra=request_body(ConfigPatch, (MERGE_PATCH, "application/json")),
 )
 async def patch_config(request: Request, store: StoreDep) -> ConfigBody:
     """A JSON merge patch of the config (RFC 7396, `Content-Type:
@@ -113,23 +106,10 @@ async def patch_config(request: Request, store: StoreDep) -> ConfigBody:
     responses=UNAVAILABLE,
     summary="The fault table, read from the store",
 )
-async def fault_items(store: StoreDep) -> FaultItemsOut:
+async def fault_items(request: Request, store: StoreDep) -> Response:
     now, items = await store.fault_items()
-    return FaultItemsOut(
-        now=now,
-        items=[
-            FaultItemOut(
-                broker_name=i.broker_name,
-                current_latency_ms=i.current_latency_ms,
-                available_at=i.available_at,
-                available=i.is_available(now),
-                probation=i.probation,
-                reachable=i.reachable,
-                why=why_out(i.why) if i.why is not None and not i.is_available(now) else None,
-            )
-            for i in sorted(items, key=lambda i: i.broker_name)
-        ],
-    )
+    answers: TableAnswers = request.app.state.table_answers
+    return Response(answers.body(store, now, items), media_type="application/json")
 
 
 @router.delete(

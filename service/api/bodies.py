@@ -31,7 +31,14 @@ def validated(adapter: TypeAdapter[M], body: bytes) -> M:
         ) from None
 
 
-def request_body(model: type[BaseModel]) -> dict[str, Any]:
-    """`openapi_extra` declaring a JSON body of ``model`` for a route that reads raw bytes."""
-    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+def request_body(
+    model: type[BaseModel], media_types: tuple[str, ...] = ("application/json",)
+) -> dict[str, Any]:
+    """`openapi_extra` declaring a JSON body of ``model`` for a route that reads raw bytes.
+
+    The schema is written out in place: FastAPI puts in the document's components only the
+    models its routes declare, and a ``$ref`` to this one named nothing there."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    assert "$defs" not in schema, f"{model.__name__}: nested models need components"
+    content = {media_type: {"schema": schema} for media_type in media_types}
+    return {"requestBody": {"required": True, "content": content}}

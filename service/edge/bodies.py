@@ -91,13 +91,24 @@ def check_keys(body: bytes) -> None:
         raise BadBody(422, f"{field}: repeated key in a JSON object", field)
 
 
+#: A Content-Type sent more than once: no type (RFC 9110 section 8.3 allows one; two can say
+#: two things, and the two ways in once read different ones).
+REPEATED = b""
+
+
+def one_type(seen: bytes | None, value: bytes) -> bytes:
+    """The request's Content-Type after another such header with ``value``: ``REPEATED``
+    from the second on (``is_json`` is then False)."""
+    return value if seen is None else REPEATED
+
+
 def has_body(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bool, bytes | None]:
-    """Whether the request carries a body, and its Content-Type."""
+    """Whether the request carries a body, and its Content-Type (``REPEATED``: twice)."""
     has_body = False
     content_type = None
     for name, value in headers:
         if name == b"content-type":
-            content_type = value
+            content_type = one_type(content_type, value)
         elif name == b"content-length":
             has_body = value.strip() != b"0"
         elif name == b"transfer-encoding":

@@ -11,6 +11,8 @@ from service.api import telemetry
 from service.api.exposition import Exposition
 from service.api.pacing import BatchPacer
 from service.api.push import StreamGate
+from service.api.table_answer import TableAnswers
+from service.edge.connections import connection_bound
 from service.settings import Settings
 from service.store import FaultStore
 
@@ -19,14 +21,23 @@ def install_bounds(app: FastAPI, settings: Settings) -> None:
     """The stream caps, the /metrics cache and the batch pacer live in app state, one per
     app."""
     app.state.stream_gate = StreamGate(
-        max_streams=settings.stream_max,
+        max_streams=stream_bound(settings),
         max_per_token=settings.stream_max_per_token,
         send_timeout_s=settings.stream_send_timeout_s,
         backlog=settings.stream_backlog,
     )
     app.state.batches = BatchPacer()
+    app.state.table_answers = TableAnswers()
     app.state.exposition = Exposition(settings.metrics_cache_s, settings.metrics_max_brokers)
     telemetry.set_broker_series_cap(settings.metrics_max_brokers)
+
+
+def stream_bound(settings: Settings) -> int:
+    """Push streams this process serves at once: ``DETOUR_STREAM_MAX``, and never more than
+    half its connections. A stream is never idle (the edge cannot close it to make room)
+    and a client that reads nothing of its few bytes a second fills no buffer for hours,
+    so streams alone could otherwise take every connection and lock every producer out."""
+    return max(1, min(settings.stream_max, connection_bound(settings.max_connections) // 2))
 
 
 def bound_names(stores: Iterable[FaultStore], settings: Settings) -> None:

@@ -47,7 +47,7 @@ from service.api.caller import voter
 from service.api.telemetry import observe_request
 from service.auth import Principal, TokenTable
 from service.edge import answers
-from service.edge.bodies import check_keys, is_json
+from service.edge.bodies import check_keys, is_json, one_type
 from service.edge.guard import admitted
 from service.edge.handlers import Handlers, handler_for, run_handler
 from service.schemas import ReportRequest, SelectRequest
@@ -150,17 +150,17 @@ class DirectLane:
         a declared length within the limit (chunked, over-limit and non-JSON bodies get
         their 413/415 the ASGI way)."""
         length = -1
-        json_body = False
+        content_type = None
         for name, value in headers:
             if name == b"content-length":
                 if length >= 0 or not value.isdigit():
                     return False
                 length = int(value)
             elif name == b"content-type":
-                json_body = is_json(value)
+                content_type = one_type(content_type, value)
             elif name == b"transfer-encoding":
                 return False
-        return json_body and 0 < length <= self.max_body_bytes
+        return is_json(content_type) and 0 < length <= self.max_body_bytes
 
     def answer(
         self, path: bytes, headers: Headers, body: bytes, state: dict[str, Any]

@@ -13,12 +13,49 @@ import ipaddress
 from collections.abc import Iterable
 
 
+def _port_ok(port: str) -> bool:
+    return port == "" or (port.isascii() and port.isdigit())
+
+
 def _host_name(value: bytes) -> str:
-    """The name of a Host header value, without its port, lower case."""
+    """The name of a Host header value, without its port, lower case; "" (allowed by
+    nothing) when what follows the name is not a port (``[::1]evil.com``)."""
     host = value.decode("latin-1").strip().lower()
     if host.startswith("["):
-        return host[1 : host.find("]")] if "]" in host else host
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+        end = host.find("]")
+        rest = host[end + 1 :]
+        if end < 0 or (rest and not (rest[0] == ":" and _port_ok(rest[1:]))):
+            return ""
+        return host[1:end]
+    if host.count(":") != 1:
+        return host  # no port, or an unbracketed IPv6 literal
+    name, _, port = host.partition(":")
+    return name if _port_ok(port) else ""
+
+
+def origin_path(target: bytes) -> bytes:
+    """The path of a request target, in either form (``/select?x``, ``http://h/select``)."""
+    if authority(target) is not None:
+        rest = target.partition(b"://")[2]
+        slash = rest.find(b"/")
+        target = rest[slash:] if slash >= 0 else b"/"
+    return target.partition(b"?")[0].partition(b"#")[0]
+
+
+def authority(target: bytes) -> bytes | None:
+    """The host of an absolute-form request target (``http://host:port/path``), which a
+    server must judge instead of the Host header (RFC 9112 section 3.2.2); None for the
+    origin form. With user information (``user@host``) it is ``b""``: allowed by nothing."""
+    scheme, sep, rest = target.partition(b"://")
+    if not sep or scheme.lower() not in (b"http", b"https"):
+        return None
+    end = len(rest)
+    for stop in (b"/", b"?", b"#"):
+        at = rest.find(stop)
+        if 0 <= at < end:
+            end = at
+    host = rest[:end]
+    return b"" if b"@" in host else host
 
 
 class HostNames:
@@ -56,6 +93,8 @@ class HostNames:
 
     def _judge(self, value: bytes) -> bool:
         name = _host_name(value).rstrip(".")
+        if not name:
+            return False
         if name == "localhost" or name.endswith(".localhost") or name in self.names:
             return True
         try:

@@ -41,8 +41,10 @@ import sys
 import time
 
 from service import metrics
-from service.edge import answers, pipelining
+from service.edge import answers, heads, pipelining
 from service.edge.guard import credentials
+from service.edge.heads import HeadRefused
+from service.edge.hosts import authority, origin_path
 from service.edge.scan import simple_request
 from service.edge.shedding import ARRIVED, EXEMPT_RAW, STREAMS_RAW, Shedder
 from service.edge.state import EDGE_STATE, Edge, EdgeLimits
@@ -79,6 +81,9 @@ class EdgeProtocol(UvicornHttp):
     _phase = _IDLE
     #: Bytes of the current head read so far (counted before parsing).
     _head_bytes = 0
+    #: Bytes read after the current head (chunk framing and trailers included): bounded,
+    #: since the parser holds a trailer's value whole however long it grows.
+    _body_bytes = 0
     _headers_seen = 0
     _too_many = False
     _completed = False
@@ -191,6 +196,7 @@ class EdgeProtocol(UvicornHttp):
             if not data:
                 return
         limit = edge.limits.max_header_bytes
+        body_limit = 2 * edge.limits.max_body_bytes + limit
         pos, end = 0, len(data)
         # A read with at most one head, nothing queued and few answers waiting (a
         # producer's one request at a time) overshoots the bound by one request at most:
@@ -215,6 +221,12 @@ class EdgeProtocol(UvicornHttp):
                         self._refuse_head("headers_too_large")
                         return
                     stop = min(stop, pos + head_room)
+                else:
+                    body_room = body_limit - self._body_bytes
+                    if body_room <= 0:
+                        self._refuse_body()
+                        return
+                    stop = min(stop, pos + body_room)
                 if stop <= pos:
                     break  # no room: the rest is held
                 piece = data[pos:stop]
@@ -230,6 +242,8 @@ class EdgeProtocol(UvicornHttp):
                     # completed is not counted: the next head's share of it is at most
                     # the room left, so a head is still cut within twice the bound.)
                     self._head_bytes += len(piece)
+                elif self._phase == _BODY and not self._completed:
+                    self._body_bytes += len(piece)  # (with the head's end, at most)
                 pos = stop
         finally:
             self._feeding = False
@@ -265,18 +279,27 @@ class EdgeProtocol(UvicornHttp):
     def on_headers_complete(self) -> None:
         self._phase = _BODY
         self._head_bytes = 0
+        self._body_bytes = 0
         if self._edge is not None:
             self._edge.requests_read += 1
         if self._too_many:
             self._refused = True  # answered 431 once the parser returns
             return
         edge = self._edge
+        if edge is not None:
+            why = heads.refusal(
+                self.http_version(), self.asks_upgrade(), self.method(), self.head()
+            )
+            if why is not None:
+                # The parser stops here and its error path answers (``malformed``).
+                self._refused = True
+                raise why
         if edge is not None and edge.limits.hosts is not None and not self._host_allowed(edge):
             self._refused = True
             return
         if edge is not None and not self.proven:
             self._prove(edge)
-        path = self.target().partition(b"?")[0]
+        path = origin_path(self.target())
         if path in STREAMS_RAW and edge is not None:
             # Bounded buffers for an endless response: the kernel's, and the transport's
             # (uvicorn waits for it to drain below this before each send).
@@ -455,11 +478,21 @@ class EdgeProtocol(UvicornHttp):
         shedding: the fast path takes nothing the parser would refuse). Behind an answer
         under way, once it is out."""
         error = sys.exception()  # called inside uvicorn's ``except HttpParserError``
+        refused = error.__context__ if error is not None else None
+        head_refused = isinstance(refused, HeadRefused)
+        if isinstance(refused, HeadRefused):
+            error = refused  # the edge's own refusal of the head (heads.py)
+            self._bad_field = refused.field
         reason = str(error)[:200] if error is not None and str(error) else message
         metrics.EDGE_REFUSED.labels("malformed").inc()
         self._held = b""
         if self._edge is None:
             super().malformed(message)
+            return
+        if self._phase == _BODY and self._refused and not head_refused:
+            # The body of a request already answered (the shedder refused its head) is
+            # what failed: one answer a request, so the connection just closes after it.
+            self._close()
             return
         if self._phase == _BODY and self._direct is None and not self._refused:
             # The body of the request whose head was read last is what failed: its app
@@ -481,10 +514,15 @@ class EdgeProtocol(UvicornHttp):
             return
         self._write_malformed(reason)
 
+    #: The header a refused head's 400 names (heads.py), if any.
+    _bad_field: str | None = None
+
     def _write_malformed(self, reason: str) -> None:
         self.flush_out()
         self.transport.write(
-            answers.raw_error(400, "BAD_REQUEST", f"malformed HTTP request: {reason}")
+            answers.raw_error(
+                400, "BAD_REQUEST", f"malformed HTTP request: {reason}", self._bad_field
+            )
         )
         self._close()
 
@@ -632,13 +670,31 @@ class EdgeProtocol(UvicornHttp):
             self.transport.write(answers.raw_error(431, "HEADERS_TOO_LARGE", what, "headers"))
         self._close()
 
+    def _refuse_body(self) -> None:
+        """413 for what follows a head past any body's bound (``EdgeLimits.max_body_bytes``:
+        a chunked body's framing, a trailer growing without end), then close."""
+        metrics.EDGE_REFUSED.labels("body_too_large").inc()
+        if not self.answering():  # (an app reading it reads a disconnect)
+            self.flush_out()
+            self.transport.write(
+                answers.raw_error(
+                    413, "PAYLOAD_TOO_LARGE", "request body, framing or trailers too large", "body"
+                )
+            )
+        self._close()
+
     def _host_allowed(self, edge: Edge) -> bool:
         """Whether the Host is allowed; if not, answers 421 and closes (DNS rebinding)."""
         hosts = edge.limits.hosts
         assert hosts is not None
-        for name, value in self.head():
+        target = self.target()
+        absolute = authority(target)
+        names = (
+            [(b"host", absolute)] if absolute is not None else self.head()
+        )  # an absolute-form target's host counts, not the Host header (RFC 9112 3.2.2)
+        for name, value in names:
             if name == b"host":
-                if hosts.allows(value) or self.target().partition(b"?")[0] in _ANY_HOST:
+                if hosts.allows(value) or origin_path(target) in _ANY_HOST:
                     return True
                 metrics.EDGE_REFUSED.labels("host").inc()
                 if not self.answering():

@@ -14,7 +14,7 @@ close, while shedding as at any other time. So a simple request is, strictly:
   tabs (no control characters, no obs-text), within the head byte and count bounds;
 * no ``Transfer-Encoding``, ``Connection``, ``Expect`` or ``Upgrade`` (anywhere in the
   head: they change framing or the connection), ``Content-Length`` at most once;
-* when Host names are checked, a Host they allow (or none);
+* at most one Host, and when Host names are checked, one they allow (or none);
 * not a probe or scrape (never shed).
 
 Stricter than the parser is safe (the request is parsed, then refused as usual); laxer
@@ -35,8 +35,9 @@ _SIMPLE_HEAD = re.compile(
 #: Headers that change how a request is framed or whether the connection stays open: a
 #: head carrying any of them (even inside a value) is left to the parser.
 _NOT_SIMPLE = (b"transfer-encoding", b"connection", b"expect", b"upgrade")
-_CONTENT_LENGTH = re.compile(rb"(?:^|\n)content-length:[ \t]*([0-9]{1,12})[ \t]*\r\n")
-_HOST = re.compile(rb"(?:^|\n)host:[ \t]*([^\r]*?)[ \t]*\r\n")
+# (A header's line start is looked behind, not consumed: the previous match took it.)
+_CONTENT_LENGTH = re.compile(rb"(?:^|(?<=\n))content-length:[ \t]*([0-9]{1,12})[ \t]*\r\n")
+_HOST = re.compile(rb"(?:^|(?<=\n))host:[ \t]*([^\r]*?)[ \t]*\r\n")
 
 
 def simple_request(
@@ -55,10 +56,9 @@ def simple_request(
     fields = head.group(2).lower()
     if fields.count(b"\r\n") > max_headers or any(name in fields for name in _NOT_SIMPLE):
         return -1, 0
-    if hosts is not None:
-        names = _HOST.findall(fields)
-        if len(names) > 1 or (names and not hosts.allows(names[0])):
-            return -1, 0
+    names = _HOST.findall(fields)
+    if len(names) > 1 or (hosts is not None and names and not hosts.allows(names[0])):
+        return -1, 0  # two Hosts are refused 400 (heads.py), a foreign one 421
     body = 0
     lengths = fields.count(b"content-length")
     if lengths:

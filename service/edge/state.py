@@ -27,6 +27,10 @@ class EdgeLimits:
 
     max_header_bytes: int = 32 * 1024
     max_headers: int = 100
+    #: The largest body any route takes (``max_batch_body_bytes``): what follows a head,
+    #: chunk framing and trailers included, may be at most twice this plus the head bound
+    #: (``EdgeProtocol``), since the parser holds a trailer's value whole.
+    max_body_bytes: int = 256 * 1024
     header_timeout_s: float = 5.0
     body_timeout_s: float = 5.0
     max_connections: int = 512

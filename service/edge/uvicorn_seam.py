@@ -171,6 +171,18 @@ class UvicornHttp(HttpToolsProtocol):
     def keeps_alive(self) -> bool:
         return self.parser.should_keep_alive()
 
+    def http_version(self) -> str:
+        """The parsed head's HTTP version (``"1.1"``; ``"0.9"`` for a version-less line)."""
+        return self.parser.get_http_version()
+
+    def method(self) -> bytes:
+        return self.parser.get_method()
+
+    def asks_upgrade(self) -> bool:
+        """The parsed head asks for another protocol (``Connection: upgrade`` with
+        ``Upgrade``, or ``CONNECT``): the parser reads nothing of HTTP after it."""
+        return self.parser.should_upgrade()
+
     def target(self) -> bytes:
         """The request target as sent (path and query)."""
         return self.url

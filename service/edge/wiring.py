@@ -65,6 +65,7 @@ def edge_limits(settings: Settings, has_tokens: bool) -> EdgeLimits:
     return EdgeLimits(
         max_header_bytes=settings.max_header_bytes,
         max_headers=settings.max_headers,
+        max_body_bytes=max(settings.max_body_bytes, settings.max_batch_body_bytes),
         header_timeout_s=settings.header_timeout_s,
         body_timeout_s=settings.body_timeout_s,
         max_connections=max_connections,
