@@ -13,6 +13,20 @@ MAX_LATENCY_MS = 3_600_000
 MAX_WINDOW_MS = 86_400_000
 #: The oldest a replayed report may be: older ones cannot open a window that is still open.
 MAX_REPORT_AGE_MS = MAX_WINDOW_MS
+#: How long, and how many per scope, a store remembers report ids (an SDK replays within
+#: minutes, a retried batch within seconds): a report id seen within them is a duplicate.
+REPORT_ID_WINDOW_MS = 15 * 60 * 1000
+REPORT_ID_CAP = 100_000
+#: A report with an id, dated within this of what its scope's id memory may have forgotten
+#: (older than the window, or no newer than the newest id the cap pushed out), may be the
+#: replay of a forgotten one: it is answered ``expired`` and not applied, never applied
+#: twice. The slack covers a replay's dating: its age is read against the replica's clock
+#: when it is accepted, so a replay that took longer to arrive than the first send dates
+#: later. Small, because a scope that pushes ids out faster than one per this much over the
+#: cap (100,000 / 5 s = 20,000 reports a second, ten replicas' worth) would find its fresh
+#: reports dated inside it. A producer gives up a report older than the window less a
+#: minute (the SDK, detour/client/pending.py).
+REPORT_ID_MARGIN_MS = 5_000
 #: Lower bounds (ms) of the latency log's histogram buckets: a replica sums the reports that
 #: change no window into one histogram per broker per flush (docs/semantics.md). Fixed, so
 #: histograms of every replica and interval add up; they hold RocketMQ's tier edges (50,

@@ -222,6 +222,11 @@ class TableView:
         for listener in tuple(self._listeners):
             listener(kind, key, value, version)
 
+    def window_end(self, broker: str) -> int:
+        """The broker's window end as this copy holds it (now when it has no item)."""
+        item = self.faults.get(broker)
+        return item.available_at if item is not None else self.now_ms()
+
     # -- the selector's own state (kept here for the callers' sake) ----------
     def observe_latency(self, broker: str, latency_ms: int, now_ms: int) -> None:
         """Fold one reported latency into the broker's peak EWMA (this replica's reports)."""

@@ -212,6 +212,12 @@ DUPLICATE_REPORTS = Counter(
     "Reports whose identity Redis had applied already (a late reply replayed, a retried "
     "batch, an SDK replay): skipped, nothing changed.",
 )
+EXPIRED_REPORTS = Counter(
+    "detour_reports_expired_total",
+    "Reports carrying an id their scope's id memory may have forgotten (dated before its "
+    "horizon: older than the window, or than the newest id its cap pushed out): answered "
+    "expired, not applied, so never applied twice.",
+)
 REPORTS_LOCAL = Counter(
     "detour_reports_local_total",
     "Reports that changed nothing another replica must see (policy.quiet): summed on this "

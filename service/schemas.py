@@ -501,6 +501,15 @@ class ReportResponse(Body):
         "token's scope): nothing changed, and the answer is the one the first report got.",
         examples=[False],
     )
+    expired: bool = Field(
+        False,
+        description="The report carries a `reportId` its scope's id memory may have forgotten "
+        "(dated more than 14 minutes 55 s ago, or no later than 5 s after the newest id "
+        "that 100,000 newer ones pushed out): not applied, so that a replay is never applied "
+        "twice; `availableAt` is the broker's window end as it is. A producer counts it as "
+        "not delivered.",
+        examples=[False],
+    )
 
 
 class WhyOut(Body):

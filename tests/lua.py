@@ -16,7 +16,8 @@ from service.store.redis import _policy_arg, _vote, integrity_arg
 PREFIX = "detour:{default}"
 #: report.lua's KEYS, in its header's order
 REPORT_KEYS = [f"{PREFIX}:{k}" for k in ("faults", "meta", "latency-log", "events", "ends",
-                                         "writers", "writers-seen", "ids", "ids-index")]
+                                         "writers", "writers-seen", "ids", "ids-index",
+                                         "ids-forgotten")]
 CHANNEL = f"{PREFIX}:changes"
 
 

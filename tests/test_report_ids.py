@@ -4,6 +4,7 @@ or push one out; an id reused with other content is refused and changes nothing.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -185,13 +186,19 @@ def test_ids_are_bounded_per_scope(store_kind: str, request: pytest.FixtureReque
         fields |= {"redis_url": request.getfixturevalue("redis_url"),
                    "redis_call_timeout_s": PATIENT_CALL_TIMEOUT_S, "report_flush_ms": 0}
     with TestClient(create_app(Settings(**fields))) as c:
+        sent = time.monotonic()
         for start in range(0, 200, 50):
             r = c.post("/report-latency:batch", json={"reports": [
                 isolation(f"y{i}", f"id-{i}") for i in range(start, start + 50)]})
             assert r.status_code == 200, r.text
         # the newest are remembered, the oldest went: only the open scope's own traffic
         assert c.post("/report-latency", json=isolation("y199", "id-199")).json()["duplicate"]
-        assert not c.post("/report-latency", json=isolation("y0", "id-0")).json()["duplicate"]
+        # A forgotten id is not taken for new: replayed with its age (as the SDK replays),
+        # it is answered expired, not applied a second time.
+        age_ms = int((time.monotonic() - sent) * 1000)
+        replay = c.post("/report-latency:batch", json={"reports": [
+            isolation("y0", "id-0", ageMs=age_ms)]}).json()["results"][0]
+        assert not replay["duplicate"] and replay["expired"], replay
         if store_kind == "redis":
             import redis as redis_client
 
@@ -251,3 +258,99 @@ def test_a_retry_while_redis_is_away_is_answered_as_the_first_and_journaled_once
         asyncio.run(scenario())
     finally:
         server.stop()
+
+
+def test_a_replay_after_its_id_was_pushed_out_is_expired_and_changes_nothing(
+        store_kind: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+        ) -> None:
+    """A producer's report applied, its reply lost; 100 other reports of its scope push its
+    id out of a 30-id memory; its replay (same id and content, in a batch with its age, as
+    the SDK replays) was applied a second time. Now it is answered ``expired``: the window,
+    the item and the event log are as they were. Reports without an id are applied as
+    always."""
+    monkeypatch.setattr(redis_store, "REPORT_ID_CAP", 30)
+    monkeypatch.setattr(ids_module, "REPORT_ID_CAP", 30)
+    fields: dict[str, Any] = {"events_max": 1000}
+    if store_kind == "redis":
+        fields |= {"redis_url": request.getfixturevalue("redis_url"),
+                   "redis_call_timeout_s": PATIENT_CALL_TIMEOUT_S, "report_flush_ms": 0}
+    with TestClient(create_app(Settings(**fields))) as c:
+        sent = time.monotonic()
+        first = c.post("/report-latency", json=isolation("victim", "lost-reply"))
+        assert first.status_code == 200, first.text
+        for start in range(0, 100, 50):
+            r = c.post("/report-latency:batch", json={"reports": [
+                isolation(f"z{i}", f"other-{i}") for i in range(start, start + 50)]})
+            assert r.status_code == 200, r.text
+        item_before = [i for i in c.get("/fault-items").json()["items"]
+                       if i["brokerName"] == "victim"]
+        events_before = c.get("/events", params={"limit": 1000}).json()
+        age_ms = int((time.monotonic() - sent) * 1000)  # since the send completed
+        replay = c.post("/report-latency:batch", json={"reports": [
+            isolation("victim", "lost-reply", ageMs=age_ms)]}).json()["results"][0]
+        assert replay["expired"] and not replay["duplicate"], replay
+        assert replay["availableAt"] == first.json()["availableAt"]
+        assert [i for i in c.get("/fault-items").json()["items"]
+                if i["brokerName"] == "victim"] == item_before
+        assert c.get("/events", params={"limit": 1000}).json() == events_before
+        text = c.get("/metrics").text
+        assert any(line.startswith("detour_reports_expired_total ") and
+                   float(line.split()[-1]) >= 1 for line in text.splitlines())
+        plain = c.post("/report-latency", json={"brokerName": "victim", "latencyMs": 5,
+                                                 "isolation": True}).json()
+        assert not plain["expired"]
+
+
+# -- The horizon, on ReportIds alone, on an injected clock (service/store/ids.py) ---------
+
+
+def _report(rid: str, at_ms: int, scope: str = "") -> Any:
+    from detour.apply import ReportIn
+
+    return ReportIn("b", 5, True, report_id=rid, scope=scope, at_ms=at_ms)
+
+
+def _answer(now: int) -> Any:
+    from service.store.base import ReportOutcome
+
+    return ReportOutcome("b", 5, 0, now, now)
+
+
+def test_the_horizon_is_the_window_and_what_the_cap_pushed_out() -> None:
+    from detour.model import REPORT_ID_MARGIN_MS as MARGIN
+    from service.store.ids import ReportIds
+
+    ids = ReportIds(window_ms=60_000, cap=3)
+    t0 = 1_000_000
+    assert ids.horizon("", t0) == t0 - 60_000 + MARGIN  # nothing pushed out: the window
+    for k in range(4):  # the fourth pushes the first (seen at t0) out
+        ids.remember(_report(f"id-{k}", t0 + k), _answer(t0 + k), t0 + k)
+    later = t0 + 60_000
+    # The margin after the newest pushed out id is at most half the time since it.
+    assert ids.horizon("", t0 + 100) == t0 + 50
+    assert ids.horizon("", later) == max(later - 60_000 + MARGIN, t0 + min(MARGIN, 30_000))
+    # Another scope is untouched by this one's cap.
+    assert ids.horizon("other", later) == later - 60_000 + MARGIN
+    # The forgotten id, replayed with its date: expired. A fresh one dated now: applied.
+    done = ids.sort([_report("id-0", t0), _report("new", later)], later, lambda b: 7)
+    assert done.expired == 1 and done.out[0] is not None and done.out[0].expired
+    assert done.out[0].available_at == 7 and not done.out[0].duplicate
+    assert [i for i, _ in done.fresh] == [1] and done.duplicates == 0
+    # A remembered one is still a duplicate, whatever its date.
+    again = ids.sort([_report("id-3", t0)], later, lambda b: 7)
+    assert again.duplicates == 1 and again.expired == 0
+
+
+def test_a_scope_pushing_ids_out_fast_still_has_its_fresh_reports_taken() -> None:
+    """A memory that spans only milliseconds (ids pushed out as fast as they come) must not
+    take every fresh report for a forgotten one: the margin shrinks with it."""
+    from service.store.ids import ReportIds
+
+    ids = ReportIds(window_ms=900_000, cap=10)
+    now = 5_000_000
+    for k in range(1000):
+        now += 1
+        done = ids.sort([_report(f"r{k}", now)], now, lambda b: 0)
+        assert done.expired == 0, k
+        ids.settle(done, [_answer(now)], now)
+    assert len(ids) <= 10

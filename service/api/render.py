@@ -36,6 +36,7 @@ def report_out(out: ReportOutcome) -> ReportResponse:
         available_at=out.available_at,
         degraded=out.degraded,
         duplicate=out.duplicate,
+        expired=out.expired,
     )
 
 

@@ -138,7 +138,8 @@ def render(o: ReportOutcome) -> str:
         f'{{"brokerName":"{o.broker_name}","latencyMs":{o.latency_ms},'
         f'"notAvailableDurationMs":{o.not_available_duration_ms},'
         f'"availableAt":{o.available_at},"degraded":{"true" if o.degraded else "false"},'
-        f'"duplicate":{"true" if o.duplicate else "false"}}}'
+        f'"duplicate":{"true" if o.duplicate else "false"},'
+        f'"expired":{"true" if o.expired else "false"}}}'
     )
 
 

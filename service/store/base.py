@@ -7,14 +7,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from detour.apply import ReportIn as ReportIn
+from detour.model import REPORT_ID_CAP as REPORT_ID_CAP
+from detour.model import REPORT_ID_MARGIN_MS as REPORT_ID_MARGIN_MS
+from detour.model import REPORT_ID_WINDOW_MS as REPORT_ID_WINDOW_MS
 from detour.model import Config, FaultItem, Route
 from detour.strategy import WindowChange
 from detour.view import TableView
-
-#: How long and how many producer report ids a store remembers (an SDK replays within
-#: minutes; a retried batch within seconds): a report id seen within them is a duplicate.
-REPORT_ID_WINDOW_MS = 15 * 60 * 1000
-REPORT_ID_CAP = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +39,9 @@ class ReportOutcome:
     probe: str | None = None
     #: the report's identity had been applied already: nothing changed
     duplicate: bool = False
+    #: the report's identity is one its scope's id memory may have forgotten (dated before
+    #: its horizon, ``ReportIds.horizon``): not applied, so never applied twice
+    expired: bool = False
     #: an in-flight signal (ReportIn.pending)
     pending: bool = False
 

@@ -9,6 +9,14 @@ the answer it got: an id sent again with the same content is answered as it was 
 time (``duplicate``); with other content it is refused (``ReportIdReused``), as an
 idempotency key reused with other parameters is.
 
+A memory this size cannot hold every id for ever, so it says what it may have forgotten:
+its scope's horizon, the later of the window's start and the newest first sighting of an
+id the cap pushed out (plus ``REPORT_ID_MARGIN_MS``). A report whose id is not remembered
+and that is dated at or before the horizon may be the replay of a forgotten one: it is
+answered ``expired`` and not applied. A replay after another tenant's 100,000 reports (or
+the SDK's, after the window) was applied a second time; now it never is, and the
+producer is told (the SDK counts it).
+
 The memory store keeps every id here; the Redis store keeps the ids of reports it kept
 local (policy.quiet) here and the others in Redis (report.lua, with the same bounds).
 """
@@ -16,12 +24,17 @@ local (policy.quiet) here and the others in Redis (report.lua, with the same bou
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from detour.apply import ReportIn
 from service.errors import ReportIdReused
-from service.store.base import REPORT_ID_CAP, REPORT_ID_WINDOW_MS, ReportOutcome
+from service.store.base import (
+    REPORT_ID_CAP,
+    REPORT_ID_MARGIN_MS,
+    REPORT_ID_WINDOW_MS,
+    ReportOutcome,
+)
 
 
 @dataclass(slots=True)
@@ -33,10 +46,19 @@ class Sorted:
     out: list[ReportOutcome | None]
     fresh: list[tuple[int, ReportIn]] = field(default_factory=list)
     repeats: list[tuple[int, int]] = field(default_factory=list)
+    #: how many of ``out`` are answered ``expired`` (not duplicates)
+    expired: int = 0
 
     @property
     def duplicates(self) -> int:
-        return sum(o is not None for o in self.out) + len(self.repeats)
+        return sum(o is not None for o in self.out) - self.expired + len(self.repeats)
+
+
+def expired_answer(r: ReportIn, now_ms: int, window_end: int) -> ReportOutcome:
+    """The answer to a report whose id its scope may have forgotten: nothing applied; the
+    broker's window as it is."""
+    return ReportOutcome(r.broker_name, r.latency_ms, 0, window_end, now_ms, r.isolation,
+                         expired=True)  # fmt: skip
 
 
 class ReportIds:
@@ -47,6 +69,9 @@ class ReportIds:
         self._cap = REPORT_ID_CAP if cap is None else cap
         #: scope -> report id -> (first seen ms, fingerprint, first answer), oldest first
         self._scopes: dict[str, OrderedDict[str, tuple[int, str, ReportOutcome]]] = {}
+        #: scope -> the newest first sighting of an id the cap pushed out (one per scope:
+        #: scopes are tokens, bounded by the tokens file)
+        self._forgotten: dict[str, int] = {}
 
     def __len__(self) -> int:
         return sum(len(ids) for ids in self._scopes.values())
@@ -70,11 +95,31 @@ class ReportIds:
                 raise ReportIdReused(r.report_id, i)
             seen.setdefault(key, fp)
 
-    def sort(self, reports: Sequence[ReportIn], now_ms: int) -> Sorted:
+    def horizon(self, scope: str, now_ms: int) -> int:
+        """Reports of ``scope`` dated at or before this may carry an id it has forgotten.
+
+        The margin after the newest id the cap pushed out is at most half the time since
+        that id was first seen: a scope whose memory spans only seconds (ids pushed out
+        fast) still has its fresh reports, dated now, taken as new, never all expired."""
+        by_time = now_ms - self._window_ms + REPORT_ID_MARGIN_MS
+        pushed = self._forgotten.get(scope)
+        if pushed is None:
+            return by_time
+        return max(by_time, pushed + min(REPORT_ID_MARGIN_MS, (now_ms - pushed) // 2))
+
+    def expired(self, r: ReportIn, now_ms: int) -> bool:
+        """``r`` carries an id this memory does not hold and may have forgotten (call after
+        ``first`` found none): answered ``expired_answer``, not applied."""
+        return bool(r.report_id) and r.at(now_ms) <= self.horizon(r.scope, now_ms)
+
+    def sort(
+        self, reports: Sequence[ReportIn], now_ms: int, window_end: Callable[[str], int]
+    ) -> Sorted:
         """The one rule for a call's ids, wherever the call is applied (the memory table,
         a Redis replica's journal): ``check`` (raises ReportIdReused, nothing applied), then
-        each report is answered as its id's first time, or is a repeat of an earlier one
-        of the call, or is fresh. Apply the fresh ones, then ``settle``."""
+        each report is answered as its id's first time, or as expired (``window_end``: a
+        broker's window end now), or is a repeat of an earlier one of the call, or is
+        fresh. Apply the fresh ones, then ``settle``."""
         batch = list(reports)
         self.check(batch, now_ms)
         done = Sorted([None] * len(batch))
@@ -83,6 +128,9 @@ class ReportIds:
             prior = self.first(r, now_ms)
             if prior is not None:
                 done.out[i] = prior
+            elif self.expired(r, now_ms):
+                done.out[i] = expired_answer(r, now_ms, window_end(r.broker_name))
+                done.expired += 1
             elif r.report_id and (r.scope, r.report_id) in first_in_call:
                 done.repeats.append((i, first_in_call[(r.scope, r.report_id)]))
             else:
@@ -121,7 +169,9 @@ class ReportIds:
         ids = self._scopes.setdefault(r.scope, OrderedDict())
         ids[r.report_id] = (now_ms, r.fingerprint, answer)
         while len(ids) > self._cap:
-            ids.popitem(last=False)
+            _, (first_seen, _, _) = ids.popitem(last=False)
+            if first_seen > self._forgotten.get(r.scope, 0):
+                self._forgotten[r.scope] = first_seen
 
     def _get(self, r: ReportIn, now_ms: int) -> tuple[int, str, ReportOutcome] | None:
         ids = self._scopes.get(r.scope)

@@ -16,7 +16,7 @@ from detour.view import TableView
 from service import metrics
 from service.store.aggregate import Aggregate, Summary
 from service.store.base import ReportIn, ReportOutcome
-from service.store.ids import ReportIds
+from service.store.ids import ReportIds, expired_answer
 
 #: Summaries per report.lua call of a flush.
 FLUSH_CHUNK = 1000
@@ -70,6 +70,10 @@ class Kept:
             if first is not None:
                 metrics.DUPLICATE_REPORTS.inc()
                 kept[i] = first
+                continue
+            if self.ids.expired(r, now):
+                metrics.EXPIRED_REPORTS.inc()
+                kept[i] = expired_answer(r, now, view.window_end(r.broker_name))
                 continue
             at = r.at(now)
             if not self._quiet.add(r.broker_name, r.producer, r.latency_ms, at):

@@ -84,9 +84,11 @@ class MemoryStore:
         # Nothing here waits: the table is this process's.
         now = self.view.now_ms()
         config = self.view.config
-        done = self._ids.sort(reports, now)
+        done = self._ids.sort(reports, now, self.view.window_end)
         if done.duplicates:
             metrics.DUPLICATE_REPORTS.inc(done.duplicates)
+        if done.expired:
+            metrics.EXPIRED_REPORTS.inc(done.expired)
         applied = apply_locally(
             self.view,
             [r for _, r in done.fresh],

@@ -16,6 +16,7 @@ Layout (all keys share the ``{namespace}`` hash tag, so one Cluster slot):
     {prefix}:{ns}:writers-seen  sorted set replica -> last write ms (bounds the writers)
     {prefix}:{ns}:ids      hash "scope#reportId" -> first seen, fingerprint, first answer
     {prefix}:{ns}:ids-index  sorted set of "scope#ms#reportId" (each scope's oldest first)
+    {prefix}:{ns}:ids-forgotten  hash scope -> the newest first sighting of an id it dropped
     {prefix}:{ns}:latency-log  stream: reports and summaries (trimmed, ``latency_log_max``)
     {prefix}:{ns}:events   stream: the event log (trimmed, ``events_max``)
     {prefix}:{ns}:changes  pub/sub channel: one message per visible change
@@ -66,6 +67,7 @@ from service.store import codec, scripts
 from service.store.aggregate import Summary
 from service.store.base import (
     REPORT_ID_CAP,
+    REPORT_ID_MARGIN_MS,
     REPORT_ID_WINDOW_MS,
     Event,
     LogEntry,
@@ -145,6 +147,7 @@ def integrity_arg(acked: int) -> str:
             REPORT_ID_CAP,
             MAX_REPORT_AGE_MS,
             WRITER_CAP,
+            REPORT_ID_MARGIN_MS,
         )
     )
 
@@ -197,6 +200,7 @@ class RedisStore:
         self._writers = f"{base}:writers"
         self._writers_seen = f"{base}:writers-seen"
         self._ids, self._ids_index = f"{base}:ids", f"{base}:ids-index"
+        self._ids_forgotten = f"{base}:ids-forgotten"
         self._graves, self._graves_index = f"{base}:graves", f"{base}:graves-by-time"
         self._replica_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._events_max = settings.events_max
@@ -482,9 +486,11 @@ class RedisStore:
         view = self.view
         now, config = view.now_ms(), view.config
         ids = self._kept.ids
-        done = ids.sort(reports, now)
+        done = ids.sort(reports, now, view.window_end)
         if done.duplicates:
             metrics.DUPLICATE_REPORTS.inc(done.duplicates)
+        if done.expired:
+            metrics.EXPIRED_REPORTS.inc(done.expired)
         fresh = [r for _, r in done.fresh]
         applied = apply_locally(
             view,
@@ -575,6 +581,7 @@ class RedisStore:
             self._writers_seen,
             self._ids,
             self._ids_index,
+            self._ids_forgotten,
         )
 
     def _saw_values(self, values: Sequence[str]) -> None:
@@ -623,6 +630,11 @@ class RedisStore:
         """One report's outcome from the script's reply; the view takes a changed item."""
         view = self.view
         tier_ms = None if t is None else config.latency_max[t]
+        if reply.expired[i]:
+            # its id may be one its scope forgot (ids.py): not applied, never twice
+            metrics.EXPIRED_REPORTS.inc()
+            return ReportOutcome(r.broker_name, r.latency_ms, 0, reply.ends[i], reply.now_ms,
+                                 r.isolation, expired=True)  # fmt: skip
         if reply.duplicates[i]:
             # applied before: the first answer, as the script kept it
             metrics.DUPLICATE_REPORTS.inc()

@@ -35,6 +35,8 @@ class ReportReply:
     values: list[str]
     probes: list[int]
     duplicates: list[bool]
+    #: the report's id may be one its scope forgot: not applied (service/store/ids.py)
+    expired: list[bool]
 
     @classmethod
     def decode(cls, raw: Sequence[Any]) -> ReportReply:
@@ -52,6 +54,7 @@ class ReportReply:
             [_text(x) for x in values],
             [int(x) for x in probes],
             [int(x) == 1 for x in dups],
+            [int(x) == 2 for x in dups],
         )
 
 

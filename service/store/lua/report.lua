@@ -17,6 +17,7 @@
 --         change|quorum|probe" (the first answer)
 -- KEYS[9] report ids index: sorted set (score 0) of "scope#first ms (13 digits)#reportId",
 --         so a scope's oldest ids come first (ZRANGEBYLEX) and are counted by ZLEXCOUNT
+-- KEYS[10] ids forgotten: hash scope -> the newest first sighting (ms) of an id it dropped
 -- ARGV[1] the config stamp the caller chose durations and rule with: the table's is newer
 --         -> status -1 (stale, nothing written); older -> status -3 (the table lost it)
 -- ARGV[2] update rule: "extend", "overwrite" (lastReportWins) or "off" (avoidance disabled)
@@ -30,9 +31,9 @@
 -- ARGV[7] the table epoch the caller holds: another (or none) -> status -3, nothing written.
 --         "+id": the caller holds no table yet: a table without an epoch takes id
 -- ARGV[8] writer (the replica's id)
--- ARGV[9] integrity "acked,seqWindow,idWindowMs,idCap,writerKeepMs,writerCap": acked is the
---         highest sequence number the writer saw applied; a high-water mark below it means
---         the table lost writes (status -3)
+-- ARGV[9] integrity "acked,seqWindow,idWindowMs,idCap,writerKeepMs,writerCap,idMarginMs":
+--         acked is the highest sequence number the writer saw applied; a high-water mark
+--         below it means the table lost writes (status -3)
 -- ARGV[10] the caller's stamp floor: the highest stamp it has seen (lib/item.lua stamper)
 -- ARGV[11] base: the caller's reading of this table's clock that the ages below are from
 --         ("" = now). A report happened at base - age, never after now (``dated``: the
@@ -52,13 +53,15 @@
 --         logs {b h=counts s=first ms p w=writer t=latest ms}; no window, no push.
 --         A report whose sequence number was applied already, or whose id its scope
 --         applied within idWindowMs, changes nothing, is not logged, and is answered with
---         the first answer.
+--         the first answer. One whose id its scope does not hold and may have forgotten
+--         (dated at or before its horizon: service/store/ids.py, the same rule) changes
+--         nothing either, and is answered "expired" with the item as it is.
 -- returns {status, now, {availableAt}, {version}, {change}, extra, {quorum}, {duration},
 --   {value}, {probe}, {duplicate}}, one entry per report: version > 0 when the change was
 --   pushed ({k="fault", v, f=broker, x=value, s=stamp}); change 0 none, 1 opened, 2 moved,
 --   3 cleared; quorum 0 n/a, 1 suspected, 2 reached; duration: the window asked for after
 --   quorum, backoff and jitter; value: the item as stored ("" when none); probe 0, 1 passed,
---   2 failed; duplicate 1: applied before (the first answer's fields).
+--   2 failed; duplicate 1: applied before (the first answer's fields), 2: expired.
 --   status 1 applied (extra: items evicted); -1 stale config (extra: the table's config
 --   stamp); -2 table full (extra: items evicted); -3 the table is not the one the caller
 --   holds (extra: its epoch); -4 a report id reused with other content (extra: the report's
@@ -76,8 +79,8 @@ local g = {}
 for x in string.gmatch(ARGV[9], '[^,]+') do
   g[#g + 1] = tonumber(x)
 end
-local acked, seq_window, id_window, id_cap, writer_keep, writer_cap =
-  g[1], g[2], g[3], g[4], g[5], g[6]
+local acked, seq_window, id_window, id_cap, writer_keep, writer_cap, id_margin =
+  g[1], g[2], g[3], g[4], g[5], g[6], g[7]
 local hwm = tonumber(redis.call('HGET', KEYS[6], writer) or '0')
 local held = ARGV[7]
 if string.sub(held, 1, 1) == '+' then
@@ -131,6 +134,19 @@ local function known_id(i)
     return nil
   end
   return f
+end
+
+-- A report of ``scope`` dated at or before this may carry an id the scope forgot: older
+-- than the window, or no later than the newest id its cap pushed out, with a margin of at
+-- most half the time since (ids.py ``horizon``, the same rule).
+local function id_horizon(scope)
+  local by_time = now - id_window + id_margin
+  local pushed = redis.call('HGET', KEYS[10], scope)
+  if not pushed then
+    return by_time
+  end
+  pushed = tonumber(pushed)
+  return math.max(by_time, pushed + math.min(id_margin, math.floor((now - pushed) / 2)))
 end
 
 -- The writer's sequence numbers below its high-water mark that were not applied (a call
@@ -199,8 +215,12 @@ do
         if first ~= nil and first ~= fp then
           return {-4, now, {}, {}, {}, (i - FIRST) / STRIDE + 1}
         end
-        dup[i] = dup[i] or in_call[key] ~= nil
-        in_call[key] = in_call[key] or fp
+        if not dup[i] and dated(ARGV[i + 3]) <= id_horizon(ARGV[i + 12]) then
+          dup[i] = 2  -- expired: perhaps applied, and forgotten
+        else
+          dup[i] = dup[i] or in_call[key] ~= nil
+          in_call[key] = in_call[key] or fp
+        end
       end
     end
   end
@@ -589,7 +609,11 @@ end
 local any_id = false
 for i = FIRST, #ARGV, STRIDE do
   local broker, seq = ARGV[i], tonumber(ARGV[i + 10])
-  if dup[i] then
+  if dup[i] == 2 then
+    mark(seq)
+    local cur = redis.call('HGET', KEYS[1], broker)
+    answer(cur and item_end(cur) or now, 0, 0, 0, 0, cur or '', 0, 2)
+  elseif dup[i] then
     local first = known_id(i)
     -- applied before: nothing changes; the first answer (or, for a sequence number whose
     -- answer was not kept, the item as it is)
@@ -729,10 +753,16 @@ if any_id then
     if excess > 0 then
       old = redis.call('ZRANGEBYLEX', KEYS[9], lo, hi, 'LIMIT', 0, #old + math.min(excess, 64))
     end
+    local newest = 0
     for _, member in ipairs(old) do
-      local id = string.match(member, '^.-#%d+#(.*)$')
+      local first, id = string.match(member, '^.-#(%d+)#(.*)$')
       redis.call('ZREM', KEYS[9], member)
       redis.call('HDEL', KEYS[8], scope .. '#' .. id)
+      newest = math.max(newest, tonumber(first))
+    end
+    if newest > now - id_window
+        and newest > tonumber(redis.call('HGET', KEYS[10], scope) or '0') then
+      redis.call('HSET', KEYS[10], scope, newest)  -- pushed out by the cap (id_horizon)
     end
   end
 end
