@@ -152,7 +152,7 @@ class StreamTask:
             applier = core.applier
             core.service_clock.reconnected()
             applied = 0
-            async for chunk in r.aiter_bytes():
+            async for chunk in r.aiter_raw():
                 for event in parser.feed_bytes(chunk):
                     applier.handle(event, mono_ms())
                     if event.kind == "snapshot":

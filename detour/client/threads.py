@@ -167,7 +167,7 @@ class StreamThread:
             parser = SSEParser(core.max_event_bytes)
             applier = core.applier
             core.service_clock.reconnected()
-            for chunk in r.iter_bytes():
+            for chunk in r.iter_raw():
                 for event in parser.feed_bytes(chunk):
                     applier.handle(event, mono_ms())
                     if event.kind == "snapshot":
