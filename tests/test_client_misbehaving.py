@@ -308,7 +308,8 @@ def test_a_refetch_of_a_refused_route_that_fails_is_asked_for_again(
     it): the route stays due, and a later select Detour answers fetches it again, instead
     of the producer keeping the route Detour contradicted for 30 s."""
     p, before = producer(timeout=1.0)
-    front.misbehave(on("POST", "/select", answer(200, a_select_answer(topic, brokerName="x"), JSON)))
+    wrong = answer(200, a_select_answer(topic, brokerName="x"), JSON)
+    front.misbehave(on("POST", "/select", wrong))
     assert p.send(topic).queue.local
     route = f"/routes/{topic}"
     failed: list[Request] = []
