@@ -66,7 +66,8 @@ def test_remote_select_sends_the_token_and_fetches_route_and_config_once(
         c.select(topic)
     assert not sel.local and sel.decision is Decision.AVAILABLE
     assert sel.broker_name == f"{topic}-b"  # an available broker other than the last one
-    assert front.paths() == ["/select", "/config", f"/routes/{topic}", "/select"]
+    # The route first: the select's answer is followed only if the route agrees with it.
+    assert front.paths() == [f"/routes/{topic}", "/select", "/config", "/select"]
     assert all(r.headers["authorization"] == f"Bearer {PRODUCER}" for r in front.requests)
     assert bodies(front, "/select")[0] == {"topic": topic, "lastBrokerName": f"{topic}-a"}
 

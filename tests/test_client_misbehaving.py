@@ -159,6 +159,9 @@ def producer(
         p.close()
 
 
+JSON = {"content-type": "application/json"}
+
+
 def a_select_answer(topic: str, /, **fields: object) -> bytes:
     body = {"topic": topic, "brokerName": f"{topic}-a", "queueId": 0, "address": None,
             "decision": "available", "avoidedBrokers": [], "degraded": False, **fields}
@@ -279,7 +282,7 @@ def test_an_answer_naming_a_queue_not_in_the_route_is_refused(
     fetched again (a route Detour changed since is learned, not a wrong answer followed)."""
     p, before = producer(timeout=1.0)
     for n, wrong in enumerate(({"brokerName": "elsewhere"}, {"queueId": 7}), 1):
-        front.misbehave(on("POST", "/select", answer(200, a_select_answer(topic, **wrong))))
+        front.misbehave(on("POST", "/select", answer(200, a_select_answer(topic, **wrong), JSON)))
         # Every send decides locally; the first the wrong answer reaches counts it, once.
         # On a busy machine that may not be the first send: a call the 1 s timeout cut short
         # opens the circuit, and sends decide locally without asking until it closes.
@@ -305,7 +308,8 @@ def test_a_refetch_of_a_refused_route_that_fails_is_asked_for_again(
     it): the route stays due, and a later select Detour answers fetches it again, instead
     of the producer keeping the route Detour contradicted for 30 s."""
     p, before = producer(timeout=1.0)
-    front.misbehave(on("POST", "/select", answer(200, a_select_answer(topic, brokerName="x"))))
+    wrong = answer(200, a_select_answer(topic, brokerName="x"), JSON)
+    front.misbehave(on("POST", "/select", wrong))
     assert p.send(topic).queue.local
     route = f"/routes/{topic}"
     failed: list[Request] = []

@@ -33,7 +33,12 @@ from detour.client.calls import BACKGROUND_TIMEOUT_S, Calls, Loud
 from detour.client.circuit import CircuitBreaker, Ticket
 from detour.client.errors import DetourBadAnswer, DetourRejected
 from detour.client.local import LOGGED, LocalTable
-from detour.client.pending import Pending, PendingReports
+from detour.client.pending import (
+    REPLAY_WINDOW_MS,
+    REPORT_ID_WINDOW_MS,
+    Pending,
+    PendingReports,
+)
 from detour.client.reconnect import Jitter
 from detour.client.send import send_async, send_sync
 from detour.client.sse import Event, EventTooLarge, SSEParser
@@ -785,11 +790,27 @@ def test_async_send_loop_cuts_deliver_at_the_deadline() -> None:
 
 def test_reports_past_detours_age_limit_are_dropped_not_sent() -> None:
     q = PendingReports()
-    q.add([q.make("old", 1, True, 0.0), q.make("new", 1, True, 80_000_000.0)])
-    batch = q.take(10, now_ms=MAX_REPORT_AGE_MS + 1.0)
+    now = mono_ms()
+    q.add([q.make("old", 1, True, now - MAX_REPORT_AGE_MS - 1), q.make("new", 1, True, now)])
+    batch = q.take(10, now_ms=now)
     assert [p.broker_name for p in batch] == ["new"] and q.dropped == 1
     with pytest.raises(ValueError, match="age_ms"):
         check_report("a", 1, MAX_REPORT_AGE_MS + 1)
+
+
+def test_reports_whose_id_detour_may_have_forgotten_are_not_replayed() -> None:
+    """A report whose id was made longer ago than Detour remembers ids (less a margin) is
+    not sent again, whatever its age says: Detour may have applied it (its reply lost) and
+    would apply it twice. Dropped, counted as expired, not as sent or dropped."""
+    q = PendingReports()
+    q.add([q.make("a", 1, False, mono_ms()), q.make("b", 1, False, mono_ms())])
+    made = mono_ms()
+    assert REPLAY_WINDOW_MS < REPORT_ID_WINDOW_MS == 15 * 60 * 1000
+    batch = q.take(1, now_ms=made + REPLAY_WINDOW_MS - 1_000)  # still within
+    assert [p.broker_name for p in batch] == ["a"]
+    q.retry(batch)
+    assert q.take(10, now_ms=made + REPLAY_WINDOW_MS + 1_000) == []
+    assert (q.expired, q.dropped, q.sent, len(q)) == (2, 0, 0, 0)
 
 
 def test_service_clock_keeps_its_best_bound_against_late_events() -> None:

@@ -9,6 +9,8 @@ call cannot do. Use it from one event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import math
 import time
@@ -22,7 +24,12 @@ import httpx
 from detour.client import wire
 from detour.client.cached import FLUSH_AT
 from detour.client.circuit import Ticket
-from detour.client.core import DECIDE_WITHIN_S, REFRESH_ROUNDS, ClientCore
+from detour.client.core import (
+    DECIDE_WITHIN_S,
+    MAX_ROUTE_FETCHES,
+    REFRESH_ROUNDS,
+    ClientCore,
+)
 from detour.client.errors import (
     DetourBadAnswer,
     DetourLate,
@@ -44,6 +51,16 @@ P = TypeVar("P")
 R = TypeVar("R")
 #: What a late call's outcome is handed to: its answer, or its error.
 Late = Callable[[Any, BaseException | None], None]
+
+
+class _RouteFetch:
+    """A fetch of one topic's route under way; ``missing``: Detour's 404 message."""
+
+    __slots__ = ("done", "missing")
+
+    def __init__(self) -> None:
+        self.done = asyncio.Event()
+        self.missing: str | None = None
 
 
 class AsyncDetourClient:
@@ -97,6 +114,8 @@ class AsyncDetourClient:
         self._http = AsyncHTTP(self.url, timeout, token, transport)
         self._flusher: FlushTask | None = None
         self._stream: StreamTask | None = None
+        #: route fetches under way, by topic (``_fetch_route``)
+        self._route_fetches: dict[str, _RouteFetch] = {}
         self._closed = False
         #: the timer that queues the next in-flight signal, and when it fires (mono ms)
         self._signal_timer: asyncio.TimerHandle | None = None
@@ -169,8 +188,8 @@ class AsyncDetourClient:
         included; True when none is left."""
         deadline = time.monotonic() + timeout
 
-        async def call(method: str, path: str, body: object) -> Any:
-            return await self._call(method, path, body, ends=deadline, background=True)
+        async def call(method: str, path: str, body: object, parse: Parse[Any]) -> Any:
+            return await self._call(method, path, body, parse, ends=deadline, background=True)
 
         pending = self._core.pending
         while len(pending):
@@ -283,9 +302,11 @@ class AsyncDetourClient:
         self._keep(task)
         task.add_done_callback(finished)
 
-    async def _background_call(self, method: str, path: str, body: object) -> Any:
+    async def _background_call(
+        self, method: str, path: str, body: object, parse: Parse[Any]
+    ) -> Any:
         """The flusher's call: a report batch, which no send waits for."""
-        return await self._call(method, path, body, background=True)
+        return await self._call(method, path, body, parse, background=True)
 
     def _wake_flusher(self) -> None:
         if self._flusher is None and not self._closed:
@@ -312,17 +333,23 @@ class AsyncDetourClient:
             self._start()
             stream = self._stream
             assert stream is not None
-            if not stream.synced.is_set():
-                try:
-                    async with asyncio.timeout(core.timeout):
-                        await stream.synced.wait()
-                except TimeoutError:
-                    pass
-            if not stream.connected and not core.table.has_route(topic):
-                await self._fetch_route(topic, ends)
-            return core.local_select(
-                topic, last_broker, stream_connected=stream.connected, sharding_key=sharding_key
-            )
+            if not core.table.has_route(topic):
+                if not stream.synced.is_set():
+                    try:
+                        async with asyncio.timeout(core.snapshot_wait_s(ends)):
+                            await stream.synced.wait()
+                    except TimeoutError:
+                        pass
+                if not core.table.has_route(topic):
+                    await self._fetch_route(topic, ends)
+            return core.local_select(topic, last_broker, sharding_key=sharding_key)
+        # A topic the client could not decide for waits for the whole call (below).
+        known = core.knows(topic)
+        if not core.table.has_route(topic):
+            # Detour's answer is followed only if the route agrees with it: the route first.
+            await self._fetch_route(topic, ends)
+            if not core.table.has_route(topic):
+                return core.local_select(topic, last_broker, sharding_key=sharding_key)
         body = wire.select_body(topic, last_broker, core.producer, sharding_key)
 
         def parse(answer: Any) -> SelectedQueue:
@@ -333,7 +360,7 @@ class AsyncDetourClient:
                 self._take_answer(topic, answer)
 
         try:
-            if core.knows(topic):
+            if known:
                 if core.slow():
                     raise DetourLate("a call to Detour is late: deciding locally meanwhile")
                 selected = await self._deciding_call("POST", "/select", body, parse, ends, late)
@@ -379,17 +406,46 @@ class AsyncDetourClient:
         return True
 
     async def _fetch_route(self, topic: str, ends: float | None) -> None:
-        """As ``DetourClient._fetch_route``."""
+        """As ``DetourClient._fetch_route``: one fetch per topic at a time, waited for by
+        the others within their sends; TopicNotFound on Detour's 404."""
+        core = self._core
+        fetch = self._route_fetches.get(topic)
+        mine = fetch is None and len(self._route_fetches) < MAX_ROUTE_FETCHES
+        if mine:
+            fetch = self._route_fetches[topic] = _RouteFetch()
+        if fetch is None:
+            return  # too many under way: fail open
+        if not mine:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(core.left_s(ends)):
+                    await fetch.done.wait()
+        else:
+            try:
+                fetch.missing = await self._get_route(topic, ends)
+            finally:
+                del self._route_fetches[topic]
+                fetch.done.set()
+        if fetch.missing is not None:
+            raise TopicNotFound(topic, fetch.missing)
+
+    async def _get_route(self, topic: str, ends: float | None) -> str | None:
+        """As ``DetourClient._get_route``."""
+        core = self._core
+        answered = False
         try:
             path = f"/routes/{quote(topic, safe='')}"
-            self._core.table.set_route(
-                topic, await self._call("GET", path, parse=wire.route, ends=ends)
-            )
+            core.table.set_route(topic, await self._call("GET", path, parse=wire.route, ends=ends))
+            answered = True
         except DetourRequestError as exc:
+            answered = True
             if exc.status == 404:
-                raise TopicNotFound(topic, exc.message) from None
+                return exc.message
+            raise  # Detour's own 4xx: a wrong request (an invalid topic name)
         except DetourUnavailable:
             pass
+        finally:
+            core.route_checked(topic, answered)
+        return None
 
     async def _refresh(self, topic: str, ends: float | None) -> None:
         """Best effort: the route and config a local select needs if Detour goes away."""
@@ -440,22 +496,29 @@ class AsyncDetourClient:
             broker_name, latency_ms, bool(isolation), core.producer, core.report_id(p)
         )
 
+        def parse(answer: Any) -> bool:
+            return wire.report_result(answer, broker_name)
+
         def late(answer: Any, error: BaseException | None) -> None:
             if error is None:
-                core.pending.sent += 1
+                core.pending.answered(sent=not answer, expired=bool(answer))
             elif isinstance(error, DetourUnavailable):
-                self._queue([p])  # replayed with its age, as any report Detour missed
+                self._queue([p])  # replayed with its age and id, as any report Detour missed
             else:
+                core.pending.answered(refused=1)
                 log.warning("detour refused a report for %s: %s", broker_name, error)
 
         try:
-            await self._deciding_call("POST", "/report-latency", body, json_object, ends, late)
+            expired = await self._deciding_call("POST", "/report-latency", body, parse, ends, late)
         except DetourLate:
             pass  # it goes on; ``late`` takes its outcome
         except DetourUnavailable:
-            self._queue([p])
+            self._queue([p])  # (a bad answer too: the report may not have reached Detour)
+        except DetourRequestError:
+            core.pending.answered(refused=1)
+            raise
         else:
-            core.pending.sent += 1
+            core.pending.answered(sent=not expired, expired=bool(expired))
 
     async def report_batch(self, reports: Iterable[Report]) -> None:
         """Report many sends, 1,000 per batch call; as ``DetourClient.report_batch``."""
@@ -468,12 +531,24 @@ class AsyncDetourClient:
         core.apply(items)
         for i in range(0, len(items), wire.MAX_BATCH):
             chunk = items[i : i + wire.MAX_BATCH]
+            names = [p.broker_name for p in chunk]
             try:
-                await self._call("POST", "/report-latency:batch", core.batch_body(chunk))
+                expired = await self._call(
+                    "POST",
+                    "/report-latency:batch",
+                    core.batch_body(chunk),
+                    parse=functools.partial(_batch_result, names=names),
+                )
             except DetourUnavailable:
-                self._queue(items[i:])
+                self._queue(items[i:])  # (a bad answer too: replayed, the same ids)
                 return
-            core.pending.sent += len(chunk)
+            except DetourRequestError:
+                # This chunk is refused (counted); the chunks after it are queued, not lost.
+                core.pending.answered(refused=len(chunk))
+                if items[i + wire.MAX_BATCH :]:
+                    self._queue(items[i + wire.MAX_BATCH :])
+                raise
+            core.pending.answered(sent=len(chunk) - sum(expired), expired=sum(expired))
 
     def _queue(self, items: list[Pending]) -> None:
         core = self._core
@@ -546,3 +621,7 @@ class AsyncDetourClient:
         nxt = self._core.inflight.next_due_ms()
         if nxt is not None:
             self._arm_signal(nxt)
+
+
+def _batch_result(answer: Any, names: list[str]) -> list[bool]:
+    return wire.batch_result(answer, names)

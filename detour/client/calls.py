@@ -82,6 +82,16 @@ class Calls:
         self.timeout = timeout
         self.min_budget = min_budget
         self.circuit = circuit
+        #: called with no arguments (in the caller's thread) when Detour answers a call with a
+        #: 2xx: a cached client's event stream waiting to reconnect tries at once (Detour is
+        #: back), so its copy is current again without waiting out its backoff
+        self.on_answer: Callable[[], None] | None = None
+        self._loud_rejected = Loud(logging.ERROR)
+        self._loud_bad = Loud(logging.WARNING)
+        self._loud_stream = Loud(logging.WARNING)
+        self._start()
+
+    def _start(self) -> None:
         self._lock = threading.Lock()
         #: calls that failed open, for any reason (rejections and bad answers included).
         self.failures = 0
@@ -92,13 +102,10 @@ class Calls:
         self.bad_answers = 0
         #: event-stream connections dropped for a line or event over the size bound.
         self.stream_too_large = 0
-        #: called with no arguments (in the caller's thread) when Detour answers a call with a
-        #: 2xx: a cached client's event stream waiting to reconnect tries at once (Detour is
-        #: back), so its copy is current again without waiting out its backoff
-        self.on_answer: Callable[[], None] | None = None
-        self._loud_rejected = Loud(logging.ERROR)
-        self._loud_bad = Loud(logging.WARNING)
-        self._loud_stream = Loud(logging.WARNING)
+
+    def after_fork(self) -> None:
+        """In a forked child: fresh counters (``ClientCore.after_fork``)."""
+        self._start()
 
     def begin(self, ends: float | None = None, background: bool = False) -> tuple[Ticket, float]:
         """May a call start now, and with what budget (s)? ``ends``: the send's (or the

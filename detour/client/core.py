@@ -8,16 +8,18 @@ once.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterable
 
 from detour.client import wire
 from detour.client.cached import FLUSH_AT, FLUSH_INTERVAL_S, ServiceClock, StreamApplier
 from detour.client.calls import MIN_BUDGET_SHARE, Calls
 from detour.client.circuit import CircuitBreaker
-from detour.client.errors import DetourBadAnswer, DetourUnavailable, TopicNotFound
+from detour.client.errors import DetourBadAnswer, DetourUnavailable
 from detour.client.inflight import InFlight
 from detour.client.local import LocalTable
 from detour.client.pending import Pending, PendingReports
@@ -38,9 +40,26 @@ REFRESH_ROUNDS = 3
 DECIDE_WITHIN_S = 0.003
 #: The smallest report batch the flusher falls back to when Detour does not keep up.
 MIN_BATCH = 50
+#: Topics whose route a client fetches at one time at most (a fetch per topic at a time:
+#: ``DetourClient._fetch_route``); a topic beyond them is not fetched, and fails open.
+MAX_ROUTE_FETCHES = 64
 #: A broker a Detour answer names as avoided is avoided by local selects for this long
 #: after that answer (ms): what the remote client's own table knows of the shared one.
 HINT_MS = 10_000
+
+
+def _after_fork(core: ClientCore) -> None:
+    """``core.after_fork`` in every child ``os.fork`` makes while ``core`` lives (a weak
+    reference: a closed client is not kept alive for it)."""
+    ref = weakref.ref(core)
+
+    def child() -> None:
+        alive = ref()
+        if alive is not None:
+            alive.after_fork()
+
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=child)
 
 
 def wall_ms() -> int:
@@ -81,6 +100,7 @@ class ClientCore:
         #: this client's part of each report's ``reportId`` (the other: the report's seq), so
         #: a batch Detour applied but whose reply was lost changes nothing when sent again
         self.report_ids = uuid.uuid4().hex[:16]
+        _after_fork(self)
         self.mode: Mode = mode
         self.cached = mode == "cached"
         self.timeout = timeout
@@ -124,17 +144,29 @@ class ClientCore:
     ) -> SelectedQueue:
         """Decide in-process, as ``POST /select`` would (``LocalTable.select``).
 
-        Raises TopicNotFound when the cached replica is connected and has no such
-        route, DetourUnavailable when no route is known and Detour cannot be asked.
+        Raises DetourUnavailable when no route is known (Detour could not be asked for
+        it). Never TopicNotFound: only Detour's own 404 for the route says a topic has
+        none (the clients' ``_fetch_route``); a cached copy that lacks a route may only be
+        behind (a route registered a moment ago, its push still on the way).
+        ``stream_connected`` is accepted for older callers and decides nothing now.
         """
         sel = self.table.select(topic, last_broker, sharding_key)
         if sel is None:
-            if self.cached and stream_connected:
-                raise TopicNotFound(topic)
-            why = f"Detour is unavailable ({cause})" if cause else "the event stream is down"
+            why = f"Detour is unavailable ({cause})" if cause else "Detour could not be asked"
             raise DetourUnavailable(f"{why} and no route is known for topic {topic!r}") from cause
         self.local_selects += 1
         return sel
+
+    def left_s(self, ends: float | None) -> float:
+        """Seconds left until ``ends`` (monotonic s; None: one call timeout)."""
+        return self.timeout if ends is None else max(0.0, ends - time.monotonic())
+
+    def snapshot_wait_s(self, ends: float | None) -> float:
+        """How long a cached select of a topic it knows no route of waits for the stream's
+        first snapshot: the call timeout, but never more than half of what is left of the
+        send, so that the route can still be fetched (``_fetch_route``) within the send's
+        deadline when no snapshot comes."""
+        return min(self.timeout, self.left_s(ends) / 2 if ends is not None else self.timeout)
 
     def late(self) -> None:
         """A call missed the decision deadline (its send decided without it) and goes on:
@@ -153,20 +185,25 @@ class ClientCore:
         return self._late_under_way > 0
 
     def check_answer(self, selected: SelectedQueue) -> None:
-        """Raises DetourBadAnswer when Detour's answer names a queue the route this client
-        knows does not have (a producer sends to whatever it is told: a queue that is not
-        there is no answer to follow). Nothing is checked before a route is known."""
-        if self.table.in_route(selected.topic, selected.broker_name, selected.queue_id) is False:
-            raise DetourBadAnswer(
-                f"POST /select: queue {selected.broker_name}/{selected.queue_id} is not in "
-                f"the route of topic {selected.topic!r}"
-            )
+        """Raises DetourBadAnswer unless Detour's answer agrees with the route this client
+        knows (``LocalTable.check_answer``). A producer sends to whatever it is told, so an
+        answer is followed only when its queue is in the route and its address is the one
+        the route gives that broker, and it is never followed before a route is known (the
+        clients fetch it first): anything at the edge could otherwise send the producer's
+        messages where it likes."""
+        wrong = self.table.check_answer(selected)
+        if wrong is not None:
+            raise DetourBadAnswer(f"POST /select: {wrong}")
 
     def learn(self, selected: SelectedQueue) -> None:
-        """What a Detour answer (on time or late) teaches the local table: the brokers it
-        avoided, avoided locally for ``HINT_MS`` too."""
+        """What a Detour answer (on time or late, checked by ``check_answer``) teaches the
+        local table: the brokers it avoided, avoided locally for ``HINT_MS`` too; only
+        brokers of the topic's known route, so one answer adds at most the route's size."""
         if selected.avoided_brokers:
-            self.table.hint_avoided(selected.avoided_brokers, self.table.now_ms() + HINT_MS)
+            self.table.hint_avoided(
+                self.table.of_route(selected.topic, selected.avoided_brokers),
+                self.table.now_ms() + HINT_MS,
+            )
 
     def refresh_due(self, topic: str) -> tuple[bool, bool]:
         """(route due, config due) for remote mode: first use, then every 30 s, and a route
@@ -177,11 +214,11 @@ class ClientCore:
         config_due = self._config_checked is None or now - self._config_checked >= ROUTE_REFRESH_S
         return route_due, config_due
 
-    def settled(self, batch: list[Pending], accepted: bool) -> None:
-        """Detour answered ``batch``: it took it (``accepted``) or refused it for good.
-        Either way its reports are no longer re-applied to the table
-        (``StreamApplier.settle``)."""
-        self.pending.done(batch, accepted)
+    def settled(self, batch: list[Pending], accepted: bool, expired: int = 0) -> None:
+        """Detour answered ``batch``: it took it (``accepted``; ``expired`` of its reports
+        declined as expired) or refused it for good. Either way its reports are no longer
+        re-applied to the table (``StreamApplier.settle``)."""
+        self.pending.done(batch, accepted, expired)
         self.applier.settle(batch)
 
     def batch_answered(self, answered: bool) -> None:
@@ -329,6 +366,20 @@ class ClientCore:
                 wait = max(wait, FLUSH_INTERVAL_S - (mono_ms() - oldest) / 1000)
         return max(0.0, wait)
 
+    def after_fork(self) -> None:
+        """In a forked child: a new report id prefix, so the child's ids never repeat the
+        parent's (the sequence was copied with the process: Detour would refuse the
+        parent's next reports as ids reused, or skip them as duplicates); an empty queue
+        (the parent sends what it had queued) and fresh counters (the parent's are its
+        own). Locks are made anew: another thread may have held one at the fork."""
+        self.report_ids = uuid.uuid4().hex[:16]
+        self._count_lock = threading.Lock()
+        self.pending.after_fork()
+        self.calls.after_fork()
+        self.remote_selects = self.local_selects = 0
+        self.late_answers = self.stream_snapshots = self._late_under_way = 0
+        self._refreshing = set()
+
     def stats(self, stream_connected: bool) -> ClientStats:
         return ClientStats(
             mode=self.mode,
@@ -337,6 +388,7 @@ class ClientCore:
             detour_failures=self.calls.failures,
             pending_reports=len(self.pending),
             dropped_reports=self.pending.dropped,
+            expired_reports=self.pending.expired,
             sent_reports=self.pending.sent,
             stream_connected=stream_connected,
             clock_offset_ms=self.service_clock.offset_ms if self.cached else None,

@@ -8,8 +8,10 @@ same way for the sync and async clients:
   being down) or a 429: ``DetourUnavailable``;
 * 401, 403 or a 3xx: ``DetourRejected``. A rotated token or a proxy's redirect
   must not stop a producer; the client decides locally and says so loudly;
-* a 2xx that is not the answer Detour sends (not JSON, a list, empty, an unknown
-  decision, a bad queueId, more than ``MAX_ANSWER_BYTES``), or a 4xx without
+* a 2xx that is not the answer Detour sends (not ``application/json``, not JSON, JSON
+  that repeats a key, a list, empty, an unknown decision, a bad queueId, more than
+  ``MAX_ANSWER_BYTES`` on the wire), an answer with a ``Content-Encoding`` other than
+  ``identity`` (``check_encoding``), or a 4xx without
   Detour's error body, exactly (``wire.is_error_body``: a proxy's page, or a gateway's
   own JSON): ``DetourBadAnswer``;
 
@@ -56,6 +58,44 @@ def headers(token: str | None) -> dict[str, str]:
     return out
 
 
+def check_encoding(response: httpx.Response, what: str) -> None:
+    """Raises DetourBadAnswer when the answer declares a ``Content-Encoding`` other than
+    ``identity``, before a byte of its body is read.
+
+    Why: the SDK asks for ``identity`` and Detour never compresses, but httpx decodes any
+    encoding an answer declares, and a 2 KB gzip bomb inflates to gigabytes, past every
+    bound, holding the send (and the async client's event loop) for seconds. Bodies are
+    then read raw (``iter_raw``), so the byte bounds count what came over the wire. The one
+    rule for every answer: calls (``SyncHTTP``, ``AsyncHTTP``) and the event stream."""
+    encoding = response.headers.get("content-encoding")
+    if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+        raise DetourBadAnswer(
+            f"{what}: HTTP {response.status_code} with Content-Encoding {encoding[:50]!r}, "
+            "not identity: not read"
+        )
+
+
+def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict; raises ValueError when a key repeats (Detour never
+    sends one; with the last one winning, a repeated key could pair one broker's name with
+    another's address)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the key {key!r} is repeated")
+        out[key] = value
+    return out
+
+
+def _json_answer(response: httpx.Response, content: bytes) -> Any:
+    """A 2xx's JSON: Detour answers ``application/json``, each key once. Extra, unknown
+    fields are accepted (a newer Detour may add some); the parse decides the rest."""
+    kind = response.headers.get("content-type", "")
+    if kind.split(";", 1)[0].strip().lower() != "application/json":
+        raise ValueError(f"content type {kind[:100] or 'none'!r}, not application/json")
+    return json.loads(content, object_pairs_hook=_no_repeats)
+
+
 def json_object(body: Any) -> Mapping[str, Any]:
     """Every Detour answer is a JSON object; raises TypeError for anything else."""
     if not isinstance(body, Mapping):
@@ -82,7 +122,7 @@ def interpret(response: httpx.Response, content: bytes, what: str, parse: Parse[
     status = response.status_code
     if 200 <= status < 300:
         try:
-            return parse(json.loads(content))
+            return parse(_json_answer(response, content))
         except Exception as exc:  # noqa: BLE001 - whatever a bad answer makes parsing raise
             raise DetourBadAnswer(
                 f"{what}: HTTP {status} but not Detour's answer: {type(exc).__name__}: "
@@ -106,6 +146,7 @@ def check_stream(response: httpx.Response, what: str) -> None:
     DetourBadAnswer (200 but not ``text/event-stream``), else DetourUnavailable."""
     status = response.status_code
     if status == 200:
+        check_encoding(response, what)
         kind = response.headers.get("content-type", "")
         if not kind.startswith("text/event-stream"):
             raise DetourBadAnswer(f"{what}: HTTP 200 but {kind or 'no content type'}")
@@ -126,6 +167,8 @@ def _declared_too_large(response: httpx.Response) -> bool:
 
 
 def _read(response: httpx.Response, chunks: Iterator[bytes], what: str) -> bytes:
+    """The body, from ``response.iter_raw()``: at most ``MAX_ANSWER_BYTES`` on the wire."""
+    check_encoding(response, what)
     if _declared_too_large(response):
         raise _too_large(response, what)
     buf = bytearray()
@@ -137,6 +180,8 @@ def _read(response: httpx.Response, chunks: Iterator[bytes], what: str) -> bytes
 
 
 async def _aread(response: httpx.Response, chunks: AsyncIterator[bytes], what: str) -> bytes:
+    """As ``_read``, from ``response.aiter_raw()``."""
+    check_encoding(response, what)
     if _declared_too_large(response):
         raise _too_large(response, what)
     buf = bytearray()
@@ -194,7 +239,7 @@ class SyncHTTP:
                 call_deadline(budget),
                 self.client.stream(method, path, timeout=budget, **_body(body)) as response,
             ):
-                content = _read(response, response.iter_bytes(), what)
+                content = _read(response, response.iter_raw(), what)
         except httpx.HTTPError as exc:
             raise _unavailable(what, exc, budget) from exc
         return interpret(response, content, what, parse)
@@ -250,7 +295,7 @@ class AsyncHTTP:
                 asyncio.timeout(budget),
                 self.client.stream(method, path, timeout=budget, **_body(body)) as response,
             ):
-                content = await _aread(response, response.aiter_bytes(), what)
+                content = await _aread(response, response.aiter_raw(), what)
         except (TimeoutError, httpx.HTTPError) as exc:
             raise _unavailable(what, exc, budget) from exc
         return interpret(response, content, what, parse)

@@ -200,6 +200,38 @@ class LocalTable:
             return None
         return any(q.queue_id == queue_id for q in route.by_broker.get(broker_name, ()))
 
+    def check_answer(self, selected: SelectedQueue) -> str | None:
+        """What is wrong with a select answer given the known route of its topic, or None.
+
+        Wrong: no route known; a queue the route does not have; an ``address`` other than
+        the one the route gives the broker (None when it gives none); an avoided broker
+        that is the chosen one (Detour never names it). Avoided or unenforced names outside
+        the route are not wrong (a route may have changed meanwhile): ``of_route`` drops
+        them before they reach the table.
+        """
+        route = self.view.routes.get(selected.topic)
+        broker, queue_id = selected.broker_name, selected.queue_id
+        if route is None:
+            return f"no route of topic {selected.topic!r} is known to check the answer against"
+        if not any(q.queue_id == queue_id for q in route.by_broker.get(broker, ())):
+            return f"queue {broker}/{queue_id} is not in the route of topic {selected.topic!r}"
+        if selected.address != route.addresses.get(broker):
+            return (
+                f"address {str(selected.address)[:100]!r} is not the route's for {broker} "
+                f"({route.addresses.get(broker)!r})"
+            )
+        if broker in selected.avoided_brokers:
+            return f"the chosen broker {broker} is also named as avoided"
+        return None
+
+    def of_route(self, topic: str, brokers: Iterable[str]) -> list[str]:
+        """Those of ``brokers`` the known route of ``topic`` has (none when no route is
+        known), each once: what an answer's names may add to this table."""
+        route = self.view.routes.get(topic)
+        if route is None:
+            return []
+        return [b for b in dict.fromkeys(brokers) if b in route.by_broker]
+
     def fault(self, broker_name: str) -> FaultItem | None:
         return self.view.faults.get(broker_name)
 
@@ -294,9 +326,10 @@ class LocalTable:
                 self._stamps.report(own, now)
 
     def hint_avoided(self, brokers: Iterable[str], until_ms: int) -> None:
-        """Detour avoids ``brokers`` now (a select's ``avoidedBrokers``): a local select
-        avoids them too until at least ``until_ms``. A window already longer stays; nothing
-        else of a broker's item changes."""
+        """Detour avoids ``brokers`` now (a select's ``avoidedBrokers``, those of its route:
+        ``of_route``): a local select avoids them too until at least ``until_ms``. A window
+        already longer stays; nothing else of a broker's item changes. Within the cap
+        (``_apply_fault``)."""
         with self._lock:
             view = self.view
             for broker in brokers:
@@ -313,7 +346,14 @@ class LocalTable:
     # -- what the service says -------------------------------------------------
     def _apply_fault(self, broker_name: str, item: FaultItem | None) -> None:
         """Under the lock: apply one item (the view ends the select epoch when a select
-        may read the change)."""
+        may read the change).
+
+        The one place items enter the table, so the cap is held here: an item for a broker
+        the table does not hold yet is not added at ``MAX_ITEMS`` (the report rule evicts
+        before it writes; hints and a stream beyond Detour's own cap are what this stops)."""
+        faults = self.view.faults
+        if item is not None and broker_name not in faults and len(faults) >= MAX_ITEMS:
+            return
         self.view.apply_fault(broker_name, item, self._next_version())
 
     def set_route(self, topic: str, route: Route | None) -> None:
@@ -373,7 +413,8 @@ class LocalTable:
                     config=config,
                     config_version=v,
                     routes={r.topic: r for r in routes},
-                    faults=dict(faults),
+                    # the cap, as for every other way in (``_apply_fault``)
+                    faults=dict(itertools.islice(faults.items(), MAX_ITEMS)),
                 )
             )
             self._apply_own(own(config), again=True)

@@ -24,6 +24,16 @@ Encode = Callable[[int, str, float, bool, bool], str]
 
 #: The oldest report Detour takes (``ageMs`` limit), ms.
 MAX_AGE_MS = MAX_REPORT_AGE_MS
+#: How long Detour remembers a report id (ms): ``REPORT_ID_WINDOW_MS`` in
+#: service/store/base.py, which the SDK must not import (it is the server's). Keep the two
+#: equal.
+REPORT_ID_WINDOW_MS = 15 * 60 * 1000
+#: The safety margin under it (ms): clocks, a batch in flight, a replica that saw the id late.
+REPLAY_MARGIN_MS = 60 * 1000
+#: The oldest report id this client sends again (ms since it was made). Past Detour's id
+#: memory a replay of a batch Detour applied (its reply lost) would be applied twice: such
+#: reports are dropped and counted as ``expired`` instead.
+REPLAY_WINDOW_MS = REPORT_ID_WINDOW_MS - REPLAY_MARGIN_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +50,9 @@ class Pending:
     pending: bool = False
     #: its batch entry but the age, encoded when it was made (``wire.batch_head``)
     head: str = ""
+    #: when its report id was made (monotonic ms): a replay must come within Detour's id
+    #: memory of it (``REPLAY_WINDOW_MS``), whatever the report's age
+    made_ms: float = 0.0
 
     def age_ms(self, now_ms: float) -> int:
         return max(0, int(now_ms - self.at_ms))
@@ -63,17 +76,31 @@ class PendingReports:
             raise ValueError("capacity must be >= 1")
         self.capacity = capacity
         self._encode = encode
+        self._seq = itertools.count(1)
+        self._start()
+
+    def _start(self) -> None:
+        """Empty, with fresh counters (and a new lock: ``after_fork``)."""
         self._lock = threading.Lock()
         self._items: deque[Pending] = deque()
         self._inflight: list[Pending] = []
-        self._seq = itertools.count(1)
-        #: reports dropped: queue full (oldest first), or refused by Detour (4xx).
+        #: reports dropped: queue full (oldest first), or refused by Detour (its own 4xx),
+        #: or not sent at close.
         self.dropped = 0
+        #: reports not sent again because their id is older than Detour remembers ids
+        #: (``REPLAY_WINDOW_MS``), or that Detour declined as ``expired``.
+        self.expired = 0
         #: reports Detour accepted.
         self.sent = 0
         #: isolations and in-flight signals waiting (``urgent``), counted as they come and go
         #: so that no call scans the queue
         self._urgent = 0
+
+    def after_fork(self) -> None:
+        """In a forked child: nothing queued, fresh counters. The parent owns, sends and
+        counts what it had queued; the child sending it too would apply it twice (or, with
+        the parent's ids, be refused)."""
+        self._start()
 
     def __len__(self) -> int:
         return len(self._items) + len(self._inflight)
@@ -94,7 +121,7 @@ class PendingReports:
         head = (
             self._encode(seq, broker_name, latency_ms, isolation, pending) if self._encode else ""
         )
-        return Pending(seq, broker_name, latency_ms, isolation, at_ms, pending, head)
+        return Pending(seq, broker_name, latency_ms, isolation, at_ms, pending, head, mono_ms())
 
     @property
     def urgent(self) -> bool:
@@ -125,24 +152,42 @@ class PendingReports:
         Reports older than ``MAX_AGE_MS`` at ``now_ms`` (monotonic, default now) are
         dropped and counted instead: Detour refuses such an age, and drops such
         reports from its own journal, since no default window they opened is still open.
+        So are reports whose id is older than ``REPLAY_WINDOW_MS`` (counted as
+        ``expired``): Detour may have applied them already and no longer know it.
         """
         now = mono_ms() if now_ms is None else now_ms
         with self._lock:
-            while self._items and now - self._items[0].at_ms > MAX_AGE_MS:
-                self._popleft()
-                self.dropped += 1
-            batch = [self._popleft() for _ in range(min(n, len(self._items)))]
+            batch: list[Pending] = []
+            while self._items and len(batch) < n:
+                p = self._popleft()
+                if now - p.made_ms > REPLAY_WINDOW_MS:
+                    self.expired += 1
+                elif now - p.at_ms > MAX_AGE_MS:
+                    self.dropped += 1
+                else:
+                    batch.append(p)
             self._inflight.extend(batch)
             return batch
 
-    def done(self, batch: list[Pending], accepted: bool) -> None:
-        """Detour accepted the batch (or refused it for good: counted as dropped)."""
+    def done(self, batch: list[Pending], accepted: bool, expired: int = 0) -> None:
+        """Detour accepted the batch, ``expired`` of its reports declined as expired (or
+        refused it for good: counted as dropped)."""
         with self._lock:
             self._forget(batch)
             if accepted:
-                self.sent += len(batch)
+                self.sent += len(batch) - expired
+                self.expired += expired
             else:
                 self.dropped += len(batch)
+
+    def answered(self, sent: int = 0, expired: int = 0, refused: int = 0) -> None:
+        """Reports sent straight (not through the queue) were answered: ``sent`` accepted,
+        ``expired`` declined as expired, ``refused`` refused by Detour's own 4xx (counted
+        as dropped). Counted, never only logged."""
+        with self._lock:
+            self.sent += sent
+            self.expired += expired
+            self.dropped += refused
 
     def retry(self, batch: list[Pending]) -> None:
         """Detour did not answer: put the batch back in front, oldest first."""

@@ -8,9 +8,12 @@ Detour is down (see ``detour.client`` for the rules).
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
@@ -22,7 +25,12 @@ import httpx
 from detour.client import wire
 from detour.client.cached import FLUSH_AT
 from detour.client.circuit import Ticket
-from detour.client.core import DECIDE_WITHIN_S, REFRESH_ROUNDS, ClientCore
+from detour.client.core import (
+    DECIDE_WITHIN_S,
+    MAX_ROUTE_FETCHES,
+    REFRESH_ROUNDS,
+    ClientCore,
+)
 from detour.client.errors import (
     DetourBadAnswer,
     DetourLate,
@@ -44,6 +52,22 @@ P = TypeVar("P")
 R = TypeVar("R")
 #: What a late call's outcome is handed to: its answer, or its error.
 Late = Callable[[Any, BaseException | None], None]
+
+
+def _after_fork(ref: weakref.ref[DetourClient]) -> None:
+    client = ref()
+    if client is not None:
+        client._after_fork()
+
+
+class _RouteFetch:
+    """A fetch of one topic's route under way; ``missing``: Detour's 404 message."""
+
+    __slots__ = ("done", "missing")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.missing: str | None = None
 
 
 class DetourClient:
@@ -108,16 +132,38 @@ class DetourClient:
         )
         self.url = url.rstrip("/")
         self._http = SyncHTTP(self.url, timeout, token, transport)
+        self._token, self._transport = token, transport
         #: Calls a send stopped waiting for (and background refreshes) finish here.
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._flusher: FlushThread | None = None
         self._stream: StreamThread | None = None
         self._signals: SignalThread | None = None
+        #: route fetches under way, by topic (``_fetch_route``)
+        self._route_fetches: dict[str, _RouteFetch] = {}
         self._closed = False
         if self._core.cached:
             self._stream = StreamThread(self._core, self.url, headers(token))
             self._flusher = FlushThread(self._core, self._background_call)
+        if hasattr(os, "register_at_fork"):
+            ref = weakref.ref(self)
+            os.register_at_fork(after_in_child=lambda: _after_fork(ref))
+
+    def _after_fork(self) -> None:
+        """In a forked child (remote mode): the parent's threads are not here, and its
+        pooled connections are the parent's (two processes on one keep-alive socket read
+        each other's answers). So: new locks, a new connection pool, calls and the
+        flusher started anew when needed. The core has already taken a new report id
+        prefix, an empty queue and fresh counters (``ClientCore.after_fork``). A cached
+        client's stream is not restarted: fork before making one, or make one per child."""
+        self._lock = threading.Lock()
+        self._pool = None
+        self._signals = None
+        self._route_fetches = {}
+        if self._stream is None:
+            self._flusher = None
+        if not self._closed:
+            self._http = SyncHTTP(self.url, self._core.timeout, self._token, self._transport)
 
     # -- lifecycle ---------------------------------------------------------------
     def __enter__(self) -> DetourClient:
@@ -178,8 +224,8 @@ class DetourClient:
         included; True when none is left."""
         deadline = time.monotonic() + timeout
 
-        def call(method: str, path: str, body: object) -> Any:
-            return self._call(method, path, body, ends=deadline, background=True)
+        def call(method: str, path: str, body: object, parse: Parse[Any]) -> Any:
+            return self._call(method, path, body, parse, ends=deadline, background=True)
 
         pending = self._core.pending
         while len(pending):
@@ -284,9 +330,9 @@ class DetourClient:
             self._end(ticket, error)
             self._core.late_ended()
 
-    def _background_call(self, method: str, path: str, body: object) -> Any:
+    def _background_call(self, method: str, path: str, body: object, parse: Parse[Any]) -> Any:
         """The flusher's call: a report batch, which no send waits for."""
-        return self._call(method, path, body, background=True)
+        return self._call(method, path, body, parse, background=True)
 
     def _wake_flusher(self) -> None:
         flusher = self._flusher
@@ -323,17 +369,19 @@ class DetourClient:
     ) -> SelectedQueue:
         core = self._core
         if self._stream is not None:
-            stream = self._stream
-            if not stream.synced.is_set():
-                stream.synced.wait(core.timeout)
-            if not stream.connected.is_set() and not core.table.has_route(topic):
-                self._fetch_route(topic, ends)
-            return core.local_select(
-                topic,
-                last_broker,
-                stream_connected=stream.connected.is_set(),
-                sharding_key=sharding_key,
-            )
+            if not core.table.has_route(topic):
+                if not self._stream.synced.is_set():
+                    self._stream.synced.wait(core.snapshot_wait_s(ends))
+                if not core.table.has_route(topic):
+                    self._fetch_route(topic, ends)
+            return core.local_select(topic, last_broker, sharding_key=sharding_key)
+        # A topic the client could not decide for waits for the whole call (below).
+        known = core.knows(topic)
+        if not core.table.has_route(topic):
+            # Detour's answer is followed only if the route agrees with it: the route first.
+            self._fetch_route(topic, ends)
+            if not core.table.has_route(topic):
+                return core.local_select(topic, last_broker, sharding_key=sharding_key)
         body = wire.select_body(topic, last_broker, core.producer, sharding_key)
 
         def parse(answer: Any) -> SelectedQueue:
@@ -344,7 +392,7 @@ class DetourClient:
                 self._take_answer(topic, answer)
 
         try:
-            if core.knows(topic):
+            if known:
                 if core.slow():
                     raise DetourLate("a call to Detour is late: deciding locally meanwhile")
                 selected = self._deciding_call("POST", "/select", body, parse, ends, late)
@@ -392,16 +440,53 @@ class DetourClient:
         return True
 
     def _fetch_route(self, topic: str, ends: float | None) -> None:
-        """Cached mode without its stream: the route of a topic it has never seen, asked
-        for once (a 404 is remembered as no route; Detour unreachable: nothing learned)."""
+        """The route of a topic this client knows none of, by ``ends``: a remote select
+        checks Detour's answer against it, a cached one decides with it (no snapshot yet,
+        or a route the copy has not been pushed yet).
+
+        One fetch per topic at a time (``MAX_ROUTE_FETCHES`` topics at most): a select
+        that finds one under way waits for it, within its send. Raises TopicNotFound when
+        Detour answers 404 for the route (DetourRequestError for another of its 4xx);
+        otherwise returns, the route learned or not."""
+        core = self._core
+        with self._lock:
+            fetch = self._route_fetches.get(topic)
+            mine = fetch is None and len(self._route_fetches) < MAX_ROUTE_FETCHES
+            if mine:
+                fetch = self._route_fetches[topic] = _RouteFetch()
+        if fetch is None:
+            return  # too many under way: fail open
+        if not mine:
+            fetch.done.wait(core.left_s(ends))
+        else:
+            try:
+                fetch.missing = self._get_route(topic, ends)
+            finally:
+                with self._lock:
+                    del self._route_fetches[topic]
+                fetch.done.set()
+        if fetch.missing is not None:
+            raise TopicNotFound(topic, fetch.missing)
+
+    def _get_route(self, topic: str, ends: float | None) -> str | None:
+        """GET the route into the table; Detour's 404 message when it has none, else None.
+        Raises DetourRequestError for Detour's other 4xx."""
+        core = self._core
+        answered = False
         try:
             path = f"/routes/{quote(topic, safe='')}"
-            self._core.table.set_route(topic, self._call("GET", path, parse=wire.route, ends=ends))
+            core.table.set_route(topic, self._call("GET", path, parse=wire.route, ends=ends))
+            answered = True
         except DetourRequestError as exc:
+            answered = True
             if exc.status == 404:
-                raise TopicNotFound(topic, exc.message) from None
+                return exc.message
+            raise  # Detour's own 4xx: a wrong request (an invalid topic name)
         except DetourUnavailable:
             pass
+        finally:
+            core.route_checked(topic, answered)
+        return None
 
     def _refresh(self, topic: str, ends: float | None) -> None:
         """Best effort: the route and config a local select needs if Detour goes away."""
@@ -454,22 +539,29 @@ class DetourClient:
             broker_name, latency_ms, bool(isolation), core.producer, core.report_id(p)
         )
 
+        def parse(answer: Any) -> bool:
+            return wire.report_result(answer, broker_name)
+
         def late(answer: Any, error: BaseException | None) -> None:
             if error is None:
-                core.pending.sent += 1
+                core.pending.answered(sent=not answer, expired=bool(answer))
             elif isinstance(error, DetourUnavailable):
-                self._queue([p])  # replayed with its age, as any report Detour missed
+                self._queue([p])  # replayed with its age and id, as any report Detour missed
             else:
+                core.pending.answered(refused=1)
                 log.warning("detour refused a report for %s: %s", broker_name, error)
 
         try:
-            self._deciding_call("POST", "/report-latency", body, json_object, ends, late)
+            expired = self._deciding_call("POST", "/report-latency", body, parse, ends, late)
         except DetourLate:
             pass  # it goes on; ``late`` takes its outcome
         except DetourUnavailable:
-            self._queue([p])
+            self._queue([p])  # (a bad answer too: the report may not have reached Detour)
+        except DetourRequestError:
+            core.pending.answered(refused=1)
+            raise
         else:
-            core.pending.sent += 1
+            core.pending.answered(sent=not expired, expired=bool(expired))
 
     def report_batch(self, reports: Iterable[Report]) -> None:
         """Report many sends, 1,000 per ``POST /report-latency:batch``; each ``Report``'s
@@ -487,12 +579,24 @@ class DetourClient:
         core.apply(items)
         for i in range(0, len(items), wire.MAX_BATCH):
             chunk = items[i : i + wire.MAX_BATCH]
+            names = [p.broker_name for p in chunk]
             try:
-                self._call("POST", "/report-latency:batch", core.batch_body(chunk))
+                expired = self._call(
+                    "POST",
+                    "/report-latency:batch",
+                    core.batch_body(chunk),
+                    parse=functools.partial(_batch_result, names=names),
+                )
             except DetourUnavailable:
-                self._queue(items[i:])
+                self._queue(items[i:])  # (a bad answer too: replayed, the same ids)
                 return
-            core.pending.sent += len(chunk)
+            except DetourRequestError:
+                # This chunk is refused (counted); the chunks after it are queued, not lost.
+                core.pending.answered(refused=len(chunk))
+                if items[i + wire.MAX_BATCH :]:
+                    self._queue(items[i + wire.MAX_BATCH :])
+                raise
+            core.pending.answered(sent=len(chunk) - sum(expired), expired=sum(expired))
 
     def _queue(self, items: list[Pending]) -> None:
         core = self._core
@@ -554,3 +658,7 @@ class DetourClient:
                 if self._signals is None and not self._closed:
                     self._signals = SignalThread(self._core, self._queue)
         return self._signals
+
+
+def _batch_result(answer: Any, names: list[str]) -> list[bool]:
+    return wire.batch_result(answer, names)

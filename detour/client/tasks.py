@@ -16,10 +16,11 @@ from typing import Any
 
 import httpx
 
+from detour.client import wire
 from detour.client.cached import STREAM_IDLE_S, STREAM_PATH
 from detour.client.core import ClientCore
 from detour.client.errors import DetourRequestError, DetourUnavailable
-from detour.client.http import LIMITS, check_stream
+from detour.client.http import LIMITS, Parse, check_stream
 from detour.client.reconnect import Jitter, stream_connect_s, stream_jitter
 from detour.client.sse import EventTooLarge, SSEParser
 from detour.clock import mono_ms
@@ -27,7 +28,8 @@ from detour.view import CHANGES_PER_TURN
 
 log = logging.getLogger("detour.client")
 
-AsyncCall = Callable[[str, str, object], Awaitable[Any]]
+#: A report batch's call: (method, path, body, parse) -> the parsed answer.
+AsyncCall = Callable[[str, str, object, Parse[Any]], Awaitable[Any]]
 
 
 async def flush_once(core: ClientCore, call: AsyncCall) -> bool:
@@ -39,8 +41,14 @@ async def flush_once(core: ClientCore, call: AsyncCall) -> bool:
     batch = core.pending.take(core.batch_size)
     if not batch:
         return True
+    names = [p.broker_name for p in batch]
     try:
-        await call("POST", "/report-latency:batch", core.batch_body(batch))
+        expired = await call(
+            "POST",
+            "/report-latency:batch",
+            core.batch_body(batch),
+            lambda answer: wire.batch_result(answer, names),
+        )
     except DetourRequestError as exc:
         log.error("detour refused %d reports, dropped: %s", len(batch), exc)
         core.settled(batch, accepted=False)
@@ -56,7 +64,7 @@ async def flush_once(core: ClientCore, call: AsyncCall) -> bool:
             raise
         log.exception("report batch failed")
         return False
-    core.settled(batch, accepted=True)
+    core.settled(batch, accepted=True, expired=sum(expired))
     core.batch_answered(True)
     return True
 
@@ -152,7 +160,7 @@ class StreamTask:
             applier = core.applier
             core.service_clock.reconnected()
             applied = 0
-            async for chunk in r.aiter_bytes():
+            async for chunk in r.aiter_raw():
                 for event in parser.feed_bytes(chunk):
                     applier.handle(event, mono_ms())
                     if event.kind == "snapshot":

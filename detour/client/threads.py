@@ -18,11 +18,12 @@ from typing import Any
 
 import httpx
 
+from detour.client import wire
 from detour.client.cached import STREAM_IDLE_S, STREAM_PATH
 from detour.client.core import ClientCore
 from detour.client.deadline import DeadlineTransport, call_deadline
 from detour.client.errors import DetourRequestError, DetourUnavailable
-from detour.client.http import check_stream
+from detour.client.http import Parse, check_stream
 from detour.client.pending import Pending
 from detour.client.reconnect import Jitter, stream_connect_s, stream_jitter
 from detour.client.sse import EventTooLarge, SSEParser
@@ -30,20 +31,30 @@ from detour.clock import mono_ms
 
 log = logging.getLogger("detour.client")
 
+#: A report batch's call: (method, path, body, parse) -> the parsed answer.
+BatchCall = Callable[[str, str, object, Parse[Any]], Any]
 
-def flush_once(core: ClientCore, call: Callable[[str, str, object], Any]) -> bool:
+
+def flush_once(core: ClientCore, call: BatchCall) -> bool:
     """Send the oldest reports (up to ``core.batch_size``) in one batch; True when Detour
     took them.
 
-    Never raises: a batch Detour does not answer goes back to the front of the
+    Never raises: a batch Detour does not answer, or answers with something that is not
+    Detour's answer for it (``wire.batch_result``: a gateway's 200), goes back to the front of the
     queue; one it refuses (4xx, which the client's own checks should prevent) is
     dropped and counted, since resending it would fail the same way.
     """
     batch = core.pending.take(core.batch_size)
     if not batch:
         return True
+    names = [p.broker_name for p in batch]
     try:
-        call("POST", "/report-latency:batch", core.batch_body(batch))
+        expired = call(
+            "POST",
+            "/report-latency:batch",
+            core.batch_body(batch),
+            lambda answer: wire.batch_result(answer, names),
+        )
     except DetourRequestError as exc:
         log.error("detour refused %d reports, dropped: %s", len(batch), exc)
         core.settled(batch, accepted=False)
@@ -57,7 +68,7 @@ def flush_once(core: ClientCore, call: Callable[[str, str, object], Any]) -> boo
         log.exception("report batch failed")
         core.pending.retry(batch)
         return False
-    core.settled(batch, accepted=True)
+    core.settled(batch, accepted=True, expired=sum(expired))
     core.batch_answered(True)
     return True
 
@@ -65,7 +76,7 @@ def flush_once(core: ClientCore, call: Callable[[str, str, object], Any]) -> boo
 class FlushThread:
     """Sends queued reports when due (``ClientCore.flush_due_in``), until stopped."""
 
-    def __init__(self, core: ClientCore, call: Callable[[str, str, object], Any]) -> None:
+    def __init__(self, core: ClientCore, call: BatchCall) -> None:
         self._core = core
         self._call = call
         self._wake = threading.Event()
@@ -167,7 +178,7 @@ class StreamThread:
             parser = SSEParser(core.max_event_bytes)
             applier = core.applier
             core.service_clock.reconnected()
-            for chunk in r.iter_bytes():
+            for chunk in r.iter_raw():
                 for event in parser.feed_bytes(chunk):
                     applier.handle(event, mono_ms())
                     if event.kind == "snapshot":

@@ -95,7 +95,9 @@ class ClientStats:
     detour_failures: int
     #: reports waiting to be sent (including a batch in flight).
     pending_reports: int
-    #: reports dropped because the queue was full (oldest first) or Detour refused them.
+    #: reports dropped: the queue was full (oldest first), Detour refused them with its own
+    #: 4xx (from ``send``, ``report``, ``report_batch`` or the flusher), or the client closed
+    #: with them unsent.
     dropped_reports: int
     #: reports Detour accepted.
     sent_reports: int
@@ -120,6 +122,10 @@ class ClientStats:
     #: (``decide_within``): decided locally (the report queued if it then failed) while the
     #: call went on, its answer still teaching the local table.
     late_answers: int = 0
+    #: reports not sent again because their ``reportId`` was made longer ago than Detour
+    #: remembers ids (15 minutes less a minute's margin), or that Detour declined as
+    #: ``expired``: a replay then could be applied twice. Not in ``dropped_reports``.
+    expired_reports: int = 0
     #: cached mode: snapshots the event stream applied: the first, then one per reconnect
     #: (many in a minute: the stream keeps breaking, and each snapshot costs both sides).
     stream_snapshots: int = 0

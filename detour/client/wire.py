@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from detour.client.values import SelectedQueue
@@ -287,3 +287,47 @@ def error_fields(body: object) -> tuple[str, str, str | None]:
             field if isinstance(field, str) else None,
         )
     return "HTTP_ERROR", str(body)[:200], None
+
+
+#: A report's answer (openapi ``ReportResponse``): the fields it must have, and their types.
+_REPORT_FIELDS: tuple[tuple[str, type], ...] = (
+    ("latencyMs", int),
+    ("notAvailableDurationMs", int),
+    ("availableAt", int),
+    ("degraded", bool),
+)
+
+
+def report_result(body: Any, broker_name: str) -> bool:
+    """Checks one report's result is Detour's for a report of ``broker_name``; returns
+    whether Detour declined it as ``expired`` (an id'd report it can no longer prove it
+    has not applied: optional, absent is False).
+
+    Raises KeyError, TypeError or ValueError for anything else: a gateway's ``200
+    {"status": "ok"}`` is not Detour having applied the report, and a report counted as
+    sent that never arrived is lost without a trace. Extra fields are accepted."""
+    if not isinstance(body, Mapping):
+        raise TypeError(f"a report's result must be an object, got {type(body).__name__}")
+    if body["brokerName"] != broker_name:
+        raise ValueError(f"a result for {str(body['brokerName'])[:130]!r}, not {broker_name!r}")
+    for key, kind in _REPORT_FIELDS:
+        value = body[key]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise TypeError(f"{key} must be {kind.__name__}, got {value!r}")
+    return _flag(body, "expired")
+
+
+def batch_result(body: Any, broker_names: Sequence[str]) -> list[bool]:
+    """Checks a batch's answer (``{"results": [...]}``): one result per report sent, in
+    order, each ``report_result``'s; returns each one's ``expired``. Raises as it does."""
+    results = json_mapping(body)["results"]
+    if not isinstance(results, list) or len(results) != len(broker_names):
+        got = len(results) if isinstance(results, list) else type(results).__name__
+        raise ValueError(f"{got} results for {len(broker_names)} reports")
+    return [report_result(r, b) for r, b in zip(results, broker_names, strict=True)]
+
+
+def json_mapping(body: Any) -> Mapping[str, Any]:
+    if not isinstance(body, Mapping):
+        raise TypeError(f"expected a JSON object, got {type(body).__name__}")
+    return body
