@@ -17,18 +17,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from detour.clock import mono_ms
-from detour.model import MAX_REPORT_AGE_MS
+from detour.model import MAX_REPORT_AGE_MS, REPORT_ID_WINDOW_MS
 
 #: ``PendingReports``' encoder: (seq, broker, latency_ms, isolation, pending) -> batch head.
 Encode = Callable[[int, str, float, bool, bool], str]
 
 #: The oldest report Detour takes (``ageMs`` limit), ms.
 MAX_AGE_MS = MAX_REPORT_AGE_MS
-#: How long Detour remembers a report id (ms): ``REPORT_ID_WINDOW_MS`` in
-#: service/store/base.py, which the SDK must not import (it is the server's). Keep the two
-#: equal.
-REPORT_ID_WINDOW_MS = 15 * 60 * 1000
-#: The safety margin under it (ms): clocks, a batch in flight, a replica that saw the id late.
+#: The safety margin under Detour's id memory (``REPORT_ID_WINDOW_MS``, detour/model.py,
+#: the number the stores use) (ms): a batch in flight, a replica that saw the id late, and
+#: more than twice the stores' own ``REPORT_ID_MARGIN_MS``, inside which a report dated so
+#: old is answered expired anyway.
 REPLAY_MARGIN_MS = 60 * 1000
 #: The oldest report id this client sends again (ms since it was made). Past Detour's id
 #: memory a replay of a batch Detour applied (its reply lost) would be applied twice: such
