@@ -80,7 +80,9 @@ def allowed_methods(request: Request) -> str:
 
 def _validation_message(err: dict[str, Any]) -> str:
     if err.get("type") == "json_invalid":
-        return "request body is not valid JSON"
+        # The parser's reason says where (a number out of range: its line and column).
+        reason = (err.get("ctx") or {}).get("error")
+        return "request body is not valid JSON" + (f" ({reason})" if reason else "")
     return str(err.get("msg", "invalid value"))
 
 
@@ -113,7 +115,13 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 400:
             # The framework's answer to a body json.loads choked on in a way it does
             # not classify (a 5,000-digit number, nesting past the recursion limit).
-            body = error_body("VALIDATION_ERROR", "request body is not valid JSON", "body")
+            # The parser stopped before it knew which field: the body is named.
+            body = error_body(
+                "VALIDATION_ERROR",
+                "request body is not valid JSON (a number of more than 4,300 digits, or "
+                "nesting too deep)",
+                "body",
+            )
             return JSONResponse(body, status_code=422)
         code = _HTTP_CODES.get(exc.status_code, "HTTP_ERROR")
         field = "body" if exc.status_code == 413 else None
