@@ -148,6 +148,9 @@ def test_a_batch_applied_in_chunks_names_the_reused_item_and_keeps_its_word(
     r = tokened.post("/report-latency:batch", headers=auth("alpha"), json={"reports": stored})
     assert r.status_code == 422, r.text
     assert r.json()["field"] == f"reports[{late}].reportId"
+    # The answer says what was applied: the chunks before the refused item's.
+    before = late // BATCH_CHUNK * BATCH_CHUNK
+    assert f"reports[0] to reports[{before - 1}] were applied" in r.json()["message"]
     before = late // BATCH_CHUNK * BATCH_CHUNK
     assert broker_names() == {"known"} | {f"s{i}" for i in range(before)}
 

@@ -188,6 +188,13 @@ def _naming_item(offset: int) -> Iterator[None]:
     except ReportIdReused as exc:
         exc.index += offset
         exc.field = f"reports[{exc.index}].reportId"
+        if offset:
+            # Chunks before this one were applied: the answer says so, and how to finish.
+            exc.message += (
+                f"; reports[0] to reports[{offset - 1}] were applied (a batch is applied "
+                f"{BATCH_CHUNK} at a time): sent again with their ids, they are answered "
+                "as duplicates"
+            )
         raise
 
 
