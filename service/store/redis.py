@@ -704,12 +704,16 @@ class RedisStore:
         value: str,
         events: bool = False,
         expected: int | None = None,
+        held: bool = False,
     ) -> tuple[int, int]:
-        """One entry written into the table this replica holds (merged first if lost);
-        (version, stamp). ``expected``: the config stamp the change was made on (a table
-        whose config changed meanwhile is not written: raises ConfigChanged)."""
+        """One entry written into the table this replica holds (merged first if lost, or
+        if it cannot be confirmed to be that table: ``confirm``); (version, stamp).
+        ``expected``: the config stamp the change was made on (a table whose config changed
+        meanwhile is not written: raises ConfigChanged). ``held``: a delete of an entry this
+        replica's copy holds, which leaves its grave even where the table lacks it."""
         keys = (key, self._meta, self._events, self._ends, self._graves, self._graves_index)
         for _ in range(3):
+            await self.confirm()
             args = (
                 self._push_channel,
                 kind,
@@ -721,6 +725,7 @@ class RedisStore:
                 "" if expected is None else expected,
                 Graves.TTL_MS,
                 Graves.CAP,
+                int(held),
             )
             version, stamp = (int(x) for x in await self._eval("set_entry", keys, args))
             if version >= 0:
@@ -751,7 +756,9 @@ class RedisStore:
 
     async def delete_fault(self, broker: str) -> bool:
         item = self.view.faults.get(broker)
-        version, stamp = await self._set_entry(self._faults, "fault", broker, "", events=True)
+        version, stamp = await self._set_entry(
+            self._faults, "fault", broker, "", events=True, held=item is not None
+        )
         if version and item is not None and item.available_at > self.view.now_ms():
             metrics.EVENTS.labels(self.namespace, "ended", "operator").inc()
         if version:
@@ -764,7 +771,8 @@ class RedisStore:
         self.view.apply_route(route.topic, route, version, stamp)
 
     async def delete_route(self, topic: str) -> bool:
-        version, stamp = await self._set_entry(self._routes, "route", topic, "")
+        held = topic in self.view.routes
+        version, stamp = await self._set_entry(self._routes, "route", topic, "", held=held)
         if version:
             self.view.apply_route(topic, None, version, stamp)
         return version > 0
@@ -900,6 +908,26 @@ class RedisStore:
                     self._doubt = self._doubt or "restart"
                 await self._client.script_load(self._marker.script)
         self._marked = True
+
+    async def confirm(self) -> None:
+        """Before an operator write (a config, a route, a delete): make sure the Redis it
+        goes to holds the table this replica knows, merging first when it may not.
+
+        The follower notices a restart or a rollback only when it reconnects or polls; an
+        operator write made in between would act on a table that lacks what this replica
+        holds: a DELETE would answer 404 for an entry the merge then brings back, a PATCH
+        would be computed on a config the merge then replaces. So every operator write first
+        runs the follower's checks itself: this replica's mark in the Redis process
+        (``check_identity``), then a poll of the primary (epoch, version, last stamp, this
+        replica's acknowledged reports, the table's lineage) against what it holds, and
+        merges on any sign. Two round trips, only on operator writes (rare); selects and
+        reports never pay them. A loss between this check and the write is covered by the
+        write itself: set_entry.lua checks the epoch, and a delete of an entry this replica
+        holds leaves its grave whatever the table holds."""
+        await self.check_identity()
+        held = self.held()
+        if self.table_lost(await self.poll(primary=True), held):
+            await self.resync()
 
     def doubt(self, cause: str, replica: str = "") -> None:
         """The next resync merges: another replica announced a merge (its own announcement

@@ -1,0 +1,141 @@
+"""Scenarios: operator writes and ordinary traffic around a Redis that went back in time
+(docs/reliability.md, "Redis lost or rolled back data").
+
+- an operator's DELETE between Redis's restart from an older snapshot and the replica's
+  reconnection: it acts on the table the replica knows (merged first), answers "deleted",
+  and nothing brings the entry back;
+- a DELETE of an entry the table lacks but a replica's copy holds leaves its grave;
+- an in-place rollback (``DEBUG RELOAD`` of an older dump into the live server: the process,
+  its subscriptions and its script cache survive) followed by enough ordinary writes to
+  raise the table's version past what the replicas knew: noticed by the table's lineage,
+  and merged.
+
+Real redis-server processes; the replicas are RedisStore objects in one event loop
+(tests/test_scenario_redis_loss.py's helpers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from detour.model import BrokerRoute, Route
+from service.store.redis import RedisStore
+from tests.procs import RedisServer
+from tests.test_scenario_redis_loss import (
+    PREFIX,
+    Persisted,
+    isolate,
+    recovered,
+    run,
+    started,
+    table,
+    until,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def route(topic: str) -> Route:
+    return Route.from_brokers(topic, [BrokerRoute("b1", 1)])
+
+
+async def pause(store: RedisStore) -> None:
+    """Stop the store's follower: it neither reconnects nor polls until ``resume`` (a
+    replica that has not noticed yet what happened to Redis)."""
+    task = store._task
+    assert task is not None
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+def resume(store: RedisStore) -> None:
+    store._task = asyncio.create_task(store._follower.run_forever())
+
+
+def routes_in(persisted: Persisted) -> set[str]:
+    with persisted.client() as c:
+        return set(c.hkeys(f"{PREFIX}:routes"))
+
+
+@pytest.fixture
+def rdb() -> Iterator[Persisted]:
+    p = Persisted("rdb")
+    yield p
+    p.stop()
+
+
+def test_a_delete_before_the_replica_reconnected_to_a_restored_redis_is_kept(
+    rdb: Persisted,
+) -> None:
+    """Route t3 and bC's window are written after the snapshot; Redis restarts from it. A
+    DELETE of each on a replica that has not reconnected yet answers "deleted" (not 404:
+    the replica merged first), and once every replica has reconnected and merged, neither
+    is back, in Redis or in any replica."""
+
+    async def scenario() -> None:
+        a, b = await started(rdb.url, 2)
+        try:
+            await a.put_route(route("t1"))
+            rdb.snapshot()
+            await a.put_route(route("t3"))
+            await isolate(a, "bC")
+            await until(lambda: "bC" in b.view.faults and "t3" in b.view.routes, "pushed")
+            await pause(a)
+            await pause(b)
+            rdb.crash()
+            rdb.restart_from_snapshot()
+            assert "t3" not in routes_in(rdb)  # the restart did lose them
+            assert await a.delete_route("t3")
+            assert await a.delete_fault("bC")
+            resume(a)
+            resume(b)
+            await until(recovered([a, b]), "both replicas reconnected")
+            # b merged what it holds (t3 and bC, stamped before the deletes) on reconnecting
+            await until(lambda: b.view.routes.keys() == {"t1"}, "b holds t1 alone")
+            assert routes_in(rdb) == {"t1"}
+            with rdb.client() as c:
+                assert "bC" not in table(c)
+            for s in (a, b):
+                assert "t3" not in s.view.routes and "bC" not in s.view.faults
+        finally:
+            await a.close()
+            await b.close()
+
+    run(scenario)
+
+
+def test_a_delete_of_an_entry_the_table_lacks_leaves_its_grave() -> None:
+    """The table lost route t without any sign (a key gone by hand); a replica that still
+    holds it deletes it: answered "deleted", and a merge from another replica that holds
+    t but missed the delete does not bring it back."""
+    server = RedisServer()
+
+    async def scenario() -> None:
+        a, b = await started(server.url, 2)
+        try:
+            await a.put_route(route("t"))
+            await a.put_route(route("u"))
+            await until(lambda: "t" in b.view.routes, "pushed")
+            await pause(b)  # b holds t and will miss the delete's push
+            with server.client() as c:
+                c.hdel(f"{PREFIX}:routes", "t")
+            assert await a.delete_route("t")
+            assert not await a.delete_route("never")  # held by no one: 404 as before
+            b.doubt("merge")  # as on another replica's announced merge
+            resume(b)
+            await until(recovered([b]), "b resynced")
+            with server.client() as c:
+                assert set(c.hkeys(f"{PREFIX}:routes")) == {"u"}
+                assert c.hexists(f"{PREFIX}:graves", "r#t")
+            assert "t" not in b.view.routes
+        finally:
+            await a.close()
+            await b.close()
+
+    try:
+        run(scenario)
+    finally:
+        server.stop()
