@@ -22,6 +22,8 @@ from collections.abc import Iterator
 import pytest
 
 from detour.model import BrokerRoute, Route
+from service.settings import Settings
+from service.store import ReportIn
 from service.store.redis import RedisStore
 from tests.procs import RedisServer
 from tests.test_scenario_redis_loss import (
@@ -134,6 +136,116 @@ def test_a_delete_of_an_entry_the_table_lacks_leaves_its_grave() -> None:
         finally:
             await a.close()
             await b.close()
+
+    try:
+        run(scenario)
+    finally:
+        server.stop()
+
+
+def reloadable() -> RedisServer:
+    """A server whose data can be rolled back in place: ``DEBUG RELOAD NOSAVE`` loads the
+    dump saved before into the live process (Redis 7 refuses DEBUG unless enabled)."""
+    return RedisServer(extra=["--enable-debug-command", "yes"])
+
+
+async def quiet_pollers(url: str, n: int) -> list[RedisStore]:
+    """Replicas whose poll does not come within a test (30 s): only pushes, reconnections
+    and operator writes can show them what happened to the table."""
+    stores = [
+        RedisStore(Settings(redis_url=url, sync_interval_s=30, redis_call_timeout_s=5.0))
+        for _ in range(n)
+    ]
+    for s in stores:
+        await s.start()
+    return stores
+
+
+async def write_then_roll_back(server: RedisServer, a: RedisStore, b: RedisStore) -> None:
+    """Routes t1, t2 and bA's window, saved; then t3 written, t1 and bA deleted (b holds all
+    of it by push); then the saved dump loaded back into the live server."""
+    await a.put_route(route("t1"))
+    await a.put_route(route("t2"))
+    await isolate(a, "bA")
+    with server.client() as c:
+        c.save()
+    await a.put_route(route("t3"))
+    assert await a.delete_route("t1")
+    assert await a.delete_fault("bA")
+    await until(lambda: b.view.routes.keys() == {"t2", "t3"} and "bA" not in b.view.faults,
+                "pushed")
+    with server.client() as c:
+        c.execute_command("DEBUG", "RELOAD", "NOSAVE")
+        assert set(c.hkeys(f"{PREFIX}:routes")) == {"t1", "t2"}  # rolled back
+
+
+async def converged(server: RedisServer, stores: list[RedisStore]) -> None:
+    """Redis and every replica hold t2 and t3, neither t1 nor bA."""
+
+    def done() -> bool:
+        with server.client() as c:
+            routes = set(c.hkeys(f"{PREFIX}:routes"))
+            faults = set(c.hkeys(f"{PREFIX}:faults"))
+        return routes == {"t2", "t3"} and "bA" not in faults and all(
+            s.view.routes.keys() == {"t2", "t3"} and "bA" not in s.view.faults for s in stores)
+
+    await until(done, "the newest of everything in Redis and every replica", timeout_s=20)
+
+
+def test_an_in_place_rollback_overtaken_by_later_writes_is_merged() -> None:
+    """After the rollback, eight ordinary reports raise the table's version past what the
+    replicas knew before any poll: the first push past it comes from another history (its
+    lineage), so both replicas merge; a replica started afterwards sees the same."""
+    server = reloadable()
+
+    async def scenario() -> None:
+        a, b = await quiet_pollers(server.url, 2)
+        c: RedisStore | None = None
+        try:
+            await write_then_roll_back(server, a, b)
+            for n in range(8):  # (one may be journaled, while a merges: degraded)
+                await a.report_many([ReportIn(f"n{n}", 0, isolation=True, producer="p")])
+            await converged(server, [a, b])
+            await until(lambda: not a.journal_size, "the journal replayed")
+            (c,) = await quiet_pollers(server.url, 1)
+            assert c.view.routes.keys() == {"t2", "t3"} and "bA" not in c.view.faults
+            assert {f"n{n}" for n in range(8)} <= c.view.faults.keys()
+        finally:
+            for s in (a, b, c):
+                if s is not None:
+                    await s.close()
+
+    try:
+        run(scenario)
+    finally:
+        server.stop()
+
+
+def test_replicas_away_during_an_in_place_rollback_and_the_writes_after_it_merge() -> None:
+    """a and b are not following while the table is rolled back and written past their
+    version by a replica started since (w, which knows only the rolled-back table), so no
+    push tells them; their resync's snapshot does (the table's history lacks their lineage
+    pair), and they merge."""
+    server = reloadable()
+
+    async def scenario() -> None:
+        a, b = await quiet_pollers(server.url, 2)
+        w: RedisStore | None = None
+        try:
+            await write_then_roll_back(server, a, b)
+            await pause(a)
+            await pause(b)
+            (w,) = await quiet_pollers(server.url, 1)
+            assert "t1" in w.view.routes  # the rolled-back table
+            for n in range(8):
+                await isolate(w, f"n{n}")
+            resume(a)
+            resume(b)
+            await converged(server, [a, b, w])
+        finally:
+            for s in (a, b, w):
+                if s is not None:
+                    await s.close()
 
     try:
         run(scenario)

@@ -126,6 +126,8 @@ class Followed(Protocol):
 
     def doubt(self, cause: str, replica: str = "") -> None: ...
 
+    def follow_lineage(self, version: int, token: str, prev: str) -> bool: ...
+
     async def check_identity(self) -> None: ...
 
 
@@ -261,6 +263,10 @@ class Follower:
         version, kind, field, value = int(change["v"]), change["k"], change["f"], change["x"]
         stamp = int(change.get("s") or 0)
         store = self._store
+        if not store.follow_lineage(version, change.get("l") or "", change.get("p") or ""):
+            # the next version, of another history: Redis was rolled back in place
+            self.resync_needed = True
+            return
         view = store.view
         store.saw(stamp)
         if kind == "fault":

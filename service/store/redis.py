@@ -8,7 +8,8 @@ Layout (all keys share the ``{namespace}`` hash tag, so one Cluster slot):
                            address], ...]
     {prefix}:{ns}:meta     hash version (bumped by every visible change), hlc (the last
                            stamp given), config (JSON), config_stamp, epoch (a random id the
-                           table got when it was first written)
+                           table got when it was first written), "l:<version>" the lineage
+                           token of each of the last 1,024 versions (lua/lib/item.lua)
     {prefix}:{ns}:graves   hash "r#topic" / "f#broker" -> the stamp of its delete, and
     {prefix}:{ns}:graves-by-time  sorted set of the same by time (kept 7 days, 65,536 most)
     {prefix}:{ns}:ends     sorted set broker -> availableAt: the eviction index
@@ -31,10 +32,12 @@ Integrity (docs/reliability.md): Redis is the meeting point, not the only copy. 
 replica holds the table; when there is any sign that Redis lost or rolled back data (the
 server under a reconnection lost this replica's mark, the table's epoch is gone or another,
 this replica's acknowledged sequence numbers, the table's version or its last stamp went
-back, a config older than this replica's, a Sentinel master change, another replica's
-merge), the replica merges what it holds into the table by detour.merge's rules, which only
-ever move the table forward. Reports carry this replica's sequence number and the
-producer's id, so a replayed or retried one is applied once.
+back, the table's history no longer holds the lineage pair this replica reached (a rollback
+in place that later writes took past this replica's version), a config older than this
+replica's, a Sentinel master change, another replica's merge), the replica merges what it
+holds into the table by detour.merge's rules, which only ever move the table forward. Before
+an operator write it runs these checks itself (``confirm``). Reports carry this replica's
+sequence number and the producer's id, so a replayed or retried one is applied once.
 """
 
 from __future__ import annotations
@@ -231,6 +234,10 @@ class RedisStore:
         #: the highest stamp this replica saw the table give: the floor of its writes' stamps
         #: (a hybrid logical clock), and a table whose last stamp is below it lost writes
         self._seen_stamp = 0
+        #: the lineage pair (version, token) this replica's view reached (lib/item.lua): a
+        #: table whose history does not hold it is not the one this replica holds (a
+        #: rollback in place, which versions, stamps and the epoch recover from by themselves)
+        self._lineage: tuple[int, str] = (0, "")
         #: this replica's mark in the Redis process it talks to, and whether it was ever set
         self._marker = self._client.register_script(scripts.marker(self._replica_id))
         self._marked = False
@@ -806,10 +813,13 @@ class RedisStore:
         never leaves out a window a replica still holds."""
         for _ in range(3):
             held = self.held()
-            now, flat, epoch, version, high_water, hlc = await self._eval(
-                "fault_items", (self._faults, self._meta, self._writers), (self._replica_id,)
+            now, flat, epoch, version, high_water, hlc, known = await self._eval(
+                "fault_items",
+                (self._faults, self._meta, self._writers),
+                (self._replica_id, *self._lineage),
             )
-            if self._loss(epoch, int(high_water), int(version), int(hlc), held) is None:
+            lost = self._loss(epoch, int(high_water), int(version), int(hlc), held, int(known) == 1)
+            if lost is None:
                 return int(now), [codec.decode_fault(b, v) for b, v in codec.pairs(flat)]
             await self.resync()
         raise StoreUnavailable("the table kept changing during the read; retry")
@@ -822,7 +832,7 @@ class RedisStore:
         raw = await self._eval(
             "snapshot",
             (self._faults, self._routes, self._meta, self._writers),
-            (self._replica_id,),
+            (self._replica_id, *self._lineage),
             client=replica,
         )
         reply = SnapshotReply.decode(raw)
@@ -851,11 +861,20 @@ class RedisStore:
         return self._acked, self.view.version, self._seen_stamp
 
     def _loss(
-        self, epoch: str, high_water: int, version: int, hlc: int, held: tuple[int, int, int]
+        self,
+        epoch: str,
+        high_water: int,
+        version: int,
+        hlc: int,
+        held: tuple[int, int, int],
+        known: bool,
     ) -> str | None:
         """Why the table in Redis may not be (all of) the one this replica holds, or None.
 
-        ``held`` is ``held()`` from before the read. Each sign leads to a merge, which is
+        ``held`` is ``held()`` from before the read; ``known``: whether the table's history
+        holds this replica's lineage pair, sent with the read (not so: the table followed
+        another history since, as after a rollback in place that later writes took past
+        this replica's version; counted as ``behind``). Each sign leads to a merge, which is
         harmless and cheap when nothing was lost.
         """
         if not self._epoch:
@@ -865,7 +884,7 @@ class RedisStore:
         if epoch != self._epoch:
             return "epoch"
         acked, view_version, seen_stamp = held
-        if high_water < acked or version < view_version or hlc < seen_stamp:
+        if high_water < acked or version < view_version or hlc < seen_stamp or not known:
             return "behind"
         return self._doubt
 
@@ -881,13 +900,16 @@ class RedisStore:
             # Another replica's first write gave the table its epoch: this view, kept by
             # its pushes, is a copy of that table now.
             self._epoch = reply.epoch
-        return self._loss(reply.epoch, reply.high_water, reply.version, reply.hlc, held) is not None
+        lost = self._loss(
+            reply.epoch, reply.high_water, reply.version, reply.hlc, held, reply.known
+        )
+        return lost is not None
 
     async def poll(self, *, primary: bool = False) -> PollReply:
         """The table's identity from the server the follower reads, or the primary's."""
         replica = None if primary else self._tier.client
         raw = await self._eval(
-            "poll", (self._meta, self._writers), (self._replica_id,), client=replica
+            "poll", (self._meta, self._writers), (self._replica_id, *self._lineage), client=replica
         )
         reply = PollReply.decode(raw)
         if replica is None:
@@ -929,6 +951,22 @@ class RedisStore:
         if self.table_lost(await self.poll(primary=True), held):
             await self.resync()
 
+    def follow_lineage(self, version: int, token: str, prev: str) -> bool:
+        """A push took the table to ``version`` (lineage ``token``, ``prev`` the one before):
+        the view's lineage follows it when it is the next; False when it is the next
+        version but of another history (the table was rolled back in place and written
+        since): the next resync merges. A push at or below the pair reached says nothing
+        (one in flight across a snapshot); one past the next is a gap, which resyncs, and
+        the snapshot checks the pair."""
+        reached, mine = self._lineage
+        if version != reached + 1:
+            return True
+        if mine and prev != mine:
+            self._doubt = self._doubt or "behind"
+            return False
+        self._lineage = (version, token)
+        return True
+
     def doubt(self, cause: str, replica: str = "") -> None:
         """The next resync merges: another replica announced a merge (its own announcement
         ``replica`` is this one's is ignored)."""
@@ -943,7 +981,9 @@ class RedisStore:
         with what this replica holds first."""
         held = self.held()
         snap, reply = await self._snapshot()
-        cause = self._loss(reply.epoch, reply.high_water, snap.version, reply.hlc, held)
+        cause = self._loss(
+            reply.epoch, reply.high_water, snap.version, reply.hlc, held, reply.known
+        )
         if self._tier.on_replica:
             snap, reply, cause = await self._replica_snapshot(snap, reply, cause, held)
         if cause is not None or (not reply.epoch and snap.version > 0):
@@ -958,6 +998,10 @@ class RedisStore:
                 snap, reply = await self._snapshot()
         self.view.replace(snap, reset=cause is not None)
         self._epoch = reply.epoch
+        if cause is not None or reply.version >= self._lineage[0]:
+            # (a push that chained past this snapshot while it was in flight is kept: the
+            # snapshot showed the pair it chained from is the table's)
+            self._lineage = (reply.version, reply.token)
         if cause is not None:
             # The table as it is now is the one this replica holds: what Redis lost of this
             # replica's reports is no longer expected of it (the merge put their windows
@@ -985,7 +1029,9 @@ class RedisStore:
                 raise ReplicaBehind(f"a snapshot on the replica looks {cause or 'unstamped'}")
             await asyncio.sleep(0.05)  # pacing a retry of a lagging replica, bounded above
             snap, reply = await self._snapshot()
-            cause = self._loss(reply.epoch, reply.high_water, snap.version, reply.hlc, held)
+            cause = self._loss(
+                reply.epoch, reply.high_water, snap.version, reply.hlc, held, reply.known
+            )
         return snap, reply, cause
 
     async def _merge(self, cause: str | None, snap: Snapshot, needs_epoch: bool) -> bool:
