@@ -251,3 +251,40 @@ def test_replicas_away_during_an_in_place_rollback_and_the_writes_after_it_merge
         run(scenario)
     finally:
         server.stop()
+
+
+def test_a_report_retried_after_a_flush_is_answered_as_the_first_time() -> None:
+    """A report with a reportId, applied; Redis is emptied (FLUSHALL) and the replicas merge
+    the window back, but not the id. The producer's retry on the replica that answered it is
+    answered as the first time (``duplicate``, the same window end) and changes nothing: no
+    second latency-log entry, the window where it was."""
+    server = RedisServer()
+
+    async def scenario() -> None:
+        (a,) = await started(server.url, 1)
+        report = ReportIn("bR", 0, isolation=True, producer="p", report_id="rid-1")
+        try:
+            (first,) = await a.report_many([report])
+            assert not first.duplicate and not first.degraded
+            with server.client() as c:
+                c.flushall()
+            await until(lambda: not a.degraded and "bR" in table_of(server), "merged back")
+            (again,) = await a.report_many([report])
+            assert again.duplicate
+            assert again.available_at == first.available_at
+            assert table_of(server)["bR"] == first.available_at
+            with server.client() as c:
+                logged = [e["b"] for _, e in c.xrange(f"{PREFIX}:latency-log")]
+            assert logged.count("bR") == 0  # the first entry went with the flush; no second
+        finally:
+            await a.close()
+
+    try:
+        run(scenario)
+    finally:
+        server.stop()
+
+
+def table_of(server: RedisServer) -> dict[str, int]:
+    with server.client() as c:
+        return table(c)

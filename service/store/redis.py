@@ -396,20 +396,30 @@ class RedisStore:
         reports = [r.dated(accepted) for r in reports]
         if not self._journal and self.synced.is_set() and not self._recovering:
             kept = self._kept.keep(self.view, reports, accepted) if self._flush_ms > 0 else {}
-            sent = self._number([r for i, r in enumerate(reports) if i not in kept])
-            if not sent:
-                return [kept[i] for i in range(len(reports))]
-            try:
-                answers = await self._report_remote(sent, self._fast_report)
-            except StoreUnavailable as exc:
-                log.warning("report falls back to the journal: %s", exc.message)
-                answers = self._report_locally(sent)
-            else:
-                now = self.view.now_ms()
-                for r, answer in zip(sent, answers, strict=True):
-                    self._kept.written(r.broker_name, r.at(now))
-                    self._kept.ids.remember(r, answer, now)
-            outcomes = iter(answers)
+            # A retry of a report this replica answered is answered here, as the first time,
+            # before Redis is asked: Redis's memory of ids is lost with its data (a flush, a
+            # restart from an older copy: a merge does not carry ids), this replica's is not.
+            ids = self._kept.ids
+            done = ids.sort([r for i, r in enumerate(reports) if i not in kept], accepted)
+            if done.duplicates:
+                metrics.DUPLICATE_REPORTS.inc(done.duplicates)
+            for i, first in enumerate(done.out):
+                if first is not None and first.degraded:
+                    # first answered from the journal, which is empty now: it is in Redis
+                    done.out[i] = replace(first, degraded=False)
+            sent = self._number([r for _, r in done.fresh])
+            answers: list[ReportOutcome] = []
+            if sent:
+                try:
+                    answers = await self._report_remote(sent, self._fast_report)
+                except StoreUnavailable as exc:
+                    log.warning("report falls back to the journal: %s", exc.message)
+                    answers = self._report_locally(sent)
+                else:
+                    now = self.view.now_ms()
+                    for r in sent:
+                        self._kept.written(r.broker_name, r.at(now))
+            outcomes = iter(ids.settle(done, answers, self.view.now_ms()))
             return [kept[i] if i in kept else next(outcomes) for i in range(len(reports))]
         return self._report_locally(self._number(reports))
 
