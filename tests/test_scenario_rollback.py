@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from detour.model import BrokerRoute, Route
+from service import metrics
 from service.settings import Settings
-from service.store import ReportIn
+from service.store import ReportIn, codec, scripts
 from service.store.redis import RedisStore
 from tests.procs import RedisServer
 from tests.test_scenario_redis_loss import (
@@ -288,3 +290,66 @@ def test_a_report_retried_after_a_flush_is_answered_as_the_first_time() -> None:
 def table_of(server: RedisServer) -> dict[str, int]:
     with server.client() as c:
         return table(c)
+
+
+BURST = """
+local stamps = stamper(KEYS[2], clock_ms(), 0)
+for i = 1, tonumber(ARGV[2]) do
+  local stamp = stamps.next()
+  local value = fmt(stamp) .. '|' .. ARGV[3]
+  redis.call('HSET', KEYS[1], 'burst' .. i, value)
+  push(KEYS[2], ARGV[1], 'route', 'burst' .. i, value, stamp)
+end
+stamps.done()
+"""
+
+
+class Received:
+    """A subscription's pushes received but not handled yet (the follower's ``_poll`` reads
+    them through ``get_message``)."""
+
+    def __init__(self, messages: list[dict[str, Any]]) -> None:
+        self.messages = messages
+
+    async def get_message(self, **_: Any) -> dict[str, Any] | None:
+        return self.messages.pop(0) if self.messages else None
+
+
+def test_a_poll_behind_a_burst_of_pushes_longer_than_the_kept_lineage_starts_no_merge() -> None:
+    """5,000 visible changes in one script call (more than the 1,024 versions of lineage the
+    table keeps) wait as pushes received when the follower's poll comes: the poll checks the
+    lineage pair the replica reaches once it handled them, which the table still holds, so
+    no merge (the pair from before the burst is out of the kept history)."""
+    server = RedisServer()
+
+    async def scenario() -> None:
+        (a,) = await started(server.url, 1)
+        try:
+            await a.put_route(route("t"))
+            await until(lambda: a.view.version == 1, "its push handled")
+            await pause(a)  # its own follower neither reads the pushes nor polls
+            with server.client() as c:
+                sub = c.pubsub()
+                sub.subscribe(a._channel)
+                assert sub.get_message(timeout=5)["type"] == "subscribe"
+                lua = scripts.source("poll").split("\n-- poll.lua", 1)[0] + BURST
+                c.eval(lua, 2, f"{PREFIX}:routes", f"{PREFIX}:meta", a._push_channel, 5000,
+                       codec.encode_route(route("x")))
+                pushes = [sub.get_message(timeout=5) for _ in range(5000)]
+                sub.close()
+            follower = a._follower
+            await follower._poll(Received(pushes))  # type: ignore[arg-type]
+            assert not follower.resync_needed and a._doubt is None
+            assert len(a.view.routes) == 5001
+        finally:
+            await a.close()
+
+    try:
+        run(scenario)
+    finally:
+        server.stop()
+
+
+def reseeds() -> float:
+    return sum(metrics.RESEEDS.labels(c)._value.get()
+               for c in ("empty", "epoch", "behind", "restart", "failover", "merge"))

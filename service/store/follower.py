@@ -175,6 +175,10 @@ class Follower:
         if self._topology.sentinel:
             await self._topology.follow_master(pubsub)
         store = self._store
+        # The pushes already received first: the lineage pair the poll asks about is then
+        # the latest this replica can know, never one a burst of pushes took out of the
+        # table's kept history while they waited here (a merge nobody needed).
+        await self._drain(pubsub)
         held = store.held()  # before the poll: what is acknowledged meanwhile is newer
         reply = await store.poll()
         if store.table_lost(reply, held):
@@ -201,6 +205,7 @@ class Follower:
         if mono_ms() >= self._next_primary_poll:
             await store.poll(primary=True)  # the primary's version, and Redis's clock
             self._next_primary_poll = mono_ms() + 1000 * tier.primary_poll_s
+        await self._drain(pubsub)  # (as in ``_poll``)
         held = store.held()
         reply = await store.poll()
         if reply.version > store.view.version:
