@@ -126,6 +126,8 @@ class Followed(Protocol):
 
     def doubt(self, cause: str, replica: str = "") -> None: ...
 
+    def follow_lineage(self, version: int, token: str, prev: str) -> bool: ...
+
     async def check_identity(self) -> None: ...
 
 
@@ -173,6 +175,10 @@ class Follower:
         if self._topology.sentinel:
             await self._topology.follow_master(pubsub)
         store = self._store
+        # The pushes already received first: the lineage pair the poll asks about is then
+        # the latest this replica can know, never one a burst of pushes took out of the
+        # table's kept history while they waited here (a merge nobody needed).
+        await self._drain(pubsub)
         held = store.held()  # before the poll: what is acknowledged meanwhile is newer
         reply = await store.poll()
         if store.table_lost(reply, held):
@@ -199,6 +205,7 @@ class Follower:
         if mono_ms() >= self._next_primary_poll:
             await store.poll(primary=True)  # the primary's version, and Redis's clock
             self._next_primary_poll = mono_ms() + 1000 * tier.primary_poll_s
+        await self._drain(pubsub)  # (as in ``_poll``)
         held = store.held()
         reply = await store.poll()
         if reply.version > store.view.version:
@@ -261,6 +268,10 @@ class Follower:
         version, kind, field, value = int(change["v"]), change["k"], change["f"], change["x"]
         stamp = int(change.get("s") or 0)
         store = self._store
+        if not store.follow_lineage(version, change.get("l") or "", change.get("p") or ""):
+            # the next version, of another history: Redis was rolled back in place
+            self.resync_needed = True
+            return
         view = store.view
         store.saw(stamp)
         if kind == "fault":

@@ -8,7 +8,8 @@ Layout (all keys share the ``{namespace}`` hash tag, so one Cluster slot):
                            address], ...]
     {prefix}:{ns}:meta     hash version (bumped by every visible change), hlc (the last
                            stamp given), config (JSON), config_stamp, epoch (a random id the
-                           table got when it was first written)
+                           table got when it was first written), "l:<version>" the lineage
+                           token of each of the last 1,024 versions (lua/lib/item.lua)
     {prefix}:{ns}:graves   hash "r#topic" / "f#broker" -> the stamp of its delete, and
     {prefix}:{ns}:graves-by-time  sorted set of the same by time (kept 7 days, 65,536 most)
     {prefix}:{ns}:ends     sorted set broker -> availableAt: the eviction index
@@ -32,10 +33,12 @@ Integrity (docs/reliability.md): Redis is the meeting point, not the only copy. 
 replica holds the table; when there is any sign that Redis lost or rolled back data (the
 server under a reconnection lost this replica's mark, the table's epoch is gone or another,
 this replica's acknowledged sequence numbers, the table's version or its last stamp went
-back, a config older than this replica's, a Sentinel master change, another replica's
-merge), the replica merges what it holds into the table by detour.merge's rules, which only
-ever move the table forward. Reports carry this replica's sequence number and the
-producer's id, so a replayed or retried one is applied once.
+back, the table's history no longer holds the lineage pair this replica reached (a rollback
+in place that later writes took past this replica's version), a config older than this
+replica's, a Sentinel master change, another replica's merge), the replica merges what it
+holds into the table by detour.merge's rules, which only ever move the table forward. Before
+an operator write it runs these checks itself (``confirm``). Reports carry this replica's
+sequence number and the producer's id, so a replayed or retried one is applied once.
 """
 
 from __future__ import annotations
@@ -235,6 +238,10 @@ class RedisStore:
         #: the highest stamp this replica saw the table give: the floor of its writes' stamps
         #: (a hybrid logical clock), and a table whose last stamp is below it lost writes
         self._seen_stamp = 0
+        #: the lineage pair (version, token) this replica's view reached (lib/item.lua): a
+        #: table whose history does not hold it is not the one this replica holds (a
+        #: rollback in place, which versions, stamps and the epoch recover from by themselves)
+        self._lineage: tuple[int, str] = (0, "")
         #: this replica's mark in the Redis process it talks to, and whether it was ever set
         self._marker = self._client.register_script(scripts.marker(self._replica_id))
         self._marked = False
@@ -393,20 +400,30 @@ class RedisStore:
         reports = [r.dated(accepted) for r in reports]
         if not self._journal and self.synced.is_set() and not self._recovering:
             kept = self._kept.keep(self.view, reports, accepted) if self._flush_ms > 0 else {}
-            sent = self._number([r for i, r in enumerate(reports) if i not in kept])
-            if not sent:
-                return [kept[i] for i in range(len(reports))]
-            try:
-                answers = await self._report_remote(sent, self._fast_report)
-            except StoreUnavailable as exc:
-                log.warning("report falls back to the journal: %s", exc.message)
-                answers = self._report_locally(sent)
-            else:
-                now = self.view.now_ms()
-                for r, answer in zip(sent, answers, strict=True):
-                    self._kept.written(r.broker_name, r.at(now))
-                    self._kept.ids.remember(r, answer, now)
-            outcomes = iter(answers)
+            # A retry of a report this replica answered is answered here, as the first time,
+            # before Redis is asked: Redis's memory of ids is lost with its data (a flush, a
+            # restart from an older copy: a merge does not carry ids), this replica's is not.
+            ids = self._kept.ids
+            done = ids.sort([r for i, r in enumerate(reports) if i not in kept], accepted)
+            if done.duplicates:
+                metrics.DUPLICATE_REPORTS.inc(done.duplicates)
+            for i, first in enumerate(done.out):
+                if first is not None and first.degraded:
+                    # first answered from the journal, which is empty now: it is in Redis
+                    done.out[i] = replace(first, degraded=False)
+            sent = self._number([r for _, r in done.fresh])
+            answers: list[ReportOutcome] = []
+            if sent:
+                try:
+                    answers = await self._report_remote(sent, self._fast_report)
+                except StoreUnavailable as exc:
+                    log.warning("report falls back to the journal: %s", exc.message)
+                    answers = self._report_locally(sent)
+                else:
+                    now = self.view.now_ms()
+                    for r in sent:
+                        self._kept.written(r.broker_name, r.at(now))
+            outcomes = iter(ids.settle(done, answers, self.view.now_ms()))
             return [kept[i] if i in kept else next(outcomes) for i in range(len(reports))]
         return self._report_locally(self._number(reports))
 
@@ -716,12 +733,16 @@ class RedisStore:
         value: str,
         events: bool = False,
         expected: int | None = None,
+        held: bool = False,
     ) -> tuple[int, int]:
-        """One entry written into the table this replica holds (merged first if lost);
-        (version, stamp). ``expected``: the config stamp the change was made on (a table
-        whose config changed meanwhile is not written: raises ConfigChanged)."""
+        """One entry written into the table this replica holds (merged first if lost, or
+        if it cannot be confirmed to be that table: ``confirm``); (version, stamp).
+        ``expected``: the config stamp the change was made on (a table whose config changed
+        meanwhile is not written: raises ConfigChanged). ``held``: a delete of an entry this
+        replica's copy holds, which leaves its grave even where the table lacks it."""
         keys = (key, self._meta, self._events, self._ends, self._graves, self._graves_index)
         for _ in range(3):
+            await self.confirm()
             args = (
                 self._push_channel,
                 kind,
@@ -733,6 +754,7 @@ class RedisStore:
                 "" if expected is None else expected,
                 Graves.TTL_MS,
                 Graves.CAP,
+                int(held),
             )
             version, stamp = (int(x) for x in await self._eval("set_entry", keys, args))
             if version >= 0:
@@ -763,7 +785,9 @@ class RedisStore:
 
     async def delete_fault(self, broker: str) -> bool:
         item = self.view.faults.get(broker)
-        version, stamp = await self._set_entry(self._faults, "fault", broker, "", events=True)
+        version, stamp = await self._set_entry(
+            self._faults, "fault", broker, "", events=True, held=item is not None
+        )
         if version and item is not None and item.available_at > self.view.now_ms():
             metrics.EVENTS.labels(self.namespace, "ended", "operator").inc()
         if version:
@@ -776,7 +800,8 @@ class RedisStore:
         self.view.apply_route(route.topic, route, version, stamp)
 
     async def delete_route(self, topic: str) -> bool:
-        version, stamp = await self._set_entry(self._routes, "route", topic, "")
+        held = topic in self.view.routes
+        version, stamp = await self._set_entry(self._routes, "route", topic, "", held=held)
         if version:
             self.view.apply_route(topic, None, version, stamp)
         return version > 0
@@ -810,10 +835,13 @@ class RedisStore:
         never leaves out a window a replica still holds."""
         for _ in range(3):
             held = self.held()
-            now, flat, epoch, version, high_water, hlc = await self._eval(
-                "fault_items", (self._faults, self._meta, self._writers), (self._replica_id,)
+            now, flat, epoch, version, high_water, hlc, known = await self._eval(
+                "fault_items",
+                (self._faults, self._meta, self._writers),
+                (self._replica_id, *self._lineage),
             )
-            if self._loss(epoch, int(high_water), int(version), int(hlc), held) is None:
+            lost = self._loss(epoch, int(high_water), int(version), int(hlc), held, int(known) == 1)
+            if lost is None:
                 return int(now), [codec.decode_fault(b, v) for b, v in codec.pairs(flat)]
             await self.resync()
         raise StoreUnavailable("the table kept changing during the read; retry")
@@ -826,7 +854,7 @@ class RedisStore:
         raw = await self._eval(
             "snapshot",
             (self._faults, self._routes, self._meta, self._writers),
-            (self._replica_id,),
+            (self._replica_id, *self._lineage),
             client=replica,
         )
         reply = SnapshotReply.decode(raw)
@@ -855,11 +883,20 @@ class RedisStore:
         return self._acked, self.view.version, self._seen_stamp
 
     def _loss(
-        self, epoch: str, high_water: int, version: int, hlc: int, held: tuple[int, int, int]
+        self,
+        epoch: str,
+        high_water: int,
+        version: int,
+        hlc: int,
+        held: tuple[int, int, int],
+        known: bool,
     ) -> str | None:
         """Why the table in Redis may not be (all of) the one this replica holds, or None.
 
-        ``held`` is ``held()`` from before the read. Each sign leads to a merge, which is
+        ``held`` is ``held()`` from before the read; ``known``: whether the table's history
+        holds this replica's lineage pair, sent with the read (not so: the table followed
+        another history since, as after a rollback in place that later writes took past
+        this replica's version; counted as ``behind``). Each sign leads to a merge, which is
         harmless and cheap when nothing was lost.
         """
         if not self._epoch:
@@ -869,7 +906,7 @@ class RedisStore:
         if epoch != self._epoch:
             return "epoch"
         acked, view_version, seen_stamp = held
-        if high_water < acked or version < view_version or hlc < seen_stamp:
+        if high_water < acked or version < view_version or hlc < seen_stamp or not known:
             return "behind"
         return self._doubt
 
@@ -885,13 +922,16 @@ class RedisStore:
             # Another replica's first write gave the table its epoch: this view, kept by
             # its pushes, is a copy of that table now.
             self._epoch = reply.epoch
-        return self._loss(reply.epoch, reply.high_water, reply.version, reply.hlc, held) is not None
+        lost = self._loss(
+            reply.epoch, reply.high_water, reply.version, reply.hlc, held, reply.known
+        )
+        return lost is not None
 
     async def poll(self, *, primary: bool = False) -> PollReply:
         """The table's identity from the server the follower reads, or the primary's."""
         replica = None if primary else self._tier.client
         raw = await self._eval(
-            "poll", (self._meta, self._writers), (self._replica_id,), client=replica
+            "poll", (self._meta, self._writers), (self._replica_id, *self._lineage), client=replica
         )
         reply = PollReply.decode(raw)
         if replica is None:
@@ -913,6 +953,42 @@ class RedisStore:
                 await self._client.script_load(self._marker.script)
         self._marked = True
 
+    async def confirm(self) -> None:
+        """Before an operator write (a config, a route, a delete): make sure the Redis it
+        goes to holds the table this replica knows, merging first when it may not.
+
+        The follower notices a restart or a rollback only when it reconnects or polls; an
+        operator write made in between would act on a table that lacks what this replica
+        holds: a DELETE would answer 404 for an entry the merge then brings back, a PATCH
+        would be computed on a config the merge then replaces. So every operator write first
+        runs the follower's checks itself: this replica's mark in the Redis process
+        (``check_identity``), then a poll of the primary (epoch, version, last stamp, this
+        replica's acknowledged reports, the table's lineage) against what it holds, and
+        merges on any sign. Two round trips, only on operator writes (rare); selects and
+        reports never pay them. A loss between this check and the write is covered by the
+        write itself: set_entry.lua checks the epoch, and a delete of an entry this replica
+        holds leaves its grave whatever the table holds."""
+        await self.check_identity()
+        held = self.held()
+        if self.table_lost(await self.poll(primary=True), held):
+            await self.resync()
+
+    def follow_lineage(self, version: int, token: str, prev: str) -> bool:
+        """A push took the table to ``version`` (lineage ``token``, ``prev`` the one before):
+        the view's lineage follows it when it is the next; False when it is the next
+        version but of another history (the table was rolled back in place and written
+        since): the next resync merges. A push at or below the pair reached says nothing
+        (one in flight across a snapshot); one past the next is a gap, which resyncs, and
+        the snapshot checks the pair."""
+        reached, mine = self._lineage
+        if version != reached + 1:
+            return True
+        if mine and prev != mine:
+            self._doubt = self._doubt or "behind"
+            return False
+        self._lineage = (version, token)
+        return True
+
     def doubt(self, cause: str, replica: str = "") -> None:
         """The next resync merges: another replica announced a merge (its own announcement
         ``replica`` is this one's is ignored)."""
@@ -927,7 +1003,9 @@ class RedisStore:
         with what this replica holds first."""
         held = self.held()
         snap, reply = await self._snapshot()
-        cause = self._loss(reply.epoch, reply.high_water, snap.version, reply.hlc, held)
+        cause = self._loss(
+            reply.epoch, reply.high_water, snap.version, reply.hlc, held, reply.known
+        )
         if self._tier.on_replica:
             snap, reply, cause = await self._replica_snapshot(snap, reply, cause, held)
         if cause is not None or (not reply.epoch and snap.version > 0):
@@ -942,6 +1020,10 @@ class RedisStore:
                 snap, reply = await self._snapshot()
         self.view.replace(snap, reset=cause is not None)
         self._epoch = reply.epoch
+        if cause is not None or reply.version >= self._lineage[0]:
+            # (a push that chained past this snapshot while it was in flight is kept: the
+            # snapshot showed the pair it chained from is the table's)
+            self._lineage = (reply.version, reply.token)
         if cause is not None:
             # The table as it is now is the one this replica holds: what Redis lost of this
             # replica's reports is no longer expected of it (the merge put their windows
@@ -969,7 +1051,9 @@ class RedisStore:
                 raise ReplicaBehind(f"a snapshot on the replica looks {cause or 'unstamped'}")
             await asyncio.sleep(0.05)  # pacing a retry of a lagging replica, bounded above
             snap, reply = await self._snapshot()
-            cause = self._loss(reply.epoch, reply.high_water, snap.version, reply.hlc, held)
+            cause = self._loss(
+                reply.epoch, reply.high_water, snap.version, reply.hlc, held, reply.known
+            )
         return snap, reply, cause
 
     async def _merge(self, cause: str | None, snap: Snapshot, needs_epoch: bool) -> bool:

@@ -73,10 +73,16 @@ class SnapshotReply:
     high_water: int
     #: the last stamp the table gave
     hlc: int
+    #: whether the table's history holds the lineage pair the replica sent
+    known: bool
+    #: the lineage token of ``version`` ("" = none)
+    token: str
 
     @classmethod
     def decode(cls, raw: Sequence[Any]) -> SnapshotReply:
-        version, config_stamp, config, now, faults, routes, epoch, high_water, hlc = raw
+        version, config_stamp, config, now, faults, routes, epoch, high_water, hlc, known, token = (
+            raw
+        )
         return cls(
             int(version),
             int(config_stamp),
@@ -87,6 +93,8 @@ class SnapshotReply:
             _text(epoch),
             int(high_water),
             int(hlc),
+            int(known) == 1,
+            _text(token),
         )
 
 
@@ -100,16 +108,19 @@ class PollReply:
     high_water: int
     #: the last stamp the table gave
     hlc: int
+    #: whether the table's history holds the lineage pair the replica sent
+    known: bool
 
     @classmethod
     def decode(cls, raw: Sequence[Any]) -> PollReply:
-        version, sec, usec, epoch, high_water, hlc = raw
+        version, sec, usec, epoch, high_water, hlc, known = raw
         return cls(
             int(version or 0),
             int(sec) * 1000 + int(usec) // 1000,
             _text(epoch),
             int(high_water),
             int(hlc),
+            int(known) == 1,
         )
 
 

@@ -2,8 +2,10 @@
 -- table's identity, so the reader can tell a table that lost data from the one it holds.
 -- KEYS[1] faults hash   KEYS[2] meta hash   KEYS[3] writers hash
 -- ARGV[1] the writer (replica id) whose sequence high-water mark to return
+-- ARGV[2], ARGV[3] the lineage pair (version, token) the replica reached (lib/item.lua)
 -- returns {now ms, {broker, item, ...}, epoch ("" = none), version, the writer's high-water
---   mark, hlc}
+--   mark, hlc, 1 when the table's history holds the replica's lineage pair, else 0}
 local meta = redis.call('HMGET', KEYS[2], 'epoch', 'version', 'hlc')
 return {clock_ms(), redis.call('HGETALL', KEYS[1]), meta[1] or '', tonumber(meta[2] or '0'),
-  tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '0'), meta[3] or '0'}
+  tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '0'), meta[3] or '0',
+  lineage_holds(KEYS[2], ARGV[2], ARGV[3]) and 1 or 0}

@@ -18,9 +18,13 @@
 -- ARGV[8] config only: the config stamp the caller's change was made on ("" = any): a
 --         table whose config has another stamp is not written (a concurrent change)
 -- ARGV[9] graves kept: ms   ARGV[10] graves kept: most
--- returns {version, stamp}: version 0 when deleting a field that does not exist (nothing
---   pushed); -1 when the epoch differs, -2 when the config changed meanwhile (stamp: the
---   table's config stamp); nothing written then
+-- ARGV[11] a delete only: 1 when the caller's copy holds the entry. Its delete leaves the
+--         grave and is pushed even where the table lacks the entry (a table that lost it
+--         and is not merged yet): else a later merge from a copy that holds it would bring
+--         back what the operator removed
+-- returns {version, stamp}: version 0 when deleting a field that neither the table nor the
+--   caller holds (nothing pushed); -1 when the epoch differs, -2 when the config changed
+--   meanwhile (stamp: the table's config stamp); nothing written then
 local now = clock_ms()
 local epoch, held = redis.call('HGET', KEYS[2], 'epoch') or '', ARGV[6]
 if string.sub(held, 1, 1) == '+' then
@@ -45,10 +49,12 @@ local stamp = stamps.next()
 local stored = value
 if value == '' then
   local old = redis.call('HGET', KEYS[1], field)
-  if not old then
+  if not old and ARGV[11] ~= '1' then
     return {0, '0'}
   end
-  redis.call('HDEL', KEYS[1], field)
+  if old then
+    redis.call('HDEL', KEYS[1], field)
+  end
   local grave = (kind == 'fault' and 'f#' or 'r#') .. field
   redis.call('HSET', KEYS[5], grave, fmt(stamp))
   redis.call('ZADD', KEYS[6], now, grave)
@@ -65,7 +71,7 @@ if value == '' then
   end
   if kind == 'fault' then
     redis.call('ZREM', KEYS[4], field)
-    local e = item_end(old)
+    local e = old and item_end(old) or 0
     if tonumber(ARGV[5]) > 0 and e > now then
       redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'k', 'ended', 'r', 'operator',
         'b', field, 't', '', 'n', 0, 'e', fmt(now), 'a', fmt(now))

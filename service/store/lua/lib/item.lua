@@ -115,13 +115,43 @@ local function stamper(meta, now, floor)
   }
 end
 
--- Push one change to the other replicas: {k=kind, v=version, f=field, x=value, s=stamp}.
+-- The table's lineage: each version the table reached, paired with a token that hashes the
+-- token before it and the change that made it (meta "l:<version>", the last LINEAGE_KEPT
+-- versions). Versions, stamps and the epoch of a table rolled back in place (older data
+-- loaded into the live server) recover by themselves as new writes come in; the token at a
+-- version does not: the changes after the fork differ, so the chains do. A replica keeps the
+-- pair (version, token) it reached and asks whether the table's history still holds it
+-- (lineage_holds): not so, the table is not the one it holds, and it merges.
+local LINEAGE_KEPT = 1024
+
+-- Whether the table's history holds the pair a replica reached ('' = a replica that knows
+-- none: nothing to check). A version older than the kept history cannot be told: no.
+local function lineage_holds(meta, version, token)
+  return token == '' or redis.call('HGET', meta, 'l:' .. version) == token
+end
+
+-- The token of the table's version now ('' for none: a new table, or one written before
+-- lineage existed).
+local function lineage_now(meta, version)
+  return redis.call('HGET', meta, 'l:' .. fmt(version)) or ''
+end
+
+-- Push one change to the other replicas: {k=kind, v=version, f=field, x=value, s=stamp,
+-- l=the lineage token of v, p=the token of v - 1}: a replica at v - 1 whose token is not p
+-- follows another history (a rollback in place).
 -- A channel given as "#name" is a sharded channel (Redis Cluster, scripts.channel_arg):
 -- SPUBLISH keeps the push on the shard serving the namespace's slot (the channel hashes
 -- to it, as every key here does), where PUBLISH would be broadcast to every node.
 local function push(meta, channel, kind, field, value, stamp)
   local v = redis.call('HINCRBY', meta, 'version', 1)
-  local message = cjson.encode({k = kind, v = v, f = field, x = value, s = fmt(stamp or 0)})
+  local s = fmt(stamp or 0)
+  local prev = redis.call('HGET', meta, 'l:' .. fmt(v - 1)) or ''
+  local token = string.sub(
+    redis.sha1hex(prev .. '\n' .. kind .. '\n' .. field .. '\n' .. value .. '\n' .. s), 1, 16)
+  redis.call('HSET', meta, 'l:' .. fmt(v), token)
+  redis.call('HDEL', meta, 'l:' .. fmt(v - LINEAGE_KEPT))
+  local message = cjson.encode({k = kind, v = v, f = field, x = value, s = s, l = token,
+    p = prev})
   if string.sub(channel, 1, 1) == '#' then
     redis.call('SPUBLISH', string.sub(channel, 2), message)
   else
