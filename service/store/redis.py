@@ -404,9 +404,13 @@ class RedisStore:
             # before Redis is asked: Redis's memory of ids is lost with its data (a flush, a
             # restart from an older copy: a merge does not carry ids), this replica's is not.
             ids = self._kept.ids
-            done = ids.sort([r for i, r in enumerate(reports) if i not in kept], accepted)
+            done = ids.sort(
+                [r for i, r in enumerate(reports) if i not in kept], accepted, self.view.window_end
+            )
             if done.duplicates:
                 metrics.DUPLICATE_REPORTS.inc(done.duplicates)
+            if done.expired:
+                metrics.EXPIRED_REPORTS.inc(done.expired)
             for i, first in enumerate(done.out):
                 if first is not None and first.degraded:
                     # first answered from the journal, which is empty now: it is in Redis
