@@ -54,13 +54,15 @@ Late = Callable[[Any, BaseException | None], None]
 
 
 class _RouteFetch:
-    """A fetch of one topic's route under way; ``missing``: Detour's 404 message."""
+    """A fetch of one topic's route under way; ``missing``: Detour's 404 message;
+    ``failed``: why Detour could not be asked (for the error a select raises without it)."""
 
-    __slots__ = ("done", "missing")
+    __slots__ = ("done", "failed", "missing")
 
     def __init__(self) -> None:
         self.done = asyncio.Event()
         self.missing: str | None = None
+        self.failed: BaseException | None = None
 
 
 class AsyncDetourClient:
@@ -341,15 +343,16 @@ class AsyncDetourClient:
                     except TimeoutError:
                         pass
                 if not core.table.has_route(topic):
-                    await self._fetch_route(topic, ends)
+                    cause = await self._fetch_route(topic, ends)
+                    return core.local_select(topic, last_broker, cause, sharding_key=sharding_key)
             return core.local_select(topic, last_broker, sharding_key=sharding_key)
         # A topic the client could not decide for waits for the whole call (below).
         known = core.knows(topic)
         if not core.table.has_route(topic):
             # Detour's answer is followed only if the route agrees with it: the route first.
-            await self._fetch_route(topic, ends)
+            cause = await self._fetch_route(topic, ends)
             if not core.table.has_route(topic):
-                return core.local_select(topic, last_broker, sharding_key=sharding_key)
+                return core.local_select(topic, last_broker, cause, sharding_key=sharding_key)
         body = wire.select_body(topic, last_broker, core.producer, sharding_key)
 
         def parse(answer: Any) -> SelectedQueue:
@@ -405,7 +408,7 @@ class AsyncDetourClient:
         core.learn(selected)
         return True
 
-    async def _fetch_route(self, topic: str, ends: float | None) -> None:
+    async def _fetch_route(self, topic: str, ends: float | None) -> BaseException | None:
         """As ``DetourClient._fetch_route``: one fetch per topic at a time, waited for by
         the others within their sends; TopicNotFound on Detour's 404."""
         core = self._core
@@ -414,21 +417,24 @@ class AsyncDetourClient:
         if mine:
             fetch = self._route_fetches[topic] = _RouteFetch()
         if fetch is None:
-            return  # too many under way: fail open
+            return None  # too many under way: fail open
         if not mine:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(core.left_s(ends)):
                     await fetch.done.wait()
         else:
             try:
-                fetch.missing = await self._get_route(topic, ends)
+                fetch.missing, fetch.failed = await self._get_route(topic, ends)
             finally:
                 del self._route_fetches[topic]
                 fetch.done.set()
         if fetch.missing is not None:
             raise TopicNotFound(topic, fetch.missing)
+        return fetch.failed
 
-    async def _get_route(self, topic: str, ends: float | None) -> str | None:
+    async def _get_route(
+        self, topic: str, ends: float | None
+    ) -> tuple[str | None, BaseException | None]:
         """As ``DetourClient._get_route``."""
         core = self._core
         answered = False
@@ -439,13 +445,13 @@ class AsyncDetourClient:
         except DetourRequestError as exc:
             answered = True
             if exc.status == 404:
-                return exc.message
+                return exc.message, None
             raise  # Detour's own 4xx: a wrong request (an invalid topic name)
-        except DetourUnavailable:
-            pass
+        except DetourUnavailable as exc:
+            return None, exc
         finally:
             core.route_checked(topic, answered)
-        return None
+        return None, None
 
     async def _refresh(self, topic: str, ends: float | None) -> None:
         """Best effort: the route and config a local select needs if Detour goes away."""

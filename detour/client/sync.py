@@ -61,13 +61,15 @@ def _after_fork(ref: weakref.ref[DetourClient]) -> None:
 
 
 class _RouteFetch:
-    """A fetch of one topic's route under way; ``missing``: Detour's 404 message."""
+    """A fetch of one topic's route under way; ``missing``: Detour's 404 message;
+    ``failed``: why Detour could not be asked (for the error a select raises without it)."""
 
-    __slots__ = ("done", "missing")
+    __slots__ = ("done", "failed", "missing")
 
     def __init__(self) -> None:
         self.done = threading.Event()
         self.missing: str | None = None
+        self.failed: BaseException | None = None
 
 
 class DetourClient:
@@ -373,15 +375,16 @@ class DetourClient:
                 if not self._stream.synced.is_set():
                     self._stream.synced.wait(core.snapshot_wait_s(ends))
                 if not core.table.has_route(topic):
-                    self._fetch_route(topic, ends)
+                    cause = self._fetch_route(topic, ends)
+                    return core.local_select(topic, last_broker, cause, sharding_key=sharding_key)
             return core.local_select(topic, last_broker, sharding_key=sharding_key)
         # A topic the client could not decide for waits for the whole call (below).
         known = core.knows(topic)
         if not core.table.has_route(topic):
             # Detour's answer is followed only if the route agrees with it: the route first.
-            self._fetch_route(topic, ends)
+            cause = self._fetch_route(topic, ends)
             if not core.table.has_route(topic):
-                return core.local_select(topic, last_broker, sharding_key=sharding_key)
+                return core.local_select(topic, last_broker, cause, sharding_key=sharding_key)
         body = wire.select_body(topic, last_broker, core.producer, sharding_key)
 
         def parse(answer: Any) -> SelectedQueue:
@@ -439,7 +442,7 @@ class DetourClient:
         core.learn(selected)
         return True
 
-    def _fetch_route(self, topic: str, ends: float | None) -> None:
+    def _fetch_route(self, topic: str, ends: float | None) -> BaseException | None:
         """The route of a topic this client knows none of, by ``ends``: a remote select
         checks Detour's answer against it, a cached one decides with it (no snapshot yet,
         or a route the copy has not been pushed yet).
@@ -447,7 +450,7 @@ class DetourClient:
         One fetch per topic at a time (``MAX_ROUTE_FETCHES`` topics at most): a select
         that finds one under way waits for it, within its send. Raises TopicNotFound when
         Detour answers 404 for the route (DetourRequestError for another of its 4xx);
-        otherwise returns, the route learned or not."""
+        otherwise returns why Detour could not be asked for it (None when it answered)."""
         core = self._core
         with self._lock:
             fetch = self._route_fetches.get(topic)
@@ -455,20 +458,21 @@ class DetourClient:
             if mine:
                 fetch = self._route_fetches[topic] = _RouteFetch()
         if fetch is None:
-            return  # too many under way: fail open
+            return None  # too many under way: fail open
         if not mine:
             fetch.done.wait(core.left_s(ends))
         else:
             try:
-                fetch.missing = self._get_route(topic, ends)
+                fetch.missing, fetch.failed = self._get_route(topic, ends)
             finally:
                 with self._lock:
                     del self._route_fetches[topic]
                 fetch.done.set()
         if fetch.missing is not None:
             raise TopicNotFound(topic, fetch.missing)
+        return fetch.failed
 
-    def _get_route(self, topic: str, ends: float | None) -> str | None:
+    def _get_route(self, topic: str, ends: float | None) -> tuple[str | None, BaseException | None]:
         """GET the route into the table; Detour's 404 message when it has none, else None.
         Raises DetourRequestError for Detour's other 4xx."""
         core = self._core
@@ -480,13 +484,13 @@ class DetourClient:
         except DetourRequestError as exc:
             answered = True
             if exc.status == 404:
-                return exc.message
+                return exc.message, None
             raise  # Detour's own 4xx: a wrong request (an invalid topic name)
-        except DetourUnavailable:
-            pass
+        except DetourUnavailable as exc:
+            return None, exc
         finally:
             core.route_checked(topic, answered)
-        return None
+        return None, None
 
     def _refresh(self, topic: str, ends: float | None) -> None:
         """Best effort: the route and config a local select needs if Detour goes away."""
