@@ -95,7 +95,8 @@ class TierFleet(Fleet):
                     _, flusher = await loop.create_connection(
                         Commands, "127.0.0.1", self.server.port
                     )
-                poll = resp("EVALSHA", self.poll_sha, 2, keys.meta, keys.writers, rid)
+                # (the lineage pair of a replica that reached none: nothing to check)
+                poll = resp("EVALSHA", self.poll_sha, 2, keys.meta, keys.writers, rid, 0, "")
                 flush = Flush(
                     self.store, self.report_keys, rid, opts.flush_brokers, opts.flush_buckets
                 )
