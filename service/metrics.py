@@ -169,7 +169,8 @@ EDGE_REFUSED = Counter(
     "detour_edge_refused_total",
     "Requests or connections the HTTP edge refused or closed before Detour's app: "
     "reason=connections (at the cap, none idle), peer_connections (the peer's cap), "
-    "idle_evicted (an idle connection closed for a new one), idle_timeout (no request "
+    "idle_evicted (an idle connection closed for a new one), reading_evicted (none idle: "
+    "an unproven one still reading its request closed for a new one), idle_timeout (no request "
     "begun in time by a connection that had not proven itself), headers_too_large, "
     "too_many_headers, body_too_large (what followed a head passed any body's bound: "
     "chunk framing, trailers), header_timeout, body_timeout, send_timeout (answers not taken while "
@@ -285,6 +286,7 @@ for _reason in (
     "connections",
     "peer_connections",
     "idle_evicted",
+    "reading_evicted",
     "idle_timeout",
     "send_timeout",
     "malformed",

@@ -218,3 +218,43 @@ def test_without_a_valid_token_a_connection_idles_briefly(tmp_path: Path) -> Non
         finally:
             for s in (silent, refused, proven):
                 s.close()
+
+
+def test_at_the_cap_connections_holding_requests_without_a_token_make_room(
+    tmp_path: Path,
+) -> None:
+    """With tokens, a client without one fills every connection with a request whose body
+    never comes (a head, then one byte: answered 401, or still being read). Each hold is
+    bounded by the body deadline, but reconnecting it held the process for as long as it
+    liked: a producer with a valid token was refused 503. Now, with none idle, the
+    unproven connection reading the longest makes room, and the producer is served."""
+    token, admin = "token-p-0123456789", "token-a-0123456789"
+    tokens = write_tokens(tmp_path / "tokens.json", {"p": (token, "producer", "default"),
+                                                     "a": (admin, "admin", "default")})
+    env = {"DETOUR_TOKENS_FILE": str(tokens), "DETOUR_MAX_CONNECTIONS": "8",
+           "DETOUR_MAX_CONNECTIONS_PER_PEER": "8", "DETOUR_BODY_TIMEOUT_S": "60",
+           "DETOUR_HEADER_TIMEOUT_S": "60"}  # fmt: skip
+    with ServiceProcess(env=env) as proc:
+        holders = [connect(proc.port, "127.0.0.2") for _ in range(8)]
+        try:
+            for i, s in enumerate(holders):
+                if i % 2:  # a head never finished
+                    s.sendall(b"PUT /config HTTP/1.1\r\nhost: 127.0.0.1\r\n")
+                else:  # a whole head (refused 401), then a body that never comes
+                    s.sendall(b"PUT /config HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: "
+                              b"application/json\r\ncontent-length: 100\r\n\r\n{")  # fmt: skip
+            for s in holders[::2]:
+                s.settimeout(10)
+                assert answer(s).startswith(b"HTTP/1.1 401 ")
+            with connect(proc.port, "127.0.0.3") as producer:
+                producer.settimeout(10)
+                producer.sendall(b"GET /config HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+                                 b"authorization: Bearer " + token.encode() + b"\r\n\r\n")
+                assert answer(producer).startswith(b"HTTP/1.1 200 ")
+            assert sum(is_closed(s, 0.5) for s in holders) == 1  # the oldest holder
+            scrape = httpx.get(proc.url + "/metrics", timeout=10,
+                               headers={"authorization": f"Bearer {admin}"}).text
+            assert 'detour_edge_refused_total{reason="reading_evicted"} 1.0' in scrape
+        finally:
+            for s in holders:
+                s.close()

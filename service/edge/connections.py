@@ -10,12 +10,19 @@ and one that sent nothing did so for the head deadline of each reconnect cycle. 
 * **At the cap, idle connections make room** (``DETOUR_MAX_CONNECTIONS``): a new
   connection closes one that is between requests (nothing being read, answered or
   held). Chosen first among connections that have *not proven themselves* (no valid
-  token shown; on an open Detour, no request served yet), then from the peer holding
+  token shown; on an open Detour, no request let through yet), then from the peer holding
   the most connections, then the one idle longest. Only when every connection is busy is
   the new one refused. Closing an idle keep-alive connection costs its client a
   reconnect at worst, which every HTTP client does on its own.
 * Connections that have not proven themselves also get a short idle timeout
   (``DETOUR_UNPROVEN_IDLE_S``, the protocol's), so they do not wait for eviction.
+* **At the cap, with none idle, an unproven connection still reading its request** (a
+  head or body not yet whole, nothing of it answered) makes room, the oldest first: each
+  such hold was bounded by the read deadlines, but a client reconnecting after each 408
+  from a few addresses kept every producer out for as long as it liked (95% of a
+  producer's connects refused; a request refused 401 whose body never comes is one).
+  A proven connection's request is never cut. (On an open Detour any complete head
+  proves a connection: there is no identity to prove, and it listens on loopback.)
 
 Pure bookkeeping: the protocol registers and unregisters each connection and says when
 it is idle; ``ConnectionTable`` decides.
@@ -38,6 +45,10 @@ class Connection(Protocol):
     def idle_since(self) -> float | None:
         """When it became idle (loop time), or None while a request is read, answered
         or held."""
+
+    def reading_since(self) -> float | None:
+        """For a connection that has not proven itself and is still reading a request
+        (nothing of it answered): when that request began (loop time); else None."""
 
     def evict(self) -> None:
         """Close it to make room (it counts the eviction)."""
@@ -86,15 +97,19 @@ class ConnectionTable:
             del self._peers[conn.peer]
 
     def _victim(self) -> Connection | None:
-        """The idle connection to close: unproven first, then the peer holding the most,
-        then the one idle longest."""
+        """The connection to close: an idle one, unproven first, then from the peer holding
+        the most, then the one idle longest; with none idle, the unproven one reading a
+        request the longest."""
         best: Connection | None = None
-        best_key: tuple[bool, int, float] | None = None
+        best_key: tuple[bool, bool, int, float] | None = None
         for conn in self._open:
             since = conn.idle_since()
-            if since is None:
-                continue
-            key = (conn.proven, -self._peers[conn.peer], since)
+            reading = since is None
+            if reading:
+                since = conn.reading_since()
+                if since is None:
+                    continue
+            key = (conn.proven, reading, -self._peers[conn.peer], since)
             if best_key is None or key < best_key:
                 best, best_key = conn, key
         return best

@@ -122,6 +122,8 @@ class EdgeProtocol(UvicornHttp):
     peer = ""
     proven = False
     _idle_at = 0.0
+    #: When the request being read began (loop time): ``reading_since``.
+    _began_at = 0.0
     _registered = False
 
     # Connection --------------------------------------------------------------------
@@ -166,9 +168,22 @@ class EdgeProtocol(UvicornHttp):
             return None
         return self._idle_at
 
+    def reading_since(self) -> float | None:
+        """When this connection, unproven, began the request it is still reading (its head
+        or body not whole; no answer being written, nothing queued); None otherwise."""
+        if (
+            self.proven
+            or self._phase not in (_HEAD, _BODY)
+            or (self.answering() and self.answer_started())
+            or self.queued()
+        ):
+            return None
+        return self._began_at
+
     def evict(self) -> None:
-        """Closed to make room for a new connection (it was idle)."""
-        metrics.EDGE_REFUSED.labels("idle_evicted").inc()
+        """Closed to make room for a new connection (idle, or unproven and reading)."""
+        reason = "idle_evicted" if self.idle_since() is not None else "reading_evicted"
+        metrics.EDGE_REFUSED.labels(reason).inc()
         self._close()
 
     def data_received(self, data: bytes) -> None:
@@ -261,6 +276,7 @@ class EdgeProtocol(UvicornHttp):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._began_at = self.loop.time()
         self._direct = None
         self._phase = _HEAD
         self._headers_seen = 0
