@@ -14,13 +14,13 @@ ways in alike. Raw sockets to ``python -m service`` on 127.0.0.1.
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from tests.procs import ServiceProcess
+from tests.test_malformed import answers_until_closed as exchange
 
 pytestmark = [pytest.mark.e2e]
 
@@ -37,23 +37,6 @@ def svc(request: pytest.FixtureRequest) -> Iterator[ServiceProcess]:
         httpx.put(proc.url + "/routes/orders", timeout=10, json={
             "brokers": [{"brokerName": "broker-a", "writeQueueNums": 2}]}).raise_for_status()
         yield proc
-
-
-def exchange(port: int, data: bytes) -> list[tuple[int, bytes]]:
-    """Send ``data``; every answer (status, body) until the server closes the connection."""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(data)
-        buf = b""
-        while chunk := s.recv(65536):
-            buf += chunk
-    out = []
-    while buf:
-        head, _, rest = buf.partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").lower().split("\r\n")
-        length = int(next(ln.split(":")[1] for ln in lines if ln.startswith("content-length")))
-        out.append((int(lines[0].split()[1]), rest[:length]))
-        buf = rest[length:]
-    return out
 
 
 REPORT = b'{"brokerName": "upgraded", "latencyMs": 5000}'
