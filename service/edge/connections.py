@@ -103,13 +103,11 @@ class ConnectionTable:
         best: Connection | None = None
         best_key: tuple[bool, bool, int, float] | None = None
         for conn in self._open:
-            since = conn.idle_since()
-            reading = since is None
-            if reading:
-                since = conn.reading_since()
-                if since is None:
-                    continue
-            key = (conn.proven, reading, -self._peers[conn.peer], since)
+            idle = conn.idle_since()
+            since = idle if idle is not None else conn.reading_since()
+            if since is None:
+                continue
+            key = (conn.proven, idle is None, -self._peers[conn.peer], since)
             if best_key is None or key < best_key:
                 best, best_key = conn, key
         return best
