@@ -35,6 +35,8 @@ def _host_name(value: bytes) -> str:
 
 def origin_path(target: bytes) -> bytes:
     """The path of a request target, in either form (``/select?x``, ``http://h/select``)."""
+    if target[:1] == b"/":  # the origin form: every producer's request
+        return target.partition(b"?")[0].partition(b"#")[0]
     if authority(target) is not None:
         rest = target.partition(b"://")[2]
         slash = rest.find(b"/")
