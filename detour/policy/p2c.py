@@ -23,7 +23,10 @@ def peak_ewma(old: float | None, old_at_ms: int, sample_ms: float, now_ms: int) 
     if old is None or sample_ms >= old:
         return float(sample_ms)
     w = math.exp(-max(0, now_ms - old_at_ms) / EWMA_DECAY_MS)
-    return old * w + sample_ms * (1 - w)
+    # Between the sample and the old value, as a weighted mean is: the float sum can round
+    # one unit past ``old`` (tests/test_policy.py test_peak_ewma found 65537.0 over
+    # 65536.99999999999).
+    return min(old, max(float(sample_ms), old * w + sample_ms * (1 - w)))
 
 
 def idle_score(value: float, at_ms: int, now_ms: int) -> float:
