@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -68,13 +69,21 @@ def store_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@functools.cache
+def _environment_settings() -> Settings:
+    """What the environment says, read once: reading it takes pydantic-settings a few ms
+    (every field against every source), and the suite asks for settings thousands of times."""
+    return Settings()
+
+
 @pytest.fixture
 def settings(store_kind: str, request: pytest.FixtureRequest) -> Settings:
     if store_kind == "redis":
         url = request.getfixturevalue("redis_url")
         # No test of this suite is about the report timeout (procs.PATIENT_CALL_TIMEOUT_S).
-        return Settings(redis_url=url, redis_call_timeout_s=PATIENT_CALL_TIMEOUT_S)
-    return Settings()
+        return _environment_settings().model_copy(
+            update={"redis_url": url, "redis_call_timeout_s": PATIENT_CALL_TIMEOUT_S})
+    return _environment_settings().model_copy()
 
 
 @pytest.fixture
@@ -118,27 +127,64 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=rank)
 
 
-# -- the Spark suites' (tests/test_pipeline*.py): one SparkSession and one Detour per module --
+# -- the Spark suites (tests/test_pipeline*.py): one SparkSession for both, one Detour per module --
+
+#: The files that drive a SparkSession. Under xdist they form one unit of work (the
+#: scheduler below), so that one worker starts one JVM for both: a SparkSession's start
+#: is the most expensive set-up in the suite (tests/README.md has the figures).
+SPARK_FILES = ("test_pipeline.py", "test_pipeline_cli.py")
+
+_spark: list[SparkSession] = []
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    from pipeline import spark_session
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadfile`` with the Spark files as one unit; any other mode is xdist's."""
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
 
-    session = spark_session(
-        "detour-pipeline-tests",
-        "local[2]",
-        {
-            "spark.sql.shuffle.partitions": "2",
-            "spark.ui.enabled": "false",
-            "spark.ui.showConsoleProgress": "false",
-        },
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    try:
-        yield session
-    finally:
-        session.stop()
+    class SparkFilesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "spark" if scope.rpartition("/")[2] in SPARK_FILES else scope
+
+    return SparkFilesTogether(config, log)  # type: ignore[arg-type]
+
+
+def _stop_spark() -> None:
+    while _spark:
+        _spark.pop().stop()
+
+
+@pytest.fixture
+def spark() -> SparkSession:
+    """The worker's SparkSession, started by the first test that asks for it and stopped
+    after the last test of the Spark files (``pytest_runtest_teardown``)."""
+    if not _spark:
+        from pipeline import spark_session
+
+        session = spark_session(
+            "detour-pipeline-tests",
+            "local[2]",
+            {
+                "spark.sql.shuffle.partitions": "2",
+                "spark.ui.enabled": "false",
+                "spark.ui.showConsoleProgress": "false",
+            },
+        )
+        session.sparkContext.setLogLevel("ERROR")
+        _spark.append(session)
+    return _spark[0]
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the SparkSession once the tests that come next are none of the Spark files'."""
+    if _spark and (nextitem is None or nextitem.path.name not in SPARK_FILES):
+        _stop_spark()
+
+
+def pytest_sessionfinish() -> None:
+    _stop_spark()
 
 
 @pytest.fixture(scope="module")

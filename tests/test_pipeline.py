@@ -1,6 +1,6 @@
 """The Spark pipeline for real: Spark ``local[2]``, redis-server brokers, Detour on Redis.
 
-One SparkSession for the module (starting one costs ~10 s on this machine).
+One SparkSession for this file and tests/test_pipeline_cli.py (conftest.py's ``spark``).
 The end-to-end test is the product claim: 20,000 records through 4 broker
 processes while one is SIGKILLed and another SIGSTOPped for 5 s; afterwards
 every record is on a broker, the failed attempts are a small fraction of what

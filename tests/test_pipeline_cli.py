@@ -1,8 +1,8 @@
 """The pipeline's command lines and tokens for real: the spark-submit line as its own driver
 process, and every call the pipeline makes to Detour with a token (Spark ``local[2]``).
 
-Apart from tests/test_pipeline.py so that two test workers share the Spark suites (each
-file runs on one worker, with its own SparkSession: the ``spark`` fixture in conftest.py).
+Apart from tests/test_pipeline.py, for a reader; both run on one test worker, on one
+SparkSession (the ``spark`` fixture and the scheduler in conftest.py).
 """
 
 from __future__ import annotations

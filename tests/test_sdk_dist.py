@@ -54,9 +54,18 @@ def _python_env() -> dict[str, str]:
             "PIP_NO_INPUT": "1"}
 
 
-def _fresh_venv(where: Path) -> str:
-    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True, timeout=120)
+def _fresh_venv(where: Path, *, with_pip: bool = True) -> str:
+    args = [] if with_pip else ["--without-pip"]
+    subprocess.run([sys.executable, "-m", "venv", *args, str(where)], check=True, timeout=120)
     return str(where / "bin" / "python")
+
+
+@pytest.fixture(scope="module")
+def fresh_pip(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A fresh virtualenv's Python, with the pip and setuptools its ``venv`` brings (the
+    builder's, and the installer of the producer's virtualenv: ``pip --python``, so that
+    one need not unpack a pip of its own)."""
+    return _fresh_venv(tmp_path_factory.mktemp("sdk-pip") / "venv")
 
 
 @pytest.mark.unit
@@ -69,7 +78,7 @@ def test_every_module_of_detour_imports_without_the_server_or_its_stack() -> Non
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def wheel(tmp_path_factory: pytest.TempPathFactory, fresh_pip: str) -> Path:
     """Built as a producer's CI would: a fresh virtualenv (its own old pip and setuptools),
     ``pip wheel`` on a clean copy of the project files (so the build writes nothing into
     this tree), the build backend installed by pip's build isolation from local wheels."""
@@ -82,9 +91,8 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         shutil.copy2(ROOT / name, src / name)
     shutil.copytree(ROOT / "detour", src / "detour",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    python = _fresh_venv(tmp / "build-venv")
     subprocess.run(
-        [python, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-index", "--find-links",
+        [fresh_pip, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-index", "--find-links",
          str(BUILD_WHEELS), "--wheel-dir", str(tmp / "dist"), str(src)],
         check=True, timeout=300, env=_python_env(), cwd=tmp,
     )
@@ -113,11 +121,11 @@ def test_the_wheel_holds_detour_only_and_depends_on_httpx_only(wheel: Path) -> N
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_the_sdk_installs_alone_offline_and_produces(
-    wheel: Path, service: ServiceProcess, tmp_path: Path
+    wheel: Path, fresh_pip: str, service: ServiceProcess, tmp_path: Path
 ) -> None:
     if not any(WHEELS.glob("httpx-*.whl")):
         pytest.fail(f"no dependency wheels in {WHEELS}: run `make setup`")
-    python = _fresh_venv(tmp_path / "producer-venv")
+    python = _fresh_venv(tmp_path / "producer-venv", with_pip=False)
     env = _python_env()
     # A producer application with a `service` package of its own: the SDK must not shadow
     # it, nor be shadowed by it.
@@ -125,7 +133,8 @@ def test_the_sdk_installs_alone_offline_and_produces(
     (app / "service").mkdir(parents=True)
     (app / "service" / "__init__.py").write_text("MINE = True\n")
     subprocess.run(
-        [python, "-m", "pip", "install", "--quiet", "--no-index", "--find-links", str(WHEELS),
+        [fresh_pip, "-m", "pip", "--python", python, "install", "--quiet", "--no-index",
+         "--find-links", str(WHEELS),
          "--find-links", str(wheel.parent), "detour-client"],
         check=True, timeout=300, env=env, cwd=app,
     )
