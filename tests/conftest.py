@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
-from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.settings import Settings
+from tests.asgi_client import TestClient
 from tests.procs import PATIENT_CALL_TIMEOUT_S, PATIENT_ENV, RedisServer, ServiceProcess
 
 if TYPE_CHECKING:

@@ -11,7 +11,6 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from detour.client import DetourClient
@@ -25,6 +24,7 @@ from service.auth import (
     parse_tokens,
 )
 from service.settings import Settings
+from tests.asgi_client import TestClient
 from tests.procs import ROOT, ServiceProcess, wait_until
 
 TOKENS = {

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 from httpx import Response
 
 from service.app import create_app
 from service.settings import Settings
+from tests.asgi_client import TestClient
 
 pytestmark = pytest.mark.integration
 

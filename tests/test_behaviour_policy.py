@@ -10,12 +10,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
 from detour import policy
 from service.app import create_app
 from service.auth import Role, TokenEntry, TokenTable, hash_token
 from service.settings import Settings
+from tests.asgi_client import TestClient
 from tests.procs import free_port, wait_until
 from tests.test_behaviour import DEFAULT_CONFIG, items, put_route, select
 

@@ -26,13 +26,13 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.settings import Settings
 from service.store import ReportIn
 from service.store.connect import describe_redis_url, parse_redis_url
 from service.store.redis import RedisStore
+from tests.asgi_client import TestClient
 from tests.procs import (
     PATIENT_CALL_TIMEOUT_S,
     RedisServer,

@@ -11,7 +11,6 @@ import json
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 from pydantic.alias_generators import to_camel
 
 from detour.client import wire
@@ -20,6 +19,7 @@ from service.app import create_app
 from service.schemas import ConfigBody
 from service.settings import Settings
 from service.store import codec
+from tests.asgi_client import TestClient
 
 
 def _other(f: ConfigField) -> Any:

@@ -11,12 +11,12 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from fastapi.testclient import TestClient
 
 from detour.client import DetourClient
 from service.app import create_app
 from service.settings import Settings
 from service.store import codec
+from tests.asgi_client import TestClient
 from tests.procs import RedisServer, ServiceProcess, wait_until
 from tests.proxy import DelayProxy
 

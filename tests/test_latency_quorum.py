@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +17,7 @@ from detour.client import DetourClient
 from detour.decide import Ask, Table, decide
 from detour.model import BrokerRoute, Config, FaultItem, Route
 from service.store import codec
+from tests.asgi_client import TestClient
 from tests.procs import ServiceProcess, wait_until
 from tests.rule import applied
 from tests.test_behaviour import items, put_route, select

@@ -15,10 +15,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.settings import Settings
+from tests.asgi_client import TestClient
 from tests.procs import PATIENT_CALL_TIMEOUT_S
 
 pytestmark = pytest.mark.integration

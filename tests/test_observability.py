@@ -15,11 +15,11 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from fastapi.testclient import TestClient
 
 from detour.model import DEFAULT_LATENCY_MAX
 from service.app import create_app
 from service.settings import Settings
+from tests.asgi_client import TestClient
 from tests.procs import (
     PATIENT_ENV,
     ROOT,

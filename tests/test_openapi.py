@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 import yaml
-from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.openapi import render
 from service.settings import Settings
+from tests.asgi_client import TestClient
 from tests.procs import ROOT
 
 pytestmark = pytest.mark.unit

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 import redis
-from fastapi.testclient import TestClient
 
 from detour import policy, strategy
 from detour.apply import Effect
 from detour.model import Config, FaultItem
 from service.store import codec
+from tests.asgi_client import TestClient
 from tests.procs import wait_until
 from tests.rule import applied
 from tests.test_behaviour import items, put_route, select

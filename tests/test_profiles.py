@@ -11,12 +11,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
 from detour.model import Config
 from detour.profiles import PROFILES, RECOMMENDED, ROCKETMQ_4, profile_of
 from service.app import create_app
 from service.settings import Settings
+from tests.asgi_client import TestClient
 from tests.procs import PATIENT_CALL_TIMEOUT_S
 
 ROUTE = {"brokers": [{"brokerName": b, "writeQueueNums": 2} for b in "abcd"]}

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 import redis
-from fastapi.testclient import TestClient
 
 from detour import policy, strategy
 from detour.model import BrokerRoute, Config, FaultItem, Route
 from detour.policy import Draws
 from pipeline.brokers import Broker, stream_key
+from tests.asgi_client import TestClient
 from tests.procs import free_port, wait_until
 from tests.rule import applied
 from tests.test_behaviour import DEFAULT_CONFIG, items, put_route, select

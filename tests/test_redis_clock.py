@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from fastapi.testclient import TestClient
 
 from detour.clock import mono_ms
 from service.app import create_app
 from service.settings import Settings
 from service.store.follower import RedisClock
+from tests.asgi_client import TestClient
 from tests.procs import PATIENT_CALL_TIMEOUT_S, RedisServer
 from tests.proxy import DelayProxy
 

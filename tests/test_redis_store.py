@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import redis
-from fastapi.testclient import TestClient
 
 from detour import policy
 from detour.model import Config, FaultItem
@@ -23,6 +22,7 @@ from service.settings import Settings
 from service.store import ReportIn, codec
 from service.store.redis import RedisStore
 from tests import lua
+from tests.asgi_client import TestClient
 from tests.procs import PATIENT_CALL_TIMEOUT_S, RedisServer, wait_until, wait_until_async
 
 pytestmark = pytest.mark.integration

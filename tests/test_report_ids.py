@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.settings import Settings
 from service.store import ids as ids_module
 from service.store import redis as redis_store
+from tests.asgi_client import TestClient
 from tests.procs import PATIENT_CALL_TIMEOUT_S, write_tokens
 
 pytestmark = pytest.mark.integration

@@ -10,13 +10,13 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.settings import Settings
 from service.store import codec
 from service.store.merge import Candidates, calls
 from tests import lua
+from tests.asgi_client import TestClient
 from tests.procs import PATIENT_CALL_TIMEOUT_S, RedisServer, ServiceProcess, wait_until
 from tests.proxy import DelayProxy
 

@@ -12,11 +12,11 @@ import httpx
 import pytest
 import redis
 import yaml
-from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.auth import TokenEntry, TokenTable, hash_token
 from service.settings import Settings
+from tests.asgi_client import TestClient
 from tests.procs import PATIENT_ENV, ROOT, RedisServer, ServiceProcess, wait_until, write_tokens
 
 DOC = ROOT / "docs" / "deploy.md"

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fastapi.testclient import TestClient
 from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
@@ -20,6 +19,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from service.app import create_app
 from service.settings import Settings
+from tests.asgi_client import TestClient
 from tests.procs import ROOT, ServiceProcess, write_tokens
 
 PAGE = ROOT / "service" / "static" / "status.html"

@@ -8,10 +8,10 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.settings import Settings
+from tests.asgi_client import TestClient
 from tests.procs import PATIENT_ENV, ServiceProcess, write_tokens
 
 CAP = 20

@@ -18,7 +18,6 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
 from detour import selector
 from detour.client import wire
@@ -29,6 +28,7 @@ from detour.policy import on_probation
 from detour.view import TableView
 from service.app import create_app
 from service.settings import Settings
+from tests.asgi_client import TestClient
 from tests.procs import ROOT
 
 

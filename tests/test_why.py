@@ -8,7 +8,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from fastapi.testclient import TestClient
+
+from tests.asgi_client import TestClient
 
 pytestmark = pytest.mark.integration
 
