@@ -26,6 +26,7 @@ from detour.view import TableView
 from service.api.render import config_out, fault_event, route_out
 from service.store.base import ReportIn
 from service.store.local import apply_locally
+from tests.budget import examples
 
 pytestmark = pytest.mark.unit
 
@@ -141,7 +142,7 @@ def _json(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(situations())
 def test_service_and_sdk_decide_alike(
     situation: tuple[Config, Route, dict[str, FaultItem], dict[str, Any]],
@@ -202,7 +203,7 @@ def test_service_and_sdk_decide_alike(
         assert sdk.view.counter(route.topic) == service.counter(route.topic)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(), deadline=None)
 @given(situations(), st.sampled_from(BROKERS), st.integers(0, 40_000), st.booleans())
 def test_a_report_applied_by_the_sdk_is_the_services(
     situation: tuple[Config, Route, dict[str, FaultItem], dict[str, Any]],

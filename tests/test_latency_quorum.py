@@ -18,6 +18,7 @@ from detour.decide import Ask, Table, decide
 from detour.model import BrokerRoute, Config, FaultItem, Route
 from service.store import codec
 from tests.asgi_client import TestClient
+from tests.budget import examples
 from tests.procs import ServiceProcess, wait_until
 from tests.rule import applied
 from tests.test_behaviour import items, put_route, select
@@ -35,7 +36,7 @@ def slow(config: Config, old: FaultItem | None, producer: str, latency: int = 79
 # -- pure ---------------------------------------------------------------------------------
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(), deadline=None)
 @given(
     st.lists(st.tuples(st.sampled_from(("p1", "p2", "p3", "")), st.integers(0, 9_000)),
              min_size=1, max_size=8),
@@ -56,7 +57,7 @@ def test_quorum_one_is_rocketmq(reports: list[tuple[str, int]], latency: int) ->
         item = plain = out.item
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(), deadline=None)
 @given(
     st.integers(2, 4),
     st.lists(st.tuples(st.sampled_from(("p1", "p2", "p3", "p4")), st.integers(0, 5_000)),
@@ -91,7 +92,7 @@ def test_window_opens_for_all_exactly_when_the_quorum_agrees(
         item = out.item
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(), deadline=None)
 @given(
     st.integers(2, 4),
     st.booleans(),

@@ -26,6 +26,7 @@ from detour.profiles import RECOMMENDED, ROCKETMQ_4
 from detour.view import Snapshot, TableView
 from service.api.select import Rendered, rendered
 from service.selector import choose_rendered
+from tests.budget import examples
 
 NOW = 1_700_000_000_000
 BROKERS = ("a", "b", "c", "d")
@@ -129,7 +130,7 @@ def pair(
     run=st.lists(steps, min_size=8, max_size=40),
     data=st.data(),
 )
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(), deadline=None)
 def test_kept_answers_are_the_decisions_of_the_full_select(
     config: Config,
     route: Route,
@@ -351,7 +352,7 @@ def views(
     run=st.lists(steps, min_size=8, max_size=40),
     data=st.data(),
 )
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(), deadline=None)
 def test_the_services_kept_answers_are_the_decisions_of_the_full_select(
     config: Config,
     route: Route,

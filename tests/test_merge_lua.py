@@ -19,6 +19,7 @@ from detour.merge import merge_items
 from detour.model import FaultItem, Why
 from service.store import codec
 from service.store.merge import Candidates, calls
+from tests.budget import examples
 from tests.lua import CHANNEL, PREFIX, script
 from tests.procs import RedisServer
 from tests.test_merge import NOW, items
@@ -50,7 +51,7 @@ def merged_in_redis(raw: redis.Redis, theirs: FaultItem | None, mine: FaultItem)
     return None if value is None else str(value)
 
 
-@settings(max_examples=150, deadline=None,
+@settings(max_examples=examples(), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(theirs=st.one_of(st.none(), items), mine=items)
 @example(  # ends tie, reasons differ, the later-stamped copy has the lower reason

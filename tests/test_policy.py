@@ -16,12 +16,13 @@ from hypothesis import strategies as st
 
 from detour import policy, strategy
 from detour.model import Config, FaultItem, Route
+from tests.budget import examples
 from tests.rule import applied
 from tests.test_strategy import NOW, Scenario, brokers_of, make_route, scenarios
 
 pytestmark = pytest.mark.unit
 
-HYP = settings(max_examples=200, deadline=None)
+HYP = settings(max_examples=examples(), deadline=None)
 rolls = st.floats(0, 1, exclude_max=True)
 percents = st.integers(0, 100)
 
@@ -93,7 +94,7 @@ def test_keyed_select_is_stable_and_uses_the_home_queue_when_available(
 
 
 @given(st.lists(st.text(min_size=1, max_size=12), min_size=200, max_size=200, unique=True))
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=examples(20), deadline=None)
 def test_shard_index_spreads_keys(keys: list[str]) -> None:
     counts = Counter(policy.shard_index(k, 4) for k in keys)
     assert len(counts) == 4 and min(counts.values()) >= 20

@@ -25,6 +25,7 @@ from detour import policy
 from detour.apply import ReportIn, Rules, apply_reports
 from detour.model import REPORT_ID_MARGIN_MS, REPORT_ID_WINDOW_MS, Config, FaultItem
 from service.store import codec
+from tests.budget import examples
 from tests.lua import CHANNEL, PREFIX, REPORT_KEYS, entry, head, script
 from tests.procs import RedisServer
 
@@ -215,7 +216,7 @@ def server() -> Iterator[RedisServer]:
     s.stop()
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_report_lua_and_the_python_rule_keep_the_same_table(
     server: RedisServer, scenario: tuple[Config, int, list[Any]]

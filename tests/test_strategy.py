@@ -38,12 +38,11 @@ from detour.strategy import (
     updated_available_at,
     window_change,
 )
+from tests.budget import examples
 
 pytestmark = pytest.mark.unit
 
-HYP = settings(max_examples=300, deadline=None)
-#: for the secondary select/pick properties, to keep the file under ~10 s
-HYP_LIGHT = settings(max_examples=150, deadline=None)
+HYP = settings(max_examples=examples(), deadline=None)
 NOW = 1_700_000_000_000
 BROKER_POOL: tuple[str, ...] = tuple(f"broker-{c}" for c in "abcdefghij")
 NOT_IN_ROUTE = "broker-zz"
@@ -650,7 +649,7 @@ def test_select_matches_reference(sc: Scenario) -> None:
         assert got == want, enabled
 
 
-@HYP_LIGHT
+@HYP
 @given(scenarios(), st.integers(1, 40))
 def test_select_chain_matches_reference(sc: Scenario, times: int) -> None:
     """Feeding next_counter back keeps agreeing (the counter is the only state)."""
@@ -662,7 +661,7 @@ def test_select_chain_matches_reference(sc: Scenario, times: int) -> None:
         got_counter, want_counter = got.next_counter, want.next_counter
 
 
-@HYP_LIGHT
+@HYP
 @given(scenarios(), st.data())
 def test_select_on_unsorted_route_matches_reference(sc: Scenario, data: st.DataObject) -> None:
     """A Route built directly, queues interleaved across brokers (runs of any length)."""
@@ -703,7 +702,7 @@ def test_select_disabled_single_broker_that_is_last_broker() -> None:
         assert sel == Selection(route.queues[counter % 3], Decision.ROUND_ROBIN, (), counter + 1)
 
 
-@HYP_LIGHT
+@HYP
 @given(scenarios())
 def test_select_disabled_properties(sc: Scenario) -> None:
     sel = select(sc.route, sc.counter, sc.faults, sc.now, sc.last_broker, enabled=False)
@@ -811,7 +810,7 @@ def test_pick_spreads_within_each_broker_when_queue_counts_differ() -> None:
     assert not any(q.broker_name in "def" for q in counts)
 
 
-@HYP_LIGHT
+@HYP
 @given(scenarios())
 def test_pick_one_at_least_matches_reference(sc: Scenario) -> None:
     got = pick_one_at_least(sc.route, sc.faults, sc.now, sc.counter)
