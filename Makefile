@@ -121,7 +121,13 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# With workers, one collection first: it compiles what the suite imports and rewrites the
+# test modules' asserts into the cache once, which every worker would otherwise do for
+# itself, all at the same time (tests/README.md has the figures). A collection that fails
+# fails the run after it the same way, with its report.
 pytest: setup system-deps
+	$(if $(filter 0,$(PYTEST_WORKERS)),,-$(BIN)/python -m pytest --collect-only -q \
+		-p no:cacheprovider > /dev/null 2>&1)
 	$(BIN)/python -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) \
 		--dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
