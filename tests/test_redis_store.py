@@ -69,6 +69,19 @@ def test_namespaces_do_not_share_keys(redis_url: str, raw: redis.Redis) -> None:
     assert raw.exists("detour:{blue}:faults") and not raw.exists("detour:{green}:faults")
 
 
+def settled(c: TestClient) -> None:
+    """Wait until the app's store is neither catching up with Redis nor replaying a journal
+    (``RedisStore.degraded``): on a busy machine a replica can fall behind its pushes and
+    resync, and the reports it takes meanwhile are journaled and replayed together, which
+    is not the round trip these tests count."""
+    store = c.app_state["store"]
+    wait_until(lambda: not store.degraded, 10, "the store settled")
+
+
+#: Tries of a count a resync disturbed (its reports answered ``degraded``), at most.
+COUNT_TRIES = 3
+
+
 @pytest.mark.parametrize("flush_ms", [0, 60_000])
 def test_one_round_trip_per_report_and_none_per_select(redis_url: str, raw: redis.Redis,
                                                        flush_ms: int) -> None:
@@ -77,23 +90,30 @@ def test_one_round_trip_per_report_and_none_per_select(redis_url: str, raw: redi
     550 ms) and b's first; the rest wait for the flush (none during the count)."""
     settings = patient(redis_url=redis_url, sync_interval_s=60,  # no poll during the count
                        report_flush_ms=flush_ms)
-    with TestClient(create_app(settings)) as c:
-        c.put("/routes/t", json={"brokers": [{"brokerName": "a", "writeQueueNums": 2},
-                                             {"brokerName": "b", "writeQueueNums": 2}]})
-        c.post("/report-latency", json={"brokerName": "a", "latencyMs": 1})  # connects
-        before = commandstats(raw)
-        for i in range(20):
-            c.post("/report-latency", json={"brokerName": "ab"[i % 2], "latencyMs": i * 40})
-        middle = commandstats(raw)
-        for _ in range(50):
-            assert c.post("/select", json={"topic": "t"}).status_code == 200
-        after = commandstats(raw)
+    for _ in range(COUNT_TRIES):
+        raw.flushall()
+        with TestClient(create_app(settings)) as c:
+            c.put("/routes/t", json={"brokers": [{"brokerName": "a", "writeQueueNums": 2},
+                                                 {"brokerName": "b", "writeQueueNums": 2}]})
+            c.post("/report-latency", json={"brokerName": "a", "latencyMs": 1})  # connects
+            settled(c)
+            before = commandstats(raw)
+            answers = [c.post("/report-latency", json={"brokerName": "ab"[i % 2],
+                                                       "latencyMs": i * 40}).json()
+                       for i in range(20)]
+            middle = commandstats(raw)
+            for _ in range(50):
+                assert c.post("/select", json={"topic": "t"}).status_code == 200
+            after = commandstats(raw)
+        if not any(a["degraded"] for a in answers):
+            break
+    assert not any(a["degraded"] for a in answers), answers
     delta = {k: middle.get(k, 0) - before.get(k, 0) for k in middle}
     assert delta["evalsha"] == (20 if flush_ms == 0 else 7)
     # Redis counts the script's own commands too; nothing else came from the client.
     assert {k for k, v in delta.items() if v} <= {"evalsha", "hget", "hset", "time", "hexists",
                                                   "hlen", "hdel", "hincrby", "publish", "xadd",
-                                                      "zadd", "zcard", "zrangebyscore"}
+                                                  "zadd", "zcard", "zrangebyscore"}
     assert sum(after.values()) == sum(middle.values())
 
 
@@ -232,17 +252,28 @@ def test_starts_while_redis_is_down_and_syncs_when_it_comes_up() -> None:
 
 
 def test_reports_that_change_no_window_push_nothing(redis_url: str, raw: redis.Redis) -> None:
-    """Thousands of sidecar replicas subscribe: a healthy broker's reports must not wake them."""
-    settings = patient(redis_url=redis_url, sync_interval_s=60)
-    with TestClient(create_app(settings)) as c:
-        c.post("/report-latency", json={"brokerName": "a", "latencyMs": 700})  # opens: 1 push
-        before = commandstats(raw).get("publish", 0)
-        for latency in (10, 20, 549, 30, 0):  # inside the open window, or below every tier
-            c.post("/report-latency", json={"brokerName": "a", "latencyMs": latency})
-            c.post("/report-latency", json={"brokerName": "b", "latencyMs": latency})
-        assert commandstats(raw).get("publish", 0) == before
-        c.post("/report-latency", json={"brokerName": "b", "latencyMs": 0, "isolation": True})
-        assert commandstats(raw).get("publish", 0) == before + 1
+    """Thousands of sidecar replicas subscribe: a healthy broker's reports must not wake them.
+    (No flush during the count: a flush is its own write, tested in test_lean_reports.)"""
+    settings = patient(redis_url=redis_url, sync_interval_s=60, report_flush_ms=60_000)
+    for _ in range(COUNT_TRIES):
+        raw.flushall()
+        with TestClient(create_app(settings)) as c:
+            c.post("/report-latency", json={"brokerName": "a", "latencyMs": 700})  # opens: 1 push
+            settled(c)
+            before = commandstats(raw).get("publish", 0)
+            answers = []
+            for latency in (10, 20, 549, 30, 0):  # inside the open window, or below every tier
+                for broker in "ab":
+                    answers.append(c.post("/report-latency", json={
+                        "brokerName": broker, "latencyMs": latency}).json())
+            quiet = commandstats(raw).get("publish", 0)
+            c.post("/report-latency", json={"brokerName": "b", "latencyMs": 0, "isolation": True})
+            opened = commandstats(raw).get("publish", 0)
+        if not any(a["degraded"] for a in answers):
+            break
+    assert not any(a["degraded"] for a in answers), answers
+    assert quiet == before
+    assert opened == before + 1
 
 
 def test_reach_lua_matches_the_codec(raw: redis.Redis) -> None:
