@@ -68,7 +68,10 @@ def test_readings_never_go_back_when_the_best_sample_ages_out() -> None:
     clock.observe(int(10**12 + hold - drop), at + hold)
     clock.observe(int(10**12 + 2 * hold - drop), at + 2 * hold)
     assert offset(clock) == pytest.approx(10**12 - at - drop, abs=1)  # the estimate dropped
-    assert clock.now_ms() == first  # ... the readings did not (the test takes < 9 s)
+    # ... the readings did not: they hold at the highest reading the old estimate gave
+    # when it dropped (``Readings.move``), which is ``first`` plus the time this test took
+    # to get there (milliseconds on a busy machine), never below ``first``
+    assert first <= clock.now_ms() <= first + (mono_ms() - at) + 1
     clock.observe(10**12 + 10_000, at)  # a better bound than ever, in this bucket
     assert clock.now_ms() >= first + 10_000
 

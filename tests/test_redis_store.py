@@ -416,3 +416,45 @@ def test_a_burst_of_pushes_is_applied_a_few_at_a_time(redis_url: str) -> None:
             await follower.close()
 
     asyncio.run(scenario())
+
+
+def test_a_report_taken_during_a_merge_stays_on_the_copy_until_it_is_in_redis(
+    redis_url: str, raw: redis.Redis
+) -> None:
+    """A report that arrives while a resync merges (Redis lost the table) is journaled and
+    answered from this replica's copy. The resync then installs Redis's table: the
+    journaled window must stay on the copy (selects keep avoiding the broker) until the
+    replay has put it in Redis."""
+    settings = patient(redis_url=redis_url, sync_interval_s=60, report_flush_ms=0)
+
+    async def scenario() -> None:
+        store = RedisStore(settings)
+        await store.start()
+        try:
+            await store.report_many([ReportIn("a", 5)])  # the table this replica holds
+            raw.flushall()  # Redis loses it: the next resync merges
+            release = asyncio.Event()
+            merge = store._merge
+
+            async def held_merge(*args: Any, **kwargs: Any) -> bool:
+                await release.wait()
+                return await merge(*args, **kwargs)
+
+            store._merge = held_merge  # type: ignore[method-assign]
+            resync = asyncio.create_task(store.resync())
+            await wait_until_async(lambda: store._recovering, 10, "the merge under way")
+            (answer,) = await store.report_many([ReportIn("b", 0, isolation=True)])
+            assert answer.degraded and answer.not_available_duration_ms > 0
+            release.set()
+            await asyncio.wait_for(resync, 10)
+            item = store.view.faults.get("b")
+            assert item is not None and not item.is_available(store.view.now_ms())
+            assert item.available_at == answer.available_at
+            await store.replay_journal()
+            stored = raw.hget(f"{PREFIX}:faults", "b")
+            assert stored is not None
+            assert codec.decode_fault("b", str(stored)).available_at == answer.available_at
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())

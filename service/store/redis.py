@@ -530,6 +530,32 @@ class RedisStore:
                 view.observe_latency(r.broker_name, r.latency_ms, now)
         return ids.settle(done, answers, now)
 
+    def _keep_journaled(self) -> None:
+        """Put the journal's reports back on a view a snapshot just replaced.
+
+        The snapshot cannot hold them (they have not reached Redis), and a report taken
+        while a resync ran (a merge under way, a snapshot in flight) is journaled and
+        answered from this view: without this, the replica would forget a window it had
+        just answered until the replay's push brought it back. Applying them again is the
+        one rule on the snapshot's items (``apply_locally``); the items stay local until
+        the store's copies replace them."""
+        if not self._journal:
+            return
+        view = self.view
+        now = view.now_ms()
+        try:
+            apply_locally(
+                view,
+                self._journal.take(len(self._journal), now),
+                now,
+                self._settings.max_brokers,
+                view.drop_local_fault,
+                view.set_local_fault,
+                self.namespace,
+            )
+        except TableFull:
+            log.warning("journaled reports not put back on the new copy: its table is full")
+
     async def replay_journal(self) -> None:
         """Hand journaled reports to Redis in order (their identities make it once only)."""
         await replay(self._journal, self._report_remote, self.view.now_ms)
@@ -1023,6 +1049,7 @@ class RedisStore:
             if wrote:
                 snap, reply = await self._snapshot()
         self.view.replace(snap, reset=cause is not None)
+        self._keep_journaled()
         self._epoch = reply.epoch
         if cause is not None or reply.version >= self._lineage[0]:
             # (a push that chained past this snapshot while it was in flight is kept: the
