@@ -110,10 +110,12 @@ def test_one_round_trip_per_report_and_none_per_select(redis_url: str, raw: redi
     assert not any(a["degraded"] for a in answers), answers
     delta = {k: middle.get(k, 0) - before.get(k, 0) for k in middle}
     assert delta["evalsha"] == (20 if flush_ms == 0 else 7)
-    # Redis counts the script's own commands too; nothing else came from the client.
+    # Redis counts the script's own commands too; nothing else came from the client but,
+    # on a busy machine, the handshake of a connection opened meanwhile (HELLO, CLIENT).
     assert {k for k, v in delta.items() if v} <= {"evalsha", "hget", "hset", "time", "hexists",
                                                   "hlen", "hdel", "hincrby", "publish", "xadd",
-                                                  "zadd", "zcard", "zrangebyscore"}
+                                                  "zadd", "zcard", "zrangebyscore", "hello",
+                                                  "client"}
     assert sum(after.values()) == sum(middle.values())
 
 
@@ -430,6 +432,12 @@ def test_a_report_taken_during_a_merge_stays_on_the_copy_until_it_is_in_redis(
     async def scenario() -> None:
         store = RedisStore(settings)
         await store.start()
+        # Only this test resyncs and replays: the store's own follower, which would do both
+        # when it notices the flush, is stopped.
+        assert store._task is not None
+        store._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await store._task
         try:
             await store.report_many([ReportIn("a", 5)])  # the table this replica holds
             raw.flushall()  # Redis loses it: the next resync merges
