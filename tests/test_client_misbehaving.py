@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -152,6 +153,9 @@ def producer(
         made.append(p)
         # A busy machine may miss a 200 ms timeout once: the counters are compared from here.
         wait_until(lambda: not p.send(topic).queue.local, 20, "a send Detour answered")
+        # A warm-up send that was decided locally queued its report: it leaves now, not
+        # during the scenario, where it would count among the scenario's own reports.
+        assert p.flush(10), f"the warm-up's reports never left: {p.stats()}"
         return p, p.stats()
 
     yield make
@@ -326,6 +330,47 @@ def test_a_refetch_of_a_refused_route_that_fails_is_asked_for_again(
                "the route asked for again after the failed fetch")
     assert failed
     assert p.since(before, "bad_answers") == (1,)
+
+
+def test_a_route_refused_while_its_refetch_is_on_the_way_is_fetched_again(
+    front: FaultyFront, topic: str, producer: MakeProducer
+) -> None:
+    """A select refuses an answer while the refetch an earlier refusal asked for is on its
+    way: that refetch's answer may be the route from before, so it does not settle the
+    route; the refresh goes round again rather than keeping it for 30 s."""
+    p, before = producer(timeout=5.0)
+    route = f"/routes/{topic}"
+    wrong = answer(200, a_select_answer(topic, brokerName="elsewhere"), JSON)
+    answering_wrong = threading.Event()
+    fetch_held, fetch_go = threading.Event(), threading.Event()
+
+    def behave(request: Request) -> Reply | None:
+        if (request.method, request.path) == ("POST", "/select") and answering_wrong.is_set():
+            return wrong
+        if request.path == route and not fetch_held.is_set():
+            fetch_held.set()  # the first refetch waits in the front, then goes to Detour
+            fetch_go.wait(10)
+        return None
+
+    # One behaviour throughout: switching with ``misbehave`` hangs up every connection,
+    # which would fail the held fetch instead of answering it late.
+    front.misbehave(behave)
+    front.requests.clear()
+
+    def refuse(n: int) -> None:
+        answering_wrong.set()
+        wait_until(lambda: p.send(topic) is not None
+                   and p.since(before, "bad_answers")[0] >= n, 10, f"wrong answer {n} counted")
+        answering_wrong.clear()
+
+    refuse(1)  # the route is due
+    wait_until(lambda: p.send(topic) is not None and fetch_held.is_set(), 10,
+               "the refetch asked for (and held)")
+    refuse(2)  # found stale again while that refetch is on its way
+    fetch_go.set()  # it ends, answered by Detour
+    wait_until(lambda: p.send(topic) is not None and front.paths("GET").count(route) >= 2,
+               10, "the route asked for again after the refetch that was on its way")
+    assert p.since(before, "bad_answers") == (2,)
 
 
 def test_an_answer_too_large_is_not_read_whole(

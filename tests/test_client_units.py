@@ -907,17 +907,46 @@ def test_a_stale_route_whose_refetch_fails_stays_due() -> None:
     core = ClientCore("remote", timeout=0.2, retries=0, deadline=1.0, max_pending=10,
                       backoff_initial=0.5, backoff_max=5.0)
     core.table.set_route("t", Route.from_brokers("t", [BrokerRoute("a", 1)]))
-    core.route_checked("t", answered=True)
-    core.route_checked("t", answered=False)  # a periodic refresh failed
+    core.route_checked("t", answered=True, asked=core.route_asking())
+    core.route_checked("t", answered=False, asked=core.route_asking())  # a periodic refresh failed
     assert core.refresh_due("t")[0] is False
     core.route_stale("t")
     assert core.refresh_due("t")[0] is True
-    core.route_checked("t", answered=False)  # the refetch failed
+    core.route_checked("t", answered=False, asked=core.route_asking())  # the refetch failed
     assert core.refresh_due("t")[0] is True
     assert core.claim_refresh("t")  # so a refresh may go again
-    core.route_checked("t", answered=True)
+    core.route_checked("t", answered=True, asked=core.route_asking())
     assert core.refresh_due("t")[0] is False
     core.release_refresh("t")
+
+
+def test_a_route_found_stale_while_its_fetch_is_on_the_way_stays_due() -> None:
+    """The fetch under way when a select refuses an answer may carry the route from before
+    what that answer knew: its end, answered or not, leaves the route due, and the
+    refresh that made it goes round again. A fetch asked for after the refusal clears it."""
+    from detour.client.core import REFRESH_ROUNDS, ClientCore
+
+    core = ClientCore("remote", timeout=0.2, retries=0, deadline=1.0, max_pending=10,
+                      backoff_initial=0.5, backoff_max=5.0)
+    for answered in (True, False):
+        core.route_stale("t")
+        assert core.claim_refresh("t")
+        asked = core.route_asking()  # a fetch goes out...
+        core.route_stale("t")  # ...a select refuses an answer while it is on its way
+        core.route_checked("t", answered=answered, asked=asked)
+        assert core.refresh_due("t")[0] is True, answered
+        assert core.release_refresh("t", REFRESH_ROUNDS - 1) is False  # so it goes again
+        core.route_checked("t", answered=True, asked=core.route_asking())
+        assert core.refresh_due("t")[0] is False
+        assert core.release_refresh("t", REFRESH_ROUNDS - 2) is True
+    # A stale mark on another topic does not hold this one's fetch back.
+    asked = core.route_asking()
+    core.route_stale("u")
+    core.route_stale("t")
+    core.route_checked("t", answered=True, asked=core.route_asking())
+    assert core.refresh_due("t")[0] is False and core.refresh_due("u")[0] is True
+    core.route_checked("u", answered=True, asked=asked)  # an older fetch of "u"
+    assert core.refresh_due("u")[0] is True
 
 
 def test_a_route_found_stale_during_a_background_refresh_is_fetched_by_that_refresh() -> None:
@@ -928,14 +957,14 @@ def test_a_route_found_stale_during_a_background_refresh_is_fetched_by_that_refr
 
     core = ClientCore("remote", timeout=0.2, retries=0, deadline=1.0, max_pending=10,
                       backoff_initial=0.5, backoff_max=5.0)
-    core.route_checked("t", answered=True)
+    core.route_checked("t", answered=True, asked=core.route_asking())
     assert core.refresh_due("t")[0] is False
     assert core.claim_refresh("t")  # a refresh starts
     core.route_stale("t")  # a select refuses an answer meanwhile
     assert not core.claim_refresh("t")  # ...and cannot start its own
     assert core.release_refresh("t", REFRESH_ROUNDS - 1) is False  # so this one goes again
     assert not core.claim_refresh("t")  # still claimed
-    core.route_checked("t", answered=True)  # the second round fetched it
+    core.route_checked("t", answered=True, asked=core.route_asking())  # the second round fetched it
     assert core.release_refresh("t", REFRESH_ROUNDS - 2) is True
     assert core.claim_refresh("t")  # released
     # Bounded: with no rounds left it is released though the route is due (Detour away).

@@ -437,7 +437,7 @@ class AsyncDetourClient:
     ) -> tuple[str | None, BaseException | None]:
         """As ``DetourClient._get_route``."""
         core = self._core
-        answered = False
+        answered, asked = False, core.route_asking()
         try:
             path = f"/routes/{quote(topic, safe='')}"
             core.table.set_route(topic, await self._call("GET", path, parse=wire.route, ends=ends))
@@ -450,7 +450,7 @@ class AsyncDetourClient:
         except DetourUnavailable as exc:
             return None, exc
         finally:
-            core.route_checked(topic, answered)
+            core.route_checked(topic, answered, asked)
         return None, None
 
     async def _refresh(self, topic: str, ends: float | None) -> None:
@@ -468,7 +468,7 @@ class AsyncDetourClient:
                 pass
             core.config_checked(answered)
         if route_due:
-            answered = False
+            answered, asked = False, core.route_asking()
             try:
                 path = f"/routes/{quote(topic, safe='')}"
                 core.table.set_route(
@@ -481,7 +481,7 @@ class AsyncDetourClient:
                     core.table.set_route(topic, None)
             except DetourUnavailable:
                 pass
-            core.route_checked(topic, answered)
+            core.route_checked(topic, answered, asked)
 
     async def report(self, broker_name: str, latency_ms: float, isolation: bool = False) -> None:
         """Report one send (latency in ms, ``isolation`` when it failed); as

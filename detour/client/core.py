@@ -129,6 +129,10 @@ class ClientCore:
         #: reports per batch the flusher sends (``batch_answered``)
         self.batch_size = wire.MAX_BATCH
         self._route_checked: dict[str, float] = {}
+        #: ``route_stale`` marks, numbered in order (``route_asking``): at most one per topic
+        #: with a route in the table, as only an answer checked against a route is refused
+        self._stale_marks = 0
+        self._stale_at: dict[str, int] = {}
         self._config_checked: float | None = None
         #: outstanding sends, for in-flight signals (pendingQuorum)
         self.inflight = InFlight(pending_factor, pending_floor_ms)
@@ -263,16 +267,37 @@ class ClientCore:
 
     def route_stale(self, topic: str) -> None:
         """Detour answered with a queue the known route does not have: fetch it again."""
-        self._route_checked.pop(topic, None)
+        with self._count_lock:
+            self._stale_marks += 1
+            self._stale_at[topic] = self._stale_marks
+            self._route_checked.pop(topic, None)
 
-    def route_checked(self, topic: str, answered: bool) -> None:
-        """A fetch of the route ended. Unanswered, a route checked before (a periodic
-        refresh) waits the usual 30 s; one never fetched, or found stale by a refused
-        answer (``route_stale``), stays due and is asked for again on the next remote
-        select (the failure opened the circuit, which paces it). Marking a stale route
-        checked after one failed fetch kept a known-wrong route for 30 s."""
-        if answered or topic in self._route_checked:
-            self._route_checked[topic] = time.monotonic()
+    def route_asking(self) -> int:
+        """A token taken as a route fetch is asked for, handed to ``route_checked``: a route
+        found stale after it was taken stays due whatever that fetch answers, since the
+        answer may predate what the refused answer knew."""
+        with self._count_lock:
+            return self._stale_marks
+
+    def route_checked(self, topic: str, answered: bool, asked: int) -> None:
+        """A fetch of the route, asked for at ``asked`` (``route_asking``), ended.
+
+        Unanswered, a route checked before (a periodic refresh) waits the usual 30 s; one
+        never fetched, or found stale by a refused answer (``route_stale``), stays due and
+        is asked for again on the next remote select (the failure opened the circuit, which
+        paces it). Marking a stale route checked after one failed fetch kept a known-wrong
+        route for 30 s.
+
+        A route found stale while the fetch was on its way stays due too, answered or not:
+        otherwise the fetch under way when a select refused an answer marked the route
+        checked, and the refetch that refusal asked for was lost for 30 s.
+        """
+        with self._count_lock:
+            if self._stale_at.get(topic, 0) > asked:
+                return
+            self._stale_at.pop(topic, None)
+            if answered or topic in self._route_checked:
+                self._route_checked[topic] = time.monotonic()
 
     def config_checked(self, answered: bool) -> None:
         if answered or self._config_checked is not None:

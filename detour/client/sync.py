@@ -476,7 +476,7 @@ class DetourClient:
         """GET the route into the table; Detour's 404 message when it has none, else None.
         Raises DetourRequestError for Detour's other 4xx."""
         core = self._core
-        answered = False
+        answered, asked = False, core.route_asking()
         try:
             path = f"/routes/{quote(topic, safe='')}"
             core.table.set_route(topic, self._call("GET", path, parse=wire.route, ends=ends))
@@ -489,7 +489,7 @@ class DetourClient:
         except DetourUnavailable as exc:
             return None, exc
         finally:
-            core.route_checked(topic, answered)
+            core.route_checked(topic, answered, asked)
         return None, None
 
     def _refresh(self, topic: str, ends: float | None) -> None:
@@ -505,7 +505,7 @@ class DetourClient:
                 pass
             core.config_checked(answered)
         if route_due:
-            answered = False
+            answered, asked = False, core.route_asking()
             try:
                 path = f"/routes/{quote(topic, safe='')}"
                 core.table.set_route(topic, self._call("GET", path, parse=wire.route, ends=ends))
@@ -516,7 +516,7 @@ class DetourClient:
                     core.table.set_route(topic, None)
             except DetourUnavailable:
                 pass
-            core.route_checked(topic, answered)
+            core.route_checked(topic, answered, asked)
 
     def report(self, broker_name: str, latency_ms: float, isolation: bool = False) -> None:
         """Report one send to ``broker_name``: its latency in ms (monotonic clock), and
