@@ -949,6 +949,23 @@ def test_a_route_found_stale_while_its_fetch_is_on_the_way_stays_due() -> None:
     assert core.refresh_due("u")[0] is True
 
 
+def test_stale_marks_are_bounded_and_a_dropped_mark_leaves_its_route_due() -> None:
+    """A producer may name any topic: the marks kept are the newest ``MAX_STALE_MARKS``,
+    and a topic whose mark went still has its route due."""
+    from detour.client.core import MAX_STALE_MARKS, ClientCore
+
+    core = ClientCore("remote", timeout=0.2, retries=0, deadline=1.0, max_pending=10,
+                      backoff_initial=0.5, backoff_max=5.0)
+    for i in range(MAX_STALE_MARKS + 50):
+        core.route_stale(f"t{i}")
+    assert len(core._stale_at) == MAX_STALE_MARKS
+    assert "t0" not in core._stale_at and f"t{MAX_STALE_MARKS + 49}" in core._stale_at
+    assert core.refresh_due("t0")[0] is True
+    core.route_stale("t50")  # marked again: the newest now, not evicted next
+    core.route_stale("x")
+    assert "t50" in core._stale_at and "t51" not in core._stale_at
+
+
 def test_a_route_found_stale_during_a_background_refresh_is_fetched_by_that_refresh() -> None:
     """A select that refuses an answer while a background refresh runs cannot claim one of
     its own; the running refresh, at its release, sees the route due and goes round again

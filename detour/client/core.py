@@ -40,6 +40,9 @@ REFRESH_ROUNDS = 3
 DECIDE_WITHIN_S = 0.003
 #: The smallest report batch the flusher falls back to when Detour does not keep up.
 MIN_BATCH = 50
+#: Topics found stale (``route_stale``) whose mark a client keeps at most: a producer may
+#: name any topic, and a route fetch that fails leaves its mark until a later one ends.
+MAX_STALE_MARKS = 1024
 #: Topics whose route a client fetches at one time at most (a fetch per topic at a time:
 #: ``DetourClient._fetch_route``); a topic beyond them is not fetched, and fails open.
 MAX_ROUTE_FETCHES = 64
@@ -129,8 +132,8 @@ class ClientCore:
         #: reports per batch the flusher sends (``batch_answered``)
         self.batch_size = wire.MAX_BATCH
         self._route_checked: dict[str, float] = {}
-        #: ``route_stale`` marks, numbered in order (``route_asking``): at most one per topic
-        #: with a route in the table, as only an answer checked against a route is refused
+        #: ``route_stale`` marks, numbered in order (``route_asking``), one per topic, the
+        #: ``MAX_STALE_MARKS`` newest at most
         self._stale_marks = 0
         self._stale_at: dict[str, int] = {}
         self._config_checked: float | None = None
@@ -269,7 +272,13 @@ class ClientCore:
         """Detour answered with a queue the known route does not have: fetch it again."""
         with self._count_lock:
             self._stale_marks += 1
+            self._stale_at.pop(topic, None)  # to the end: the newest
             self._stale_at[topic] = self._stale_marks
+            if len(self._stale_at) > MAX_STALE_MARKS:
+                # The oldest mark goes: its route stays due (not checked) all the same; only
+                # a fetch asked for before that mark, if one is still on its way, may now
+                # settle the route.
+                del self._stale_at[next(iter(self._stale_at))]
             self._route_checked.pop(topic, None)
 
     def route_asking(self) -> int:
