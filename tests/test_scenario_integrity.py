@@ -47,6 +47,15 @@ def table(url: str) -> dict[str, dict[str, Any]]:
     return {i["brokerName"]: i for i in r.json()["items"]}
 
 
+def store_state(url: str) -> list[str]:
+    """The replica's store series (errors, resyncs, re-seeds, journal): what a failure
+    should show of why it read degraded."""
+    text = httpx.get(url + "/metrics", timeout=5).text
+    return [line for line in text.splitlines()
+            if line.startswith(("detour_store_", "detour_view_resyncs", "detour_journal_"))
+            and "_bucket" not in line]
+
+
 def recovered(url: str) -> bool:
     body = httpx.get(url + "/readyz", timeout=5).json()
     return body["degraded"] is False
@@ -130,7 +139,8 @@ def test_empty_restart_keeps_routes_windows_and_config(server: RedisServer,
         # No flapping: several poll intervals later nobody re-seeded again.
         deadline = time.monotonic() + 1.5
         while time.monotonic() < deadline:
-            assert all(recovered(u) for u in urls)
+            for u in urls:  # (a failure says which of the reasons for degraded it was)
+                assert recovered(u), (u, reseeds, store_state(u))
             time.sleep(0.1)  # watching that nothing happens over a span of time
         assert [reseed_count(u) for u in urls] == reseeds
     finally:
