@@ -340,6 +340,56 @@ def test_a_connected_cached_client_fetches_a_route_its_copy_lacks(
         release.set()
 
 
+def test_a_route_fetch_answered_late_is_not_written_over_the_streams_newer_route(
+    made: Callable[..., Producer], front: FaultyFront, service: ServiceProcess
+) -> None:
+    """A cached copy that lacks a route fetches it. If the stream brings the topic's route
+    while that fetch is on its way, the fetch's answer, read by Detour before, is not
+    written over it: in cached mode nothing would fetch the route again, and the copy
+    kept the older route until the topic's next change."""
+    topic = f"tr{next(_topics)}"
+    route = f"/routes/{topic}"
+    release, held, go = threading.Event(), threading.Event(), threading.Event()
+
+    def behave(r: Request) -> Reply | None:
+        if r.path == STREAM_PATH and not release.is_set():
+            return stalled_stream(release)  # connected, and nothing pushed
+        if (r.method, r.path) == ("GET", route) and not held.is_set():
+            before = httpx.get(f"{service.url}{route}", timeout=10).content  # Detour's now
+            held.set()
+            go.wait(20)  # answered after the stream's push
+            return answer(200, before, JSON)
+        return None
+
+    # One behaviour throughout: switching with ``misbehave`` hangs up every connection.
+    front.misbehave(behave)
+    p = made(mode="cached", timeout=20.0, deadline=30.0)
+    core = core_of(p)
+    try:
+        assert run(p, "wait_ready", 10)
+        put_route(service.url, topic, {f"{topic}-a": None, f"{topic}-b": None})
+        sent: list[Any] = []
+        sender = threading.Thread(target=lambda: sent.append(p.send(topic)), daemon=True)
+        sender.start()
+        assert held.wait(10), "the route's fetch never came"
+        newer = {f"{topic}-a", f"{topic}-b", f"{topic}-c"}
+        put_route(service.url, topic, dict.fromkeys(newer))
+        release.set()  # the stream reconnects: its snapshot has the newer route
+
+        def pushed() -> bool:
+            known = core.table.view.routes.get(topic)
+            return known is not None and set(known.by_broker) == newer
+
+        wait_until(pushed, 20, "the stream's push of the newer route")
+    finally:
+        go.set()
+        release.set()
+    sender.join(30)
+    assert sent and sent[0].value in newer
+    assert pushed(), f"the late fetch undid the push: {core.table.view.routes.get(topic)}"
+    assert front.paths("GET").count(route) == 1
+
+
 def test_a_cached_select_without_a_snapshot_keeps_to_its_deadline(
     made: Callable[..., Producer], front: FaultyFront, service: ServiceProcess
 ) -> None:

@@ -32,7 +32,7 @@ from detour.client.cached import (
 from detour.client.calls import BACKGROUND_TIMEOUT_S, Calls, Loud
 from detour.client.circuit import CircuitBreaker, Ticket
 from detour.client.errors import DetourBadAnswer, DetourRejected
-from detour.client.local import LOGGED, LocalTable
+from detour.client.local import LOGGED, STRIPES, LocalTable
 from detour.client.pending import (
     REPLAY_WINDOW_MS,
     REPORT_ID_WINDOW_MS,
@@ -907,15 +907,16 @@ def test_a_stale_route_whose_refetch_fails_stays_due() -> None:
     core = ClientCore("remote", timeout=0.2, retries=0, deadline=1.0, max_pending=10,
                       backoff_initial=0.5, backoff_max=5.0)
     core.table.set_route("t", Route.from_brokers("t", [BrokerRoute("a", 1)]))
-    core.route_checked("t", answered=True, asked=core.route_asking())
-    core.route_checked("t", answered=False, asked=core.route_asking())  # a periodic refresh failed
+    core.route_checked("t", answered=True, asked=core.route_asking("t"))
+    # a periodic refresh failed
+    core.route_checked("t", answered=False, asked=core.route_asking("t"))
     assert core.refresh_due("t")[0] is False
     core.route_stale("t")
     assert core.refresh_due("t")[0] is True
-    core.route_checked("t", answered=False, asked=core.route_asking())  # the refetch failed
+    core.route_checked("t", answered=False, asked=core.route_asking("t"))  # the refetch failed
     assert core.refresh_due("t")[0] is True
     assert core.claim_refresh("t")  # so a refresh may go again
-    core.route_checked("t", answered=True, asked=core.route_asking())
+    core.route_checked("t", answered=True, asked=core.route_asking("t"))
     assert core.refresh_due("t")[0] is False
     core.release_refresh("t")
 
@@ -931,19 +932,19 @@ def test_a_route_found_stale_while_its_fetch_is_on_the_way_stays_due() -> None:
     for answered in (True, False):
         core.route_stale("t")
         assert core.claim_refresh("t")
-        asked = core.route_asking()  # a fetch goes out...
+        asked = core.route_asking("t")  # a fetch goes out...
         core.route_stale("t")  # ...a select refuses an answer while it is on its way
         core.route_checked("t", answered=answered, asked=asked)
         assert core.refresh_due("t")[0] is True, answered
         assert core.release_refresh("t", REFRESH_ROUNDS - 1) is False  # so it goes again
-        core.route_checked("t", answered=True, asked=core.route_asking())
+        core.route_checked("t", answered=True, asked=core.route_asking("t"))
         assert core.refresh_due("t")[0] is False
         assert core.release_refresh("t", REFRESH_ROUNDS - 2) is True
     # A stale mark on another topic does not hold this one's fetch back.
-    asked = core.route_asking()
+    asked = core.route_asking("u")
     core.route_stale("u")
     core.route_stale("t")
-    core.route_checked("t", answered=True, asked=core.route_asking())
+    core.route_checked("t", answered=True, asked=core.route_asking("t"))
     assert core.refresh_due("t")[0] is False and core.refresh_due("u")[0] is True
     core.route_checked("u", answered=True, asked=asked)  # an older fetch of "u"
     assert core.refresh_due("u")[0] is True
@@ -966,6 +967,76 @@ def test_stale_marks_are_bounded_and_a_dropped_mark_leaves_its_route_due() -> No
     assert "t50" in core._stale_at and "t51" not in core._stale_at
 
 
+def _route(topic: str, *brokers: str) -> Route:
+    return Route.from_brokers(topic, [BrokerRoute(b, 2) for b in brokers])
+
+
+def _brokers(core: object, topic: str) -> list[str] | None:
+    route = core.table.view.routes.get(topic)  # type: ignore[attr-defined]
+    return None if route is None else sorted(route.by_broker)
+
+
+@pytest.mark.parametrize("mode", ["remote", "cached"])
+def test_a_route_fetch_that_answers_after_a_newer_write_does_not_overwrite_it(mode: str) -> None:
+    """A fetch's answer carries no version. Whatever wrote the topic's route while the fetch
+    was on its way (another fetch asked for later that ended first, the stream's push, a
+    snapshot, a 404's delete) stays, and the route is due again; a fetch asked for after
+    the last write is installed and settles it."""
+    from detour.client.core import ClientCore
+
+    core = ClientCore(mode, timeout=0.2, retries=0, deadline=1.0, max_pending=10,  # type: ignore[arg-type]
+                      backoff_initial=0.5, backoff_max=5.0)
+    config = core.table.view.config
+    writes = {
+        "a later fetch": lambda: core.route_fetched("t", _route("t", "new"),
+                                                    core.route_asking("t")),
+        "a later fetch's 404": lambda: core.route_fetched("t", None, core.route_asking("t")),
+        "the stream's push": lambda: core.table.set_route("t", _route("t", "new")),
+        "the stream's delete": lambda: core.table.set_route("t", None),
+        "a snapshot": lambda: core.table.replace(config, [_route("t", "new")], {}),
+    }
+    for what, write in writes.items():
+        core.table.set_route("t", _route("t", "before"))
+        core.route_checked("t", answered=True, asked=core.route_asking("t"))
+        asked = core.route_asking("t")  # a fetch goes out...
+        write()  # ...and the route is written while it is on its way
+        after = _brokers(core, "t")
+        assert after != ["before"], what
+        core.route_fetched("t", _route("t", "old"), asked)  # then it answers
+        core.route_checked("t", answered=True, asked=asked)
+        assert _brokers(core, "t") == after, what
+        assert core.refresh_due("t")[0] is True, what  # asked for once more
+        asked = core.route_asking("t")
+        core.route_fetched("t", _route("t", "fetched"), asked)
+        core.route_checked("t", answered=True, asked=asked)
+        assert _brokers(core, "t") == ["fetched"], what
+        assert core.refresh_due("t")[0] is False, what
+    # A fetch whose topic's stripe saw no write is installed whatever other topics did.
+    other = next(f"u{i}" for i in range(1000)
+                 if hash(f"u{i}") % STRIPES != hash("t") % STRIPES)
+    asked = core.route_asking("t")
+    core.table.set_route(other, _route(other, "x"))
+    core.route_fetched("t", _route("t", "late but alone"), asked)
+    assert _brokers(core, "t") == ["late but alone"]
+
+
+def test_route_checks_are_bounded_and_a_dropped_check_leaves_its_route_due() -> None:
+    """Each topic a producer names (a 404 too) records its route check: the newest
+    ``MAX_ROUTE_CHECKS`` are kept, and a topic whose check went is fetched again."""
+    from detour.client.core import MAX_ROUTE_CHECKS, ClientCore
+
+    core = ClientCore("remote", timeout=0.2, retries=0, deadline=1.0, max_pending=10,
+                      backoff_initial=0.5, backoff_max=5.0)
+    for i in range(MAX_ROUTE_CHECKS + 50):
+        core.route_checked(f"t{i}", answered=True, asked=core.route_asking(f"t{i}"))
+    assert len(core._route_checked) == MAX_ROUTE_CHECKS
+    assert core.refresh_due("t0")[0] is True and core.refresh_due("t49")[0] is True
+    assert core.refresh_due("t50")[0] is False
+    core.route_checked("t50", answered=True, asked=core.route_asking("t50"))  # the newest now
+    core.route_checked("x", answered=True, asked=core.route_asking("x"))
+    assert core.refresh_due("t50")[0] is False and core.refresh_due("t51")[0] is True
+
+
 def test_a_route_found_stale_during_a_background_refresh_is_fetched_by_that_refresh() -> None:
     """A select that refuses an answer while a background refresh runs cannot claim one of
     its own; the running refresh, at its release, sees the route due and goes round again
@@ -974,14 +1045,15 @@ def test_a_route_found_stale_during_a_background_refresh_is_fetched_by_that_refr
 
     core = ClientCore("remote", timeout=0.2, retries=0, deadline=1.0, max_pending=10,
                       backoff_initial=0.5, backoff_max=5.0)
-    core.route_checked("t", answered=True, asked=core.route_asking())
+    core.route_checked("t", answered=True, asked=core.route_asking("t"))
     assert core.refresh_due("t")[0] is False
     assert core.claim_refresh("t")  # a refresh starts
     core.route_stale("t")  # a select refuses an answer meanwhile
     assert not core.claim_refresh("t")  # ...and cannot start its own
     assert core.release_refresh("t", REFRESH_ROUNDS - 1) is False  # so this one goes again
     assert not core.claim_refresh("t")  # still claimed
-    core.route_checked("t", answered=True, asked=core.route_asking())  # the second round fetched it
+    # the second round fetched it
+    core.route_checked("t", answered=True, asked=core.route_asking("t"))
     assert core.release_refresh("t", REFRESH_ROUNDS - 2) is True
     assert core.claim_refresh("t")  # released
     # Bounded: with no rounds left it is released though the route is due (Detour away).

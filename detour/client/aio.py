@@ -437,10 +437,12 @@ class AsyncDetourClient:
     ) -> tuple[str | None, BaseException | None]:
         """As ``DetourClient._get_route``."""
         core = self._core
-        answered, asked = False, core.route_asking()
+        answered, asked = False, core.route_asking(topic)
         try:
             path = f"/routes/{quote(topic, safe='')}"
-            core.table.set_route(topic, await self._call("GET", path, parse=wire.route, ends=ends))
+            core.route_fetched(
+                topic, await self._call("GET", path, parse=wire.route, ends=ends), asked
+            )
             answered = True
         except DetourRequestError as exc:
             answered = True
@@ -468,17 +470,17 @@ class AsyncDetourClient:
                 pass
             core.config_checked(answered)
         if route_due:
-            answered, asked = False, core.route_asking()
+            answered, asked = False, core.route_asking(topic)
             try:
                 path = f"/routes/{quote(topic, safe='')}"
-                core.table.set_route(
-                    topic, await self._call("GET", path, parse=wire.route, ends=ends)
+                core.route_fetched(
+                    topic, await self._call("GET", path, parse=wire.route, ends=ends), asked
                 )
                 answered = True
             except DetourRequestError as exc:
                 answered = True
                 if exc.status == 404:
-                    core.table.set_route(topic, None)
+                    core.route_fetched(topic, None, asked)
             except DetourUnavailable:
                 pass
             core.route_checked(topic, answered, asked)

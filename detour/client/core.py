@@ -13,7 +13,9 @@ import threading
 import time
 import uuid
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from detour.client import wire
 from detour.client.cached import FLUSH_AT, FLUSH_INTERVAL_S, ServiceClock, StreamApplier
@@ -21,11 +23,12 @@ from detour.client.calls import MIN_BUDGET_SHARE, Calls
 from detour.client.circuit import CircuitBreaker
 from detour.client.errors import DetourBadAnswer, DetourUnavailable
 from detour.client.inflight import InFlight
-from detour.client.local import LocalTable
+from detour.client.local import LocalTable, RouteStamp
 from detour.client.pending import Pending, PendingReports
 from detour.client.sse import MAX_EVENT_BYTES
 from detour.client.values import ClientStats, Mode, Report, SelectedQueue
 from detour.clock import mono_ms
+from detour.model import Route
 
 #: A known route (and the config) is fetched again at most this often in remote mode (s).
 ROUTE_REFRESH_S = 30.0
@@ -43,12 +46,24 @@ MIN_BATCH = 50
 #: Topics found stale (``route_stale``) whose mark a client keeps at most: a producer may
 #: name any topic, and a route fetch that fails leaves its mark until a later one ends.
 MAX_STALE_MARKS = 1024
+#: Topics whose last route check a client keeps at most (the newest): a topic whose check
+#: went is due again, and fetched on its next remote select.
+MAX_ROUTE_CHECKS = 4096
 #: Topics whose route a client fetches at one time at most (a fetch per topic at a time:
 #: ``DetourClient._fetch_route``); a topic beyond them is not fetched, and fails open.
 MAX_ROUTE_FETCHES = 64
 #: A broker a Detour answer names as avoided is avoided by local selects for this long
 #: after that answer (ms): what the remote client's own table knows of the shared one.
 HINT_MS = 10_000
+
+
+class RouteAsk(NamedTuple):
+    """``ClientCore.route_asking``: taken as a route fetch is asked for."""
+
+    #: the newest ``route_stale`` mark then
+    mark: int
+    #: the topic's route writes then (``LocalTable.route_stamp``)
+    stamp: RouteStamp
 
 
 def _after_fork(core: ClientCore) -> None:
@@ -131,7 +146,9 @@ class ClientCore:
         self._refreshing: set[str] = set()
         #: reports per batch the flusher sends (``batch_answered``)
         self.batch_size = wire.MAX_BATCH
-        self._route_checked: dict[str, float] = {}
+        #: when each topic's route was last fetched (``route_checked``), the
+        #: ``MAX_ROUTE_CHECKS`` newest at most: a producer may name any topic, a 404 too
+        self._route_checked: OrderedDict[str, float] = OrderedDict()
         #: ``route_stale`` marks, numbered in order (``route_asking``), one per topic, the
         #: ``MAX_STALE_MARKS`` newest at most
         self._stale_marks = 0
@@ -281,14 +298,25 @@ class ClientCore:
                 del self._stale_at[next(iter(self._stale_at))]
             self._route_checked.pop(topic, None)
 
-    def route_asking(self) -> int:
-        """A token taken as a route fetch is asked for, handed to ``route_checked``: a route
-        found stale after it was taken stays due whatever that fetch answers, since the
-        answer may predate what the refused answer knew."""
+    def route_asking(self, topic: str) -> RouteAsk:
+        """A token taken as a fetch of ``topic``'s route is asked for, handed to
+        ``route_fetched`` and ``route_checked``: a route found stale after it was taken
+        stays due whatever that fetch answers, since the answer may predate what the
+        refused answer knew; and the answer is not written over a route written after it
+        was taken."""
         with self._count_lock:
-            return self._stale_marks
+            return RouteAsk(self._stale_marks, self.table.route_stamp(topic))
 
-    def route_checked(self, topic: str, answered: bool, asked: int) -> None:
+    def route_fetched(self, topic: str, route: Route | None, asked: RouteAsk) -> None:
+        """A fetch asked for at ``asked`` answered ``route`` (None: Detour has none): into
+        the table, unless the topic's route was written while it was on its way
+        (``LocalTable.set_fetched_route``). Then the route stays due, as if found stale:
+        what was written meanwhile may be the older of the two (a fetch asked for later
+        that Detour answered sooner), so it is asked for once more."""
+        if not self.table.set_fetched_route(topic, route, asked.stamp):
+            self.route_stale(topic)
+
+    def route_checked(self, topic: str, answered: bool, asked: RouteAsk) -> None:
         """A fetch of the route, asked for at ``asked`` (``route_asking``), ended.
 
         Unanswered, a route checked before (a periodic refresh) waits the usual 30 s; one
@@ -302,11 +330,15 @@ class ClientCore:
         checked, and the refetch that refusal asked for was lost for 30 s.
         """
         with self._count_lock:
-            if self._stale_at.get(topic, 0) > asked:
+            if self._stale_at.get(topic, 0) > asked.mark:
                 return
             self._stale_at.pop(topic, None)
-            if answered or topic in self._route_checked:
-                self._route_checked[topic] = time.monotonic()
+            checked = self._route_checked
+            if answered or topic in checked:
+                checked[topic] = time.monotonic()
+                checked.move_to_end(topic)
+                if len(checked) > MAX_ROUTE_CHECKS:
+                    checked.popitem(last=False)  # the oldest check: that route is due again
 
     def config_checked(self, answered: bool) -> None:
         if answered or self._config_checked is not None:

@@ -476,10 +476,10 @@ class DetourClient:
         """GET the route into the table; Detour's 404 message when it has none, else None.
         Raises DetourRequestError for Detour's other 4xx."""
         core = self._core
-        answered, asked = False, core.route_asking()
+        answered, asked = False, core.route_asking(topic)
         try:
             path = f"/routes/{quote(topic, safe='')}"
-            core.table.set_route(topic, self._call("GET", path, parse=wire.route, ends=ends))
+            core.route_fetched(topic, self._call("GET", path, parse=wire.route, ends=ends), asked)
             answered = True
         except DetourRequestError as exc:
             answered = True
@@ -505,15 +505,17 @@ class DetourClient:
                 pass
             core.config_checked(answered)
         if route_due:
-            answered, asked = False, core.route_asking()
+            answered, asked = False, core.route_asking(topic)
             try:
                 path = f"/routes/{quote(topic, safe='')}"
-                core.table.set_route(topic, self._call("GET", path, parse=wire.route, ends=ends))
+                core.route_fetched(
+                    topic, self._call("GET", path, parse=wire.route, ends=ends), asked
+                )
                 answered = True
             except DetourRequestError as exc:
                 answered = True
                 if exc.status == 404:
-                    core.table.set_route(topic, None)
+                    core.route_fetched(topic, None, asked)
             except DetourUnavailable:
                 pass
             core.route_checked(topic, answered, asked)
