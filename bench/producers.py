@@ -48,7 +48,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -213,28 +213,33 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
                 decide[name] += mine_decide
                 report[name] += mine_report
 
-    # The floor: the bare in-process select (no SDK, no stream, no reports) on a table
-    # with the same route, paced as the sends are, in the same process. A thread that
-    # slept runs its first microseconds slowly (cold caches, an idle vCPU waking), so its
-    # p99 is what any decision after a sleep costs on this machine.
+    # The floors: the bare in-process select (no SDK, no stream, no reports) on a table
+    # with the same route, and a call of a function that does nothing, each paced as the
+    # sends are, in the same process. A thread that slept runs its first microseconds
+    # slowly (cold caches, an idle vCPU waking), so their p99s are what a decision after a
+    # sleep costs on this machine: this select's, and any decision's at the least.
     floor: dict[str, list[float]] = {p[0]: [] for p in phases}
+    empty: dict[str, list[float]] = {p[0]: [] for p in phases}
     bare = LocalTable(lambda: int(time.time() * 1000), producer="floor")
     bare.set_route(TOPIC, wire.route({"topic": TOPIC, **ROUTE}))
 
-    def floor_loop() -> None:
+    def nothing() -> None:
+        return None
+
+    def floor_loop(fn: Callable[[], object], out: dict[str, list[float]], at: float) -> None:
         for name, start, end, rate in phases:
             period = cfg["threads"] / rate if rate > 0 else end - start
-            due = start + 0.5 * period / cfg["threads"]
+            due = start + at * period / cfg["threads"]
             mine = []
             while due < end:
                 now = time.time()
                 if now < due:
                     time.sleep(due - now)
                 t0 = time.perf_counter_ns()
-                bare.select(TOPIC, None)
+                fn()
                 mine.append((time.perf_counter_ns() - t0) / 1000)
                 due += period
-            floor[name] += mine
+            out[name] += mine
 
     seen: dict[int, float] = {}
     stop = threading.Event()
@@ -253,7 +258,9 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
                for i in range(cfg["threads"])]
     watcher = threading.Thread(target=watch_canary)
     if cached:
-        threads.append(threading.Thread(target=floor_loop))
+        threads.append(threading.Thread(
+            target=floor_loop, args=(lambda: bare.select(TOPIC, None), floor, 0.5)))
+        threads.append(threading.Thread(target=floor_loop, args=(nothing, empty, 0.25)))
         watcher.start()
     for t in threads:
         t.start()
@@ -267,6 +274,7 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
     return {
         "decide_us": {k: percentiles(v) for k, v in decide.items()},
         "floor_us": {k: percentiles(v) for k, v in floor.items()},
+        "empty_us": {k: percentiles(v) for k, v in empty.items()},
         "gc_us": {
             str(g): percentiles([us for gen, us in gc_pauses if gen == g]) for g in (0, 1, 2)
         },
@@ -424,6 +432,8 @@ def summarize(mode: str, cap: tuple[int, int], cap_rps: float, offered: float, s
             "report_max_us": worst("report_us", phase, "max"),
             "floor_p50_us": median("floor_us", phase, "p50"),
             "floor_p99_us": worst("floor_us", phase, "p99"),
+            "empty_p50_us": median("empty_us", phase, "p50"),
+            "empty_p99_us": worst("empty_us", phase, "p99"),
         }
     failed: Counter[str] = Counter()
     stats: Counter[str] = Counter()
@@ -533,9 +543,10 @@ def summary(results: Sequence[dict[str, Any]]) -> str:
     the worst run; memory: the largest)."""
     lines = [
         "| cap | mode | runs | phase | decide p50 / p99 / max (medians) | bare select p50 / "
-        "p99 µs, same pacing | decided locally | failed sends (worst) | reports dropped (worst) "
+        "p99 µs, same pacing | empty call p50 / p99 µs, same pacing | decided locally | "
+        "failed sends (worst) | reports dropped (worst) "
         "| staleness max s | current again s | Detour 5xx not 503 (worst) | RSS max MiB |",
-        "|---|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     groups: dict[tuple[float, int, str], list[dict[str, Any]]] = {}
     for r in results:
@@ -550,6 +561,8 @@ def summary(results: Sequence[dict[str, Any]]) -> str:
                 cells.append("—" if v is None else f"{v / scale:.2f}")
             fl = [_med([x.get(k) for x in ph]) for k in ("floor_p50_us", "floor_p99_us")]
             floor = "—" if None in fl else f"{fl[0]:.0f} / {fl[1]:.0f}"
+            em = [_med([x.get(k) for x in ph]) for k in ("empty_p50_us", "empty_p99_us")]
+            floor += " | " + ("—" if None in em else f"{em[0]:.0f} / {em[1]:.0f}")
             share = _med([x["local_share"] for x in ph])
             stale = _med([r["staleness_s"]["max"] for r in runs])
             again = _med([r["current_again_s"] for r in runs])
