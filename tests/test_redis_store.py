@@ -466,3 +466,58 @@ def test_a_report_taken_during_a_merge_stays_on_the_copy_until_it_is_in_redis(
             await store.close()
 
     asyncio.run(scenario())
+
+
+def test_resyncs_asked_for_at_once_run_one_at_a_time(redis_url: str, raw: redis.Redis) -> None:
+    """After a FLUSHALL the follower and a request may each ask for a resync at the same
+    moment. They run one at a time: one merge, not two racing over the replica's epoch and
+    lineage; and of those that waited, the first reads the merged table and the others end
+    with it (each read Redis after its caller saw the loss)."""
+    settings = patient(redis_url=redis_url, sync_interval_s=60, report_flush_ms=0)
+
+    async def scenario() -> None:
+        store = RedisStore(settings)
+        await store.start()
+        assert store._task is not None  # only this test resyncs: the follower is stopped
+        store._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await store._task
+        try:
+            (a,) = await store.report_many([ReportIn("a", 0, isolation=True)])
+            raw.flushall()
+            release = asyncio.Event()
+            merges, snapshots = [], []
+            merge, snapshot = store._merge, store._snapshot
+
+            async def held_merge(*args: Any, **kwargs: Any) -> bool:
+                merges.append(args[0])
+                await release.wait()
+                return await merge(*args, **kwargs)
+
+            async def counted_snapshot(*args: Any, **kwargs: Any) -> Any:
+                snapshots.append(1)
+                return await snapshot(*args, **kwargs)
+
+            store._merge = held_merge  # type: ignore[method-assign]
+            store._snapshot = counted_snapshot  # type: ignore[method-assign]
+            first = asyncio.create_task(store.resync())
+            await wait_until_async(lambda: merges, 10, "the first resync's merge under way")
+            waiting = [asyncio.create_task(store.resync()) for _ in range(3)]
+            for _ in range(20):  # every waiter reaches the lock (no Redis call before it)
+                await asyncio.sleep(0)
+            assert store._recovering and len(snapshots) == 1
+            release.set()
+            await asyncio.wait_for(asyncio.gather(first, *waiting), 10)
+            assert merges == ["empty"]
+            # the first: before and after its merge; one waiter: the merged table; the rest
+            # end with that one
+            assert len(snapshots) == 3
+            assert not store._recovering
+            stored = raw.hget(f"{PREFIX}:faults", "a")
+            assert stored is not None
+            assert codec.decode_fault("a", str(stored)).available_at == a.available_at
+            assert store.view.faults["a"].available_at == a.available_at
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())

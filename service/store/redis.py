@@ -251,6 +251,12 @@ class RedisStore:
         self._doubt: str | None = None
         #: a merge is under way: the table in Redis may lack what this replica holds
         self._recovering = False
+        #: one resync at a time (``resync``): each reads and sets the replica's epoch,
+        #: lineage and acknowledgements, and raises and lowers ``_recovering``
+        self._resync_lock = asyncio.Lock()
+        #: resyncs begun, and the count when the last one that ended well began
+        self._resyncs_begun = 0
+        self._resynced = 0
         self._topology = Topology(self._conn, settings.redis_timeout_s, self._meta)
         #: the fan-out tier: the replica the follower reads from (writes stay on the primary)
         self._tier = ReadTier(
@@ -1030,7 +1036,25 @@ class RedisStore:
 
     async def resync(self) -> None:
         """Replace the view with Redis's table; a table that may have lost data is merged
-        with what this replica holds first."""
+        with what this replica holds first.
+
+        One at a time. The follower (a push out of order, a poll) and a request (a write's
+        reply, a read that saw the loss) may each ask for one at the same moment, as after
+        a FLUSHALL. Two interleaved, the second to finish set the epoch, the lineage and
+        the acknowledged reports from a snapshot older than the first one's merge, and
+        ended the first one's ``_recovering`` while its merge was still on its way. A caller
+        that waited is done when a resync that began after it asked ended well: that one
+        read Redis after whatever made the caller ask (a reply it had already received)."""
+        asked = self._resyncs_begun
+        async with self._resync_lock:
+            if self._resynced > asked:
+                return
+            self._resyncs_begun += 1
+            began = self._resyncs_begun
+            await self._resync()
+            self._resynced = began
+
+    async def _resync(self) -> None:
         held = self.held()
         snap, reply = await self._snapshot()
         cause = self._loss(
