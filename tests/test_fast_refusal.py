@@ -377,9 +377,11 @@ def test_the_refusals_are_counted_by_reason(served: Served) -> None:
      "BAD_REQUEST"),
     (b"POST /select HTTP/1.1\r\nhost: 127.0.0.1\r\nhost: rebind.example\r\n"
      b"content-length: 0\r\n\r\n", 400, "BAD_REQUEST"),
+    (b"POST /select HTTP/1.1\r\ncontent-length: 0\r\n\r\n", 400, "BAD_REQUEST"),
+    (b"POST /select HTTP/1.1\r\nhost: a b\r\ncontent-length: 0\r\n\r\n", 400, "BAD_REQUEST"),
 ], ids=["unknown method", "control character in the target", "control character in a header",
         "foreign Host", "WebSocket upgrade", "h2c upgrade", "HTTP/2.0 as text",
-        "two Hosts"])  # fmt: skip
+        "two Hosts", "no Host", "a Host that is not host[:port]"])  # fmt: skip
 def test_while_shedding_what_the_edge_refuses_is_refused_as_always(
     served: Served, raw: bytes, status: int, code: str
 ) -> None:

@@ -1,7 +1,8 @@
 """Heads Detour does not serve, on a live server, both ways in (service/edge/heads.py).
 
-A protocol upgrade (WebSocket, h2c, CONNECT), a version other than HTTP/1.0 and 1.1, and
-a second Host are each refused 400 in the Error shape, naming the header where there is
+A protocol upgrade (WebSocket, h2c, CONNECT), a version other than HTTP/1.0 and 1.1, a
+second Host, and an HTTP/1.1 request without a Host or with one that is not host[:port]
+are each refused 400 in the Error shape, naming the header where there is
 one, and the connection closed: nothing after them on the connection is answered, and
 nothing they carried is applied. Before, a WebSocket upgrade went to uvicorn's WebSocket
 protocol (a plain-text 403, and the peer's connection slot never given back), an h2c
@@ -56,6 +57,16 @@ REFUSED = {
     "HTTP/2.0 written as text": (b"GET /routes HTTP/2.0\r\nhost: 127.0.0.1\r\n\r\n", None),
     "a version-less line": (b"GET /routes\r\n\r\n", None),
     "two Hosts": (b"GET /routes HTTP/1.1\r\nhost: 127.0.0.1\r\nhost: 127.0.0.1\r\n\r\n", "Host"),
+    "HTTP/1.1 without a Host": (b"GET /routes HTTP/1.1\r\n\r\n", "Host"),
+    "a select without a Host": (
+        b"POST /select HTTP/1.1\r\ncontent-type: application/json\r\ncontent-length: 19\r\n"
+        b"\r\n{\"topic\": \"orders\"}", "Host"),
+    "a probe's Host with a space": (b"GET /healthz HTTP/1.1\r\nhost: a b\r\n\r\n", "Host"),
+    "a Host with a user": (b"GET /routes HTTP/1.1\r\nhost: u@127.0.0.1\r\n\r\n", "Host"),
+    "a probe's Host with a path": (b"GET /readyz HTTP/1.1\r\nhost: 127.0.0.1/x\r\n\r\n",
+                                   "Host"),
+    "a Host with no port after it": (b"GET /routes HTTP/1.1\r\nhost: localhost:http\r\n\r\n",
+                                     "Host"),
 }  # fmt: skip
 
 
@@ -80,6 +91,18 @@ def test_a_head_detour_does_not_serve_is_400_json_and_closes(
     assert all(item["brokerName"] != "upgraded" for item in items)
 
 
+@pytest.mark.parametrize("raw", [
+    b"GET /routes HTTP/1.0\r\n\r\n",
+    b"GET /healthz HTTP/1.1\r\nhost:\r\nconnection: close\r\n\r\n",
+    b"GET /routes HTTP/1.1\r\nhost: [::1]:8080\r\nconnection: close\r\n\r\n",
+    b"GET /routes HTTP/1.1\r\nhost: LOCALHOST.\r\nconnection: close\r\n\r\n",
+], ids=["HTTP/1.0 without a Host", "an empty Host on a probe", "an IPv6 literal and a port",
+        "a name with its root dot"])  # fmt: skip
+def test_a_host_the_rfc_allows_is_served(svc: ServiceProcess, raw: bytes) -> None:
+    """HTTP/1.0 needs no Host, and an empty Host is one (a target without an authority)."""
+    assert [s for s, _ in exchange(svc.port, raw)] == [200]
+
+
 def test_upgrades_give_their_connection_slots_back(svc: ServiceProcess) -> None:
     """Five times the per-peer cap of WebSocket upgrades, then a select from the same
     address is served (a slot never given back locked the address out until restart)."""
@@ -93,8 +116,8 @@ def test_upgrades_give_their_connection_slots_back(svc: ServiceProcess) -> None:
     (b"http://rebind.example/routes", b"127.0.0.1", 421),
     (b"http://127.0.0.1/routes", b"rebind.example", 200),
     (b"http://user@127.0.0.1/routes", b"127.0.0.1", 421),
-    (b"/routes", b"[::1]rebind.example", 421),
-    (b"/routes", b"localhost:not-a-port", 421),
+    (b"/routes", b"[::1]rebind.example", 400),  # not host[:port]: malformed
+    (b"/routes", b"localhost:not-a-port", 400),
     (b"/routes", b"localhost:8080", 200),
     (b"/routes", b"[::1]:8080", 200),
 ])  # fmt: skip
@@ -102,7 +125,7 @@ def test_the_host_judged_is_the_one_the_request_names(
     svc: ServiceProcess, target: bytes, host: bytes, status: int
 ) -> None:
     """An absolute-form target's host is judged, not the Host header (RFC 9112 3.2.2), and
-    a Host is a name and at most a port."""
+    a Host is a name and at most a port (anything else is malformed: 400)."""
     raw = b"GET %s HTTP/1.1\r\nhost: %s\r\nconnection: close\r\n\r\n" % (target, host)
     out = exchange(svc.port, raw)
     assert [s for s, _ in out] == [status], out

@@ -12,7 +12,10 @@ edge"):
 * **a version other than HTTP/1.0 or HTTP/1.1** (``HTTP/2.0`` written as text, a
   version-less HTTP/0.9 line): served as if it were HTTP/1.1;
 * **more than one Host**: only the first was checked against the allowed names (RFC 9112
-  section 3.2: 400).
+  section 3.2: 400);
+* **an HTTP/1.1 request without a Host, or with one that is not ``host[:port]``**
+  (``a b``, ``user@host``): served, since the Host check let a missing Host through as
+  HTTP/1.0's and the probes take any Host (RFC 9112 section 3.2: 400). HTTP/1.0 needs none.
 
 Each is refused here, when the head is complete and before anything else looks at it, as
 a request the parser refuses is: ``400 BAD_REQUEST`` in the Error shape, and the
@@ -23,6 +26,8 @@ so the parser stops and its error path answers, in order behind any answer under
 from __future__ import annotations
 
 from collections.abc import Iterable
+
+from service.edge.hosts import valid_host
 
 #: The versions Detour serves.
 VERSIONS = frozenset({"1.0", "1.1"})
@@ -51,9 +56,13 @@ def refusal(
             "Upgrade",
         )
     hosts = 0
-    for name, _ in headers:
+    for name, value in headers:
         if name == b"host":
             hosts += 1
             if hosts > 1:
                 return HeadRefused("more than one Host header", "Host")
+            if not valid_host(value):
+                return HeadRefused("the Host header is not host[:port]", "Host")
+    if hosts == 0 and version == "1.1":
+        return HeadRefused("an HTTP/1.1 request needs a Host header", "Host")
     return None

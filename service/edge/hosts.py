@@ -10,7 +10,22 @@ literal or a configured name; anything else is answered 421 and the connection c
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Iterable
+
+#: ``uri-host [ ":" port ]`` (RFC 9110 section 7.2, RFC 3986 section 3.2.2): an IP literal
+#: in brackets, or a reg-name (an IPv4 address is one too), then at most a port.
+_HOST_SYNTAX = re.compile(
+    rb"(?:\[[0-9A-Za-z:._~!$&'()*+,;=-]+\]|(?:[0-9A-Za-z._~!$&'()*+,;=-]|%[0-9A-Fa-f]{2})*)"
+    rb"(?::[0-9]*)?"
+)
+
+
+def valid_host(value: bytes) -> bool:
+    """Whether a Host header value is ``host[:port]`` at all (RFC 9112 section 3.2: a
+    server answers 400 to one that is not). Empty is valid: a target without an authority.
+    Spaces, a user (``u@h``), a path or a second colon are not."""
+    return _HOST_SYNTAX.fullmatch(value.strip(b" \t")) is not None
 
 
 def _port_ok(port: str) -> bool:

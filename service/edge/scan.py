@@ -14,7 +14,7 @@ close, while shedding as at any other time. So a simple request is, strictly:
   tabs (no control characters, no obs-text), within the head byte and count bounds;
 * no ``Transfer-Encoding``, ``Connection``, ``Expect`` or ``Upgrade`` (anywhere in the
   head: they change framing or the connection), ``Content-Length`` at most once;
-* at most one Host, and when Host names are checked, one they allow (or none);
+* exactly one Host, ``host[:port]``, and when Host names are checked, one they allow;
 * not a probe or scrape (never shed).
 
 Stricter than the parser is safe (the request is parsed, then refused as usual); laxer
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 
-from service.edge.hosts import HostNames
+from service.edge.hosts import HostNames, valid_host
 
 _SIMPLE_HEAD = re.compile(
     rb"(?:GET|POST|PUT|DELETE|OPTIONS|PATCH) "
@@ -57,8 +57,10 @@ def simple_request(
     if fields.count(b"\r\n") > max_headers or any(name in fields for name in _NOT_SIMPLE):
         return -1, 0
     names = _HOST.findall(fields)
-    if len(names) > 1 or (hosts is not None and names and not hosts.allows(names[0])):
-        return -1, 0  # two Hosts are refused 400 (heads.py), a foreign one 421
+    if len(names) != 1 or not valid_host(names[0]):
+        return -1, 0  # none, two or a malformed one are refused 400 (heads.py)
+    if hosts is not None and not hosts.allows(names[0]):
+        return -1, 0  # a foreign one 421
     body = 0
     lengths = fields.count(b"content-length")
     if lengths:
