@@ -286,7 +286,8 @@ class ClientCore:
         return self.table.has_route(topic) and self._config_checked is not None
 
     def route_stale(self, topic: str) -> None:
-        """Detour answered with a queue the known route does not have: fetch it again."""
+        """Fetch the route again: Detour answered with a queue the known route does not
+        have, or a fetch's answer was not installed (``route_fetched``)."""
         with self._count_lock:
             self._stale_marks += 1
             self._stale_at.pop(topic, None)  # to the end: the newest
