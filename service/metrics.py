@@ -174,7 +174,9 @@ EDGE_REFUSED = Counter(
     "begun in time by a connection that had not proven itself), headers_too_large, "
     "too_many_headers, body_too_large (what followed a head passed any body's bound: "
     "chunk framing, trailers), header_timeout, body_timeout, send_timeout (answers not taken while "
-    "the pipelining bound held the connection), host, malformed (the HTTP parser refused it).",
+    "the pipelining bound held the connection), host, malformed (the HTTP parser refused it), "
+    "unread_reset (closed at one of those deadlines with bytes it had not read: reset, so that "
+    "the kernel does not keep them).",
     ["reason"],
 )
 STREAMS_REFUSED = Counter(

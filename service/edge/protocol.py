@@ -36,8 +36,11 @@ internals.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import socket
+import struct
 import sys
+import termios
 import time
 
 from service import metrics
@@ -59,6 +62,8 @@ _ANY_HOST = frozenset({b"/healthz", b"/readyz"})
 #: Pending answers of one connection past which they are written at once (and the
 #: transport's own flow control takes over: a paused writer sends requests the ASGI way).
 _OUT_MAX = 64 * 1024
+#: SO_LINGER on, 0 s: a close that discards the kernel's send queue and sends RST.
+_LINGER_RESET = struct.pack("ii", 1, 0)
 #: Bytes an endless response's transport holds above the kernel's buffer before the
 #: writer waits (asyncio's default is 64 KiB); a snapshot is written in slices this size.
 _STREAM_HIGH_WATER = 16 * 1024
@@ -553,6 +558,11 @@ class EdgeProtocol(UvicornHttp):
 
     def idle_timeout(self) -> None:
         self.flush_out()
+        if self._unsent():
+            # The client has not read its last answer: reset, as at the edge's own
+            # deadlines (``_close``), rather than leave the kernel holding it.
+            self._reset()
+            return
         super().idle_timeout()
 
     def _idle_s(self) -> float:
@@ -758,27 +768,62 @@ class EdgeProtocol(UvicornHttp):
         if phase == _HELD:
             if self._held:
                 metrics.EDGE_REFUSED.labels("send_timeout").inc()
-                self._close()  # it takes no answers: none is written
+                self._close(drop_unsent=True)  # it takes no answers: none is written
             return
         if self._phase != phase:
             return
         reason = {_BODY: "body_timeout", _IDLE: "idle_timeout"}.get(phase, "header_timeout")
         metrics.EDGE_REFUSED.labels(reason).inc()
-        if phase != _IDLE and not self.answer_started():
+        if phase != _IDLE and not self.answer_started() and not self._unsent():
             what = "request body" if phase == _BODY else "request headers"
             self.flush_out()
             self.transport.write(
                 answers.raw_error(408, "REQUEST_TIMEOUT", f"{what} too slow", None)
             )
-        self._close()
+        self._close(drop_unsent=True)
 
-    def _close(self) -> None:
+    def _close(self, drop_unsent: bool = False) -> None:
+        """Close the connection. ``drop_unsent`` (a deadline passed): if what was written
+        to it has not all left, the client is not reading, and the connection is reset
+        instead. A close sends the FIN behind the unsent bytes, and the kernel then keeps
+        them for minutes (FIN-WAIT-1, retrying a zero window) after the connection has
+        left the connection table, so closed connections held memory that no cap counted:
+        about 1.7 MB each for a /latency-log page."""
         self.flush_out()
         self._held = b""
         self.abandon_cycle()
         self._disarm()
         self._stop_awaiting_body()
-        self.transport.close()
+        if drop_unsent and self._unsent():
+            self._reset()
+        else:
+            self.transport.close()
+
+    def _reset(self) -> None:
+        """Reset the connection, dropping what it has not sent: SO_LINGER 0, so that the
+        kernel discards its send queue and answers RST (``abort`` alone only drops the
+        transport's buffer; the kernel's close still sends the queue, then FIN)."""
+        metrics.EDGE_REFUSED.labels("unread_reset").inc()
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+            except OSError:
+                pass
+        self.transport.abort()
+
+    def _unsent(self) -> int:
+        """Bytes written to this connection that have not left: the transport's buffer,
+        and the kernel's send queue (TIOCOUTQ); the latter 0 when it cannot be read."""
+        unsent = self.transport.get_write_buffer_size()
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+                unsent += struct.unpack("i", queued)[0]
+            except (OSError, ValueError):
+                pass
+        return unsent
 
     def _sync_awaiting_body(self) -> None:
         """A request inside the app whose body is still arriving is not in flight (it is
