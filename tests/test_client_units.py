@@ -1020,6 +1020,36 @@ def test_a_route_fetch_that_answers_after_a_newer_write_does_not_overwrite_it(mo
     assert _brokers(core, "t") == ["late but alone"]
 
 
+def test_a_config_fetch_that_answers_after_a_newer_write_does_not_overwrite_it() -> None:
+    """The same rule for the config (remote mode fetches it every 30 s, and every thread
+    that knows none fetches it): a fetch's answer is not written over a config written
+    while it was on its way (another fetch asked for later, a snapshot); the config stays
+    known and is due again. A fetch asked for after the last write is installed."""
+    from detour.client.core import ClientCore
+
+    core = ClientCore("remote", timeout=0.2, retries=0, deadline=1.0, max_pending=10,
+                      backoff_initial=0.5, backoff_max=5.0)
+    core.table.set_route("t", _route("t", "a"))
+    old, newer = Config(pending_quorum=2), Config(pending_quorum=3)
+    writes = {
+        "a later fetch": lambda: core.config_fetched(newer, core.config_asking()),
+        "a snapshot": lambda: core.table.replace(newer, [_route("t", "a")], {}),
+    }
+    for what, write in writes.items():
+        asked = core.config_asking()  # a fetch goes out...
+        write()  # ...and the config is written while it is on its way
+        core.config_checked(True)
+        assert core.table.view.config == newer, what
+        assert core.config_fetched(old, asked) is False, what  # then it answers
+        core.config_checked(True, installed=False)
+        assert core.table.view.config == newer, what
+        assert core.knows("t") and core.refresh_due("t")[1] is True, what
+        asked = core.config_asking()
+        assert core.config_fetched(old, asked) is True, what
+        core.config_checked(True, installed=True)
+        assert core.table.view.config == old and core.refresh_due("t")[1] is False, what
+
+
 def test_route_checks_are_bounded_and_a_dropped_check_leaves_its_route_due() -> None:
     """Each topic a producer names (a 404 too) records its route check: the newest
     ``MAX_ROUTE_CHECKS`` are kept, and a topic whose check went is fetched again."""

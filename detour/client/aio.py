@@ -460,15 +460,15 @@ class AsyncDetourClient:
         core = self._core
         route_due, config_due = core.refresh_due(topic)
         if config_due:
-            answered = False
+            answered, installed, config_asked = False, False, core.config_asking()
             try:
-                core.table.set_config(
-                    await self._call("GET", "/config", parse=wire.config, ends=ends)
+                installed = core.config_fetched(
+                    await self._call("GET", "/config", parse=wire.config, ends=ends), config_asked
                 )
                 answered = True
             except (DetourUnavailable, DetourRequestError):
                 pass
-            core.config_checked(answered)
+            core.config_checked(answered, installed)
         if route_due:
             answered, asked = False, core.route_asking(topic)
             try:

@@ -28,7 +28,7 @@ from detour.client.pending import Pending, PendingReports
 from detour.client.sse import MAX_EVENT_BYTES
 from detour.client.values import ClientStats, Mode, Report, SelectedQueue
 from detour.clock import mono_ms
-from detour.model import Route
+from detour.model import Config, Route
 
 #: A known route (and the config) is fetched again at most this often in remote mode (s).
 ROUTE_REFRESH_S = 30.0
@@ -341,9 +341,24 @@ class ClientCore:
                 if len(checked) > MAX_ROUTE_CHECKS:
                     checked.popitem(last=False)  # the oldest check: that route is due again
 
-    def config_checked(self, answered: bool) -> None:
-        if answered or self._config_checked is not None:
-            self._config_checked = time.monotonic()
+    def config_asking(self) -> int:
+        """A token taken as a config fetch is asked for, handed to ``config_fetched``."""
+        return self.table.config_stamp()
+
+    def config_fetched(self, config: Config, asked: int) -> bool:
+        """A fetch asked for at ``asked`` answered ``config``: into the table, unless the
+        config was written while it was on its way (``LocalTable.set_fetched_config``);
+        whether it was. Not installed, ``config_checked`` leaves the config due, as
+        ``route_fetched`` does a route: what was written may be the older of the two."""
+        return self.table.set_fetched_config(config, asked)
+
+    def config_checked(self, answered: bool, installed: bool = True) -> None:
+        """A config fetch ended: ``answered`` by Detour, its answer ``installed`` or not."""
+        now = time.monotonic()
+        if answered and not installed:
+            self._config_checked = now - ROUTE_REFRESH_S  # known, and due again at once
+        elif answered or self._config_checked is not None:
+            self._config_checked = now
 
     # -- reports -----------------------------------------------------------------
     def record(

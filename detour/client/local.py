@@ -400,9 +400,27 @@ class LocalTable:
             return True
 
     def set_config(self, config: Config) -> None:
+        """The config as Detour pushed it (the stream is ordered: the newest wins)."""
         with self._lock:
-            self.view.apply_config(config, self._next_version())
-            self._stamps.epoch += 1
+            self._set_config(config)
+
+    def _set_config(self, config: Config) -> None:
+        self.view.apply_config(config, self._next_version())
+        self._stamps.epoch += 1
+
+    def config_stamp(self) -> int:
+        """Read as a fetch of the config is asked for, for ``set_fetched_config``."""
+        return self._stamps.epoch
+
+    def set_fetched_config(self, config: Config, asked: int) -> bool:
+        """The config a fetch asked for at ``asked`` (``config_stamp``) answered, unless a
+        config or a snapshot was written while it was on its way; whether it was
+        installed. As ``set_fetched_route``: the answer carries no version."""
+        with self._lock:
+            if self._stamps.epoch != asked:
+                return False
+            self._set_config(config)
+            return True
 
     def set_fault(self, broker_name: str, item: FaultItem | None, own: OwnReports = _none) -> None:
         """Detour's item for the broker, then the ``own`` reports it has not accepted yet
