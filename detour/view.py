@@ -319,6 +319,11 @@ class TableView:
         if select_reads(self.faults.get(broker), config) != select_reads(item, config):
             self.select_epoch += 1
 
+    def route_version(self, topic: str) -> int:
+        """The version of the topic's last route write applied (0: none known): its route's,
+        or its delete's while the delete's tombstone is kept."""
+        return self._route_v.get(topic, 0)
+
     def apply_route(self, topic: str, route: Route | None, version: int, stamp: int = 0) -> None:
         """``stamp``: the write's (a delete's is kept as a grave for merges)."""
         if version <= self._route_v.get(topic, 0):

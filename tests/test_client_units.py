@@ -32,7 +32,7 @@ from detour.client.cached import (
 from detour.client.calls import BACKGROUND_TIMEOUT_S, Calls, Loud
 from detour.client.circuit import CircuitBreaker, Ticket
 from detour.client.errors import DetourBadAnswer, DetourRejected
-from detour.client.local import LOGGED, STRIPES, LocalTable
+from detour.client.local import LOGGED, LocalTable
 from detour.client.pending import (
     REPLAY_WINDOW_MS,
     REPORT_ID_WINDOW_MS,
@@ -1011,13 +1011,16 @@ def test_a_route_fetch_that_answers_after_a_newer_write_does_not_overwrite_it(mo
         core.route_checked("t", answered=True, asked=asked)
         assert _brokers(core, "t") == ["fetched"], what
         assert core.refresh_due("t")[0] is False, what
-    # A fetch whose topic's stripe saw no write is installed whatever other topics did.
-    other = next(f"u{i}" for i in range(1000)
-                 if hash(f"u{i}") % STRIPES != hash("t") % STRIPES)
-    asked = core.route_asking("t")
-    core.table.set_route(other, _route(other, "x"))
-    core.route_fetched("t", _route("t", "late but alone"), asked)
-    assert _brokers(core, "t") == ["late but alone"]
+    # Other topics' writes refuse nothing: a fetch of a known topic, and the first fetch of
+    # a topic the client has never seen (a refusal there would fail the send), are
+    # installed whatever a hundred other topics' routes did meanwhile.
+    for topic in ("t", "never-seen"):
+        asked = core.route_asking(topic)
+        for i in range(100):
+            core.table.set_route(f"u{i}", _route(f"u{i}", "x"))
+            core.table.set_route(f"u{i}", None)
+        core.route_fetched(topic, _route(topic, "late but alone"), asked)
+        assert _brokers(core, topic) == ["late but alone"], topic
 
 
 def test_a_config_fetch_that_answers_after_a_newer_write_does_not_overwrite_it() -> None:

@@ -88,7 +88,7 @@ def _answer(route: Route, choice: Choice) -> SelectedQueue:
 Plan = tuple[FaultItem | None, list[int]]
 #: ``_Stamps.of``: (epoch, the stripe's other writes, the stripe's reports).
 Stamp = tuple[int, int, int]
-#: ``_Stamps.route_of``: (snapshots installed, the stripe's route writes).
+#: ``LocalTable.route_stamp``: (snapshots installed, the topic's route version).
 RouteStamp = tuple[int, int]
 
 
@@ -97,22 +97,19 @@ class _Stamps:
     the lock what has changed since: the config and the whole table (``epoch``: a config,
     a snapshot), and per stripe of broker names the writes of an item that are not this
     client's reports (``writes``: Detour's events, hints) and the reports applied
-    (``reported``, with the newest ``LOGGED`` of them kept). Routes are counted apart, per
-    stripe of topic names (``routes``) and per snapshot (``snapshots``), for a route fetch
-    to tell whether the topic's route was written while it was on its way
-    (``LocalTable.set_fetched_route``).
+    (``reported``, with the newest ``LOGGED`` of them kept); and the snapshots installed
+    (``snapshots``: with the topic's route version, ``LocalTable.route_stamp``).
 
     Bounded whatever the names: brokers sharing a stripe only cost a plan its shortcut.
     A writer counts after it wrote (and a plan reads its stamp before anything else): a
     plan that read an item while a write was half done then sees the count move.
     """
 
-    __slots__ = ("epoch", "writes", "reported", "logs", "snapshots", "routes")
+    __slots__ = ("epoch", "writes", "reported", "logs", "snapshots")
 
     def __init__(self) -> None:
         self.epoch = 0
         self.snapshots = 0
-        self.routes = [0] * STRIPES
         self.writes = [0] * STRIPES
         self.reported = [0] * STRIPES
         self.logs: list[deque[tuple[OwnReport, int]]] = [
@@ -129,12 +126,6 @@ class _Stamps:
 
     def wrote(self, broker: str) -> None:
         self.writes[self._stripe(broker)] += 1
-
-    def route_of(self, topic: str) -> RouteStamp:
-        return self.snapshots, self.routes[self._stripe(topic)]
-
-    def route_wrote(self, topic: str) -> None:
-        self.routes[self._stripe(topic)] += 1
 
     def report(self, report: OwnReport, now: int) -> None:
         h = self._stripe(report[0])
@@ -376,11 +367,12 @@ class LocalTable:
 
     def _set_route(self, topic: str, route: Route | None) -> None:
         self.view.apply_route(topic, route, self._next_version())
-        self._stamps.route_wrote(topic)
 
     def route_stamp(self, topic: str) -> RouteStamp:
-        """Read as a fetch of ``topic``'s route is asked for, for ``set_fetched_route``."""
-        return self._stamps.route_of(topic)
+        """Read as a fetch of ``topic``'s route is asked for, for ``set_fetched_route``:
+        every write of the topic's route moves its version (versions here are this table's
+        sequence numbers), and a snapshot moves ``snapshots``."""
+        return self._stamps.snapshots, self.view.route_version(topic)
 
     def set_fetched_route(self, topic: str, route: Route | None, asked: RouteStamp) -> bool:
         """The route a fetch asked for at ``asked`` (``route_stamp``) answered (None: Detour
@@ -390,11 +382,11 @@ class LocalTable:
         A fetch's answer carries no version, and what was written meanwhile may be newer
         than what Detour read for it: the stream's push (ordered, so newer than anything
         before it) or another fetch of the topic that ended first, asked for later. Writing
-        the late answer over it kept the older route until the next refresh, 30 s on.
-        Topics share stripes (bounded whatever the names), so a write of another topic may
-        refuse an answer too: the caller then asks again (``ClientCore.route_fetched``)."""
+        the late answer over it kept the older route until the next refresh, 30 s on (in
+        cached mode, until the topic's next change). Only this topic's writes and snapshots
+        count: a first fetch of a topic is never refused for another's."""
         with self._lock:
-            if self._stamps.route_of(topic) != asked:
+            if self.route_stamp(topic) != asked:
                 return False
             self._set_route(topic, route)
             return True
