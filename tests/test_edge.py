@@ -362,6 +362,24 @@ def test_host_verdicts_are_remembered_within_a_bound() -> None:
     assert {h: hosts.allows(h) for h in cases} == cases
 
 
+def test_host_syntax_is_judged_the_same_remembered_or_not_within_a_bound() -> None:
+    """``valid_host``: host[:port] and nothing else (RFC 9110 7.2), the same verdict judged
+    or remembered, and what is remembered bounded whatever the values."""
+    from service.edge import hosts as module
+
+    cases = {b"127.0.0.1": True, b"127.0.0.1:8080": True, b"[::1]:80": True, b"": True,
+             b"detour.prod.svc": True, b"%41b.example": True, b" localhost ": True,
+             b"a b": False, b"u@127.0.0.1": False, b"127.0.0.1/x": False, b"h:80:80": False,
+             b"localhost:http": False, b"[::1]evil.example": False, b"%4": False,
+             b"h\x00": False}
+    for _ in range(2):  # judged, then remembered
+        assert {h: module.valid_host(h) for h in cases} == cases
+    for i in range(3 * module._REMEMBERED):
+        assert module.valid_host(b"n%d.example" % i) is True
+        assert len(module._VERDICTS) <= module._REMEMBERED
+    assert {h: module.valid_host(h) for h in cases} == cases
+
+
 # -- cursors ---------------------------------------------------------------------------
 
 @pytest.fixture(scope="module", params=["memory", "redis"])
