@@ -71,7 +71,7 @@ def late(server: RedisServer) -> tuple[DelayProxy, Settings]:
     return proxy, Settings(redis_url=proxy.url, sync_interval_s=0.2, redis_timeout_s=5)
 
 
-def warm(c: TestClient) -> None:
+def warm(c: TestClient, broker: str = "warm") -> None:
     """A report answered by Redis on the fast connection first: the late reply must be a
     command's, not the connection handshake's (a handshake that times out never sends the
     command). On a busy machine the first call may itself miss the 50 ms call timeout
@@ -82,7 +82,7 @@ def warm(c: TestClient) -> None:
     the journal without a call (``RedisStore.report_many``) until the journal is replayed:
     so each try waits for the replay first, and every try is a call to Redis."""
     for _ in range(20):
-        r = c.post("/report-latency", json={"brokerName": "warm", "latencyMs": 1})
+        r = c.post("/report-latency", json={"brokerName": broker, "latencyMs": 1})
         assert r.status_code == 200, r.text
         wait_until(lambda: c.get("/readyz").json()["degraded"] is False, 30, "warmed",
                    interval_s=0.05)
@@ -107,8 +107,10 @@ def test_the_warm_up_outlasts_its_own_first_report_timing_out(server: RedisServe
         with TestClient(create_app(settings)) as c:
             warm(c)
             assert proxy.held == 1
-            r = c.post("/report-latency", json={"brokerName": "after", "latencyMs": 1})
-            assert r.json()["degraded"] is False
+            # Reports reach Redis again: one of a few is answered within the 50 ms call
+            # timeout (one try alone may miss it on a busy machine, as the warm-up's may).
+            warm(c, "after")
+            assert proxy.held == 1
     finally:
         proxy.close()
 
