@@ -106,6 +106,23 @@ class Memos(Generic[T]):
     def __len__(self) -> int:
         return len(self._by)
 
+    def fresh(
+        self, route: Route, config: Config, now_ms: int, producer: str | None, epoch: int
+    ) -> TopicMemo[T] | None:
+        """The memo of ``route`` for ``producer`` when it is still valid at ``now_ms`` on a
+        table at select epoch ``epoch`` (what ``current`` returns without working anything
+        out), else None: the select's common case, in one call."""
+        memo = self._by.get((route.topic, producer))
+        if (
+            memo is not None
+            and memo.epoch == epoch
+            and memo.since <= now_ms < memo.until
+            and memo.route is route
+            and memo.config is config
+        ):
+            return memo
+        return None
+
     def current(
         self,
         route: Route,

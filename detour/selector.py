@@ -71,7 +71,17 @@ def choose_kept(
     kept for the next select starting there when it may repeat.
 
     Such a select reads no draw when its answer is kept, so none is taken from the
-    module's generator, which nobody reads in order."""
+    module's generator, which nobody reads in order.
+
+    The common case, a memo still valid and an answer kept for the counter's start, is
+    two calls (``Memos.fresh``, ``SelectorState.step_kept``): a producer thread that
+    slept runs its first microseconds cold, and every call costs it (docs/BENCHMARKS.md,
+    "Cached decide in fewer calls")."""
+    fresh = view.memos.fresh(route, view.config, now_ms, producer, view.select_epoch)
+    if fresh is not None:
+        hit = view.selector.step_kept(route.topic, fresh.answers)
+        if hit is not None:
+            return hit  # type: ignore[no-any-return]
     memo: TopicMemo[T] = view.memos.current(
         route, view.config, view.faults, now_ms, producer, view.select_epoch
     )

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Mapping
+from typing import TypeVar
 
 from detour.model import Config, FaultItem
 from detour.policy import idle_score, peak_ewma, probe_free
+
+T = TypeVar("T")
 
 #: Only a counter's value modulo small route sizes matters.
 _COUNTER_MASK = 0x7FFFFFFF
@@ -55,6 +58,23 @@ class SelectorState:
             c = random.randrange(1 << 16)
             self._store_counter(topic, c)
         return c
+
+    def step_kept(self, topic: str, answers: list[tuple[T, int] | None]) -> T | None:
+        """The answer kept in ``answers`` (by the walk's start) for the topic's counter,
+        the counter stepped as that answer's decision stepped it; None, and nothing
+        changed, when the topic has no counter yet or no answer is kept for its start.
+        One call for what ``counter`` and ``set_counter`` do around a kept answer: the
+        select's common case (``detour.selector.choose_kept``)."""
+        counters = self._counters
+        c = counters.get(topic)
+        if c is None:
+            return None
+        kept = answers[c % len(answers)]
+        if kept is None:
+            return None
+        del counters[topic]  # to the end: most recently used (the size does not change)
+        counters[topic] = (c + kept[1]) & _COUNTER_MASK
+        return kept[0]
 
     def set_counter(self, topic: str, value: int) -> None:
         counters = self._counters

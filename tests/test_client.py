@@ -196,6 +196,31 @@ def test_cached_clients_obey_each_others_reports(
         assert two.stats().remote_selects == 0 and two.stats().stream_connected
 
 
+def test_every_cached_select_is_decided_locally_and_counted_once(
+    service: ServiceProcess, admin: httpx.Client
+) -> None:
+    """Cached selects take the table first, whatever they ask (a first attempt, a retry, a
+    key): each is local, counted once, and a bad key is still refused before it."""
+    put_route(admin, "fast-t", {"fast-a": 2, "fast-b": 2})
+    with DetourClient(service.url, mode="cached") as client:
+        assert client.wait_ready(15)
+        before = client.stats()
+        firsts = [client.select("fast-t") for _ in range(8)]
+        retries = [client.select("fast-t", last_broker="fast-a") for _ in range(4)]
+        keyed = [client.select("fast-t", sharding_key="order-7") for _ in range(3)]
+        with pytest.raises(ValueError):
+            client.select("fast-t", sharding_key="")
+        after = client.stats()
+    assert all(s.local for s in firsts + retries + keyed)
+    assert {(s.broker_name, s.queue_id) for s in firsts} == {
+        (b, q) for b in ("fast-a", "fast-b") for q in (0, 1)
+    }  # round robin over all four queues, twice
+    assert {s.broker_name for s in retries} == {"fast-b"}
+    assert len({(s.broker_name, s.queue_id) for s in keyed}) == 1  # the key's queue
+    assert after.local_selects - before.local_selects == 15
+    assert after.remote_selects == before.remote_selects == 0
+
+
 def test_cached_send_loop_flushes_reports_in_batches(
     service: ServiceProcess, admin: httpx.Client
 ) -> None:

@@ -120,6 +120,32 @@ def test_async_cached_clients_obey_each_others_reports(service: ServiceProcess) 
     assert items(service.url)["acache-a"]["available"] is False
 
 
+def test_every_async_cached_select_is_decided_locally_and_counted_once(
+    service: ServiceProcess,
+) -> None:
+    """As the sync client: the table first, each select local and counted once."""
+    put_route(service.url, "afast-t", {"afast-a": 2, "afast-b": 2})
+
+    async def main() -> None:
+        async with AsyncDetourClient(service.url, mode="cached") as client:
+            assert await client.wait_ready(15)
+            before = client.stats()
+            firsts = [await client.select("afast-t") for _ in range(8)]
+            retries = [await client.select("afast-t", "afast-a") for _ in range(4)]
+            keyed = [await client.select("afast-t", sharding_key="k") for _ in range(3)]
+            with pytest.raises(ValueError):
+                await client.select("afast-t", sharding_key="x" * 1025)
+            after = client.stats()
+        assert all(s.local for s in firsts + retries + keyed)
+        assert len({(s.broker_name, s.queue_id) for s in firsts}) == 4
+        assert {s.broker_name for s in retries} == {"afast-b"}
+        assert len({(s.broker_name, s.queue_id) for s in keyed}) == 1
+        assert after.local_selects - before.local_selects == 15
+        assert after.remote_selects == before.remote_selects == 0
+
+    asyncio.run(main())
+
+
 def test_async_cached_client_applies_a_burst_of_events_a_few_at_a_time(
     service: ServiceProcess,
 ) -> None:

@@ -476,3 +476,51 @@ def test_every_way_the_view_changes_ends_the_kept_answers(change: str) -> None:
         want = selector.choose_on(full, route, Ask(), None, NOW)
         assert answer_of(got.choice) == answer_of(want)
         assert got.text(False) == rendered(route, want).text(False)
+
+
+@pytest.mark.unit
+def test_fresh_is_the_memo_current_returns_without_working_anything_out() -> None:
+    """``Memos.fresh`` (the select's one-call lookup) answers the memo exactly when
+    ``current`` would return it as it is; every way it may not be used answers None."""
+    memos: Memos[str] = Memos()
+    route, config = route_of([2, 2]), ROCKETMQ_4
+    memo = memos.current(route, config, {}, NOW, "p1", 7)
+    assert memo.until > NOW
+    assert memos.fresh(route, config, NOW, "p1", 7) is memo
+    assert memos.fresh(route, config, memo.until - 1, "p1", 7) is memo
+    for why, args in {
+        "epoch moved": (route, config, NOW, "p1", 8),
+        "at its end": (route, config, memo.until, "p1", 7),
+        "before its start": (route, config, NOW - 1, "p1", 7),
+        "another producer": (route, config, NOW, "p2", 7),
+        "another route object": (route_of([2, 2]), config, NOW, "p1", 7),
+        "another config object": (route, replace(config), NOW, "p1", 7),
+    }.items():
+        assert memos.fresh(*args) is None, why
+    assert memos.current(route, config, {}, NOW, "p1", 7) is memo  # nothing was changed
+
+
+@pytest.mark.unit
+def test_step_kept_steps_the_counter_as_the_kept_answer_did_or_changes_nothing() -> None:
+    from detour.selector_state import SelectorState
+
+    state = SelectorState(max_topics=3)
+    answers: list[tuple[str, int] | None] = [("q0", 1), None, ("q2", 3)]
+    assert state.step_kept("t", answers) is None  # no counter yet: the full select sets one
+    assert state.sizes()[0] == 0
+
+    state.set_counter("t", 1)
+    state.set_counter("u", 5)
+    assert state.step_kept("t", answers) is None  # nothing kept for start 1
+    assert state.counter("t") == 1
+
+    state.set_counter("t", 2)
+    state.set_counter("u", 5)  # u is the most recently used
+    assert state.step_kept("t", answers) == "q2"
+    assert state.counter("t") == 5  # moved as the decision moved it
+    state.set_counter("v", 0)
+    state.set_counter("w", 0)  # past the cap: the least recently used (u) goes, not t
+    assert state.sizes()[0] == 3 and state.counter("t") == 5
+
+    state.set_counter("t", 0x7FFFFFFF)  # the counter wraps as set_counter's does
+    assert state.step_kept("t", [("q", 1)]) == "q" and state.counter("t") == 0
