@@ -322,6 +322,12 @@ class AsyncDetourClient:
         """The queue for one send attempt; as ``DetourClient.select``, same errors."""
         if sharding_key is not None:
             wire.check_sharding_key(sharding_key)
+        core = self._core
+        if self._stream is not None:  # cached mode, the table first (as DetourClient.select)
+            selected = core.table.select(topic, last_broker, sharding_key)
+            if selected is not None:
+                core.local_selects += 1
+                return selected
         return await self._select(topic, last_broker, None, sharding_key)
 
     async def _select(
@@ -333,12 +339,6 @@ class AsyncDetourClient:
     ) -> SelectedQueue:
         core = self._core
         if core.cached:
-            # The table first, with no call around it (as DetourClient._select).
-            if self._stream is not None:
-                selected = core.table.select(topic, last_broker, sharding_key)
-                if selected is not None:
-                    core.local_selects += 1
-                    return selected
             self._start()
             stream = self._stream
             assert stream is not None

@@ -361,6 +361,16 @@ class DetourClient:
         """
         if sharding_key is not None:
             wire.check_sharding_key(sharding_key)
+        core = self._core
+        if self._stream is not None:
+            # Cached mode, the table first and no call around it: a producer thread that
+            # slept runs its first microseconds cold, and every call costs it
+            # (docs/BENCHMARKS.md, "Cached decide in fewer calls"). None: no route known
+            # yet, which ``_select`` waits for or fetches.
+            selected = core.table.select(topic, last_broker, sharding_key)
+            if selected is not None:
+                core.local_selects += 1
+                return selected
         return self._select(topic, last_broker, None, sharding_key)
 
     def _select(
@@ -372,17 +382,13 @@ class DetourClient:
     ) -> SelectedQueue:
         core = self._core
         if self._stream is not None:
-            # The table first, with no call around it: a producer thread that slept runs
-            # its first microseconds cold, and every call costs it (docs/BENCHMARKS.md,
-            # "Cached decide in fewer calls"). None: no route known yet.
-            selected = core.table.select(topic, last_broker, sharding_key)
-            if selected is not None:
-                core.local_selects += 1
-                return selected
-            if not self._stream.synced.is_set():
-                self._stream.synced.wait(core.snapshot_wait_s(ends))
-            cause = None if core.table.has_route(topic) else self._fetch_route(topic, ends)
-            return core.local_select(topic, last_broker, cause, sharding_key=sharding_key)
+            if not core.table.has_route(topic):
+                if not self._stream.synced.is_set():
+                    self._stream.synced.wait(core.snapshot_wait_s(ends))
+                if not core.table.has_route(topic):
+                    cause = self._fetch_route(topic, ends)
+                    return core.local_select(topic, last_broker, cause, sharding_key=sharding_key)
+            return core.local_select(topic, last_broker, sharding_key=sharding_key)
         # A topic the client could not decide for waits for the whole call (below).
         known = core.knows(topic)
         if not core.table.has_route(topic):
