@@ -145,6 +145,12 @@ class Settings(BaseSettings):
     #: Seconds a connection that has not proven itself (no valid token shown; on an open
     #: Detour, no request served yet) may stay idle; a proven one keeps uvicorn's 5 s.
     unproven_idle_s: float = Field(1.0, gt=0, le=300)
+    #: The kernel buffers of every connection's socket, each way (bytes; Linux doubles
+    #: each): fixed, so what one connection may hold in the kernel is bounded whatever its
+    #: client does (not reading its answers, sending faster than it is read), where
+    #: autotuning lets a socket queue megabytes, charged to the pod by cgroup v2. At the
+    #: defaults, 512 connections hold at most 128 MiB of socket memory (docs/security.md).
+    socket_buffer_bytes: int = Field(64 * 1024, ge=4096, le=16 * 1024 * 1024)
     #: Host names (comma-separated, no port) requests may name besides loopback names
     #: and IP literals; ``*`` allows any. Against DNS rebinding: a web page that makes its
     #: own name resolve to 127.0.0.1 still sends that name as Host. Checked on an open

@@ -210,3 +210,77 @@ def test_a_connection_closed_with_its_answer_unread_is_reset(svc: ServiceProcess
                 got += len(chunk)
             raise AssertionError(f"closed after the whole answer ({got} bytes), not reset")
     assert got < size, (got, size)
+
+
+def kernel_queues(server_port: int, client_port: int) -> tuple[int, int] | None:
+    """(send queue, receive queue) in bytes of the server's socket of one loopback
+    connection, from /proc/net/tcp (what the kernel holds for it); None if not found."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, queues = fields[1], fields[2], fields[4]
+        if int(local.split(":")[1], 16) == server_port and \
+                int(remote.split(":")[1], 16) == client_port:  # fmt: skip
+            tx, rx = queues.split(":")
+            return int(tx, 16), int(rx, 16)
+    return None
+
+
+def settled_queues(server_port: int, client_port: int) -> tuple[int, int]:
+    """The server socket's queues once they stop moving (three equal readings 50 ms apart,
+    at most 10 s): another process's kernel state, which no event announces."""
+    last, same = None, 0
+    deadline = time.monotonic() + 10
+    while same < 3 and time.monotonic() < deadline:
+        now = kernel_queues(server_port, client_port)
+        assert now is not None, "the connection is not in /proc/net/tcp"
+        same = same + 1 if now == last else 0
+        last = now
+        time.sleep(0.05)
+    assert last is not None
+    return last
+
+
+#: What the kernel may hold per connection each way: ``socket_buffer_bytes`` (64 KiB),
+#: doubled by Linux.
+KERNEL_BOUND = 2 * 64 * 1024
+
+
+def test_the_kernel_holds_little_of_the_answers_of_a_client_that_reads_none(
+    svc: ServiceProcess,
+) -> None:
+    """A client asks for large answers and reads none. The kernel's send buffer was
+    autotuned: on loopback it took a megabyte and more per connection, which no bound saw
+    and cgroup v2 charges to the pod. Fixed, it holds at most twice the setting; the rest
+    waits in the transport, where the pipelining bound stops reading more requests."""
+    request = with_token(b"GET /openapi.json HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+    size = len(httpx.get(svc.url + "/openapi.json", timeout=10,
+                         headers={"authorization": f"Bearer {TOKEN}"}).content)
+    count = 4 * 2**20 // size + 1  # 4 MiB of answers asked for
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", svc.port))
+        sock.sendall(request * count)
+        sent, _ = settled_queues(svc.port, sock.getsockname()[1])
+    assert sent <= KERNEL_BOUND, f"the kernel holds {sent} bytes of answers for one connection"
+    assert httpx.get(svc.url + "/healthz", timeout=10).status_code == 200
+
+
+def test_the_kernel_holds_little_of_what_a_flooding_client_sends(svc: ServiceProcess) -> None:
+    """A client sends requests as fast as loopback takes them and reads no answer: the
+    server stops reading (the pipelining bound), and what the kernel keeps for it is the
+    receive buffer, fixed at twice the setting, not one grown while it was read quickly."""
+    burst = with_token(REQUESTS["asgi"]) * 4096
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 * 2**20)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", svc.port))
+        sock.setblocking(False)
+        ends = time.monotonic() + 2
+        while time.monotonic() < ends:
+            try:
+                sock.send(burst)
+            except BlockingIOError:
+                time.sleep(0.01)  # both buffers are full: the flood is as deep as it goes
+        _, received = settled_queues(svc.port, sock.getsockname()[1])
+    assert received <= KERNEL_BOUND, f"the kernel holds {received} bytes unread for one connection"
+    assert httpx.get(svc.url + "/healthz", timeout=10).status_code == 200

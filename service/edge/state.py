@@ -38,6 +38,10 @@ class EdgeLimits:
     #: A connection that has not proven itself (no valid token shown; on an open Detour,
     #: no request served) may be idle this long (s).
     unproven_idle_s: float = 1.0
+    #: Kernel send and receive buffers of every connection's socket
+    #: (``socket_buffer_bytes``): fixed, so that no client makes the kernel queue
+    #: megabytes for one connection.
+    socket_buffer: int = 64 * 1024
     #: Kernel send buffer of an endless response's socket (``stream_send_buffer_bytes``):
     #: fixed, so a client that stops reading stalls the writes after this much, where
     #: autotuning would queue megabytes.

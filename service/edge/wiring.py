@@ -71,6 +71,7 @@ def edge_limits(settings: Settings, has_tokens: bool) -> EdgeLimits:
         max_connections=max_connections,
         max_connections_per_peer=min(settings.max_connections_per_peer, max_connections),
         unproven_idle_s=settings.unproven_idle_s,
+        socket_buffer=settings.socket_buffer_bytes,
         stream_send_buffer=settings.stream_send_buffer_bytes,
         hosts=HostNames.parse(settings.allowed_hosts, settings.host) if check_hosts else None,
     )
