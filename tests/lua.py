@@ -17,7 +17,7 @@ PREFIX = "detour:{default}"
 #: report.lua's KEYS, in its header's order
 REPORT_KEYS = [f"{PREFIX}:{k}" for k in ("faults", "meta", "latency-log", "events", "ends",
                                          "writers", "writers-seen", "ids", "ids-index",
-                                         "ids-forgotten")]
+                                         "ids-forgotten", "routes", "graves")]
 CHANNEL = f"{PREFIX}:changes"
 
 

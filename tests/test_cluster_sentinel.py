@@ -333,8 +333,10 @@ def test_cluster_keeps_a_namespace_on_one_node_and_replicas_follow_each_other(
         with node.client() as c:
             if keys := sorted(c.keys("*")):
                 holders[node.port] = keys
-    # (the faults hash went away with its last entry; the delete left its grave)
-    assert holders == {owner.port: ["detour:{default}:events", "detour:{default}:graves",
+    # (the faults hash keeps the table's mark after its last entry; the delete left its
+    # grave)
+    assert holders == {owner.port: ["detour:{default}:events", "detour:{default}:faults",
+                                    "detour:{default}:graves",
                                     "detour:{default}:graves-by-time",
                                     "detour:{default}:latency-log",
                                     "detour:{default}:meta", "detour:{default}:routes",

@@ -16,6 +16,7 @@ from detour.client import DetourClient
 from service.app import create_app
 from service.settings import Settings
 from service.store import codec
+from tests import raw_table
 from tests.asgi_client import TestClient
 from tests.procs import RedisServer, ServiceProcess, wait_until
 from tests.proxy import DelayProxy
@@ -152,7 +153,7 @@ def test_a_batch_retried_after_a_late_reply_is_applied_once(server: RedisServer,
             assert first.status_code == 200
             assert all(x["degraded"] for x in first.json()["results"])
             wait_until(lambda: stored(raw, "b4") is not None, 10, "redis ran the batch")
-            table = raw.hgetall(f"{PREFIX}:faults")
+            table = raw_table.fields(raw, f"{PREFIX}:faults")
             assert [x["availableAt"] for x in first.json()["results"]] == \
                 [codec.decode_fault("", table[f"b{i}"]).available_at for i in range(5)]
             # The producer did not get its answer either and sends the batch again.
@@ -174,7 +175,7 @@ def test_a_batch_retried_after_a_late_reply_is_applied_once(server: RedisServer,
                 assert logged(raw, f"b{i}") == 1
             # The batch's items are as the first run wrote them. (The warm-up broker's is
             # left out: its fast reports may be coalesced and written at a later flush.)
-            now = raw.hgetall(f"{PREFIX}:faults")
+            now = raw_table.fields(raw, f"{PREFIX}:faults")
             assert [now[f"b{i}"] for i in range(5)] == [table[f"b{i}"] for i in range(5)]
     finally:
         proxy.close()

@@ -56,7 +56,8 @@ def test_keys_share_one_hash_tag(redis_url: str, raw: redis.Redis) -> None:
         c.patch("/config", json={})
     keys = sorted(raw.keys("*"))
     assert keys == [f"{PREFIX}:ends", f"{PREFIX}:events", f"{PREFIX}:faults",
-                    f"{PREFIX}:latency-log", f"{PREFIX}:meta", f"{PREFIX}:routes",
+                    f"{PREFIX}:graves", f"{PREFIX}:latency-log", f"{PREFIX}:meta",
+                    f"{PREFIX}:routes",
                     f"{PREFIX}:writers", f"{PREFIX}:writers-seen"]
     assert raw.hget(f"{PREFIX}:faults", "a") is not None
 

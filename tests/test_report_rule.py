@@ -25,6 +25,7 @@ from detour import policy
 from detour.apply import ReportIn, Rules, apply_reports
 from detour.model import REPORT_ID_MARGIN_MS, REPORT_ID_WINDOW_MS, Config, FaultItem
 from service.store import codec
+from tests import raw_table
 from tests.budget import examples
 from tests.lua import CHANNEL, PREFIX, REPORT_KEYS, entry, head, script
 from tests.procs import RedisServer
@@ -118,7 +119,8 @@ def _probe(p: str | None) -> int:
 
 
 def _table(raw: redis.Redis) -> dict[str, FaultItem]:
-    return {b: codec.decode_fault(b, v) for b, v in raw.hgetall(f"{PREFIX}:faults").items()}
+    stored = raw_table.fields(raw, f"{PREFIX}:faults")
+    return {b: codec.decode_fault(b, v) for b, v in stored.items()}
 
 
 def _send(raw: redis.Redis, report: Any, model: Model, batch: list[tuple[ReportIn, int]],

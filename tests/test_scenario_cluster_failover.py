@@ -22,6 +22,7 @@ import pytest
 import redis
 
 from service.store import codec
+from tests import raw_table
 from tests.procs import RedisServer, ServiceProcess, free_port, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
@@ -176,11 +177,12 @@ def test_a_cluster_failover_to_a_replica_that_missed_writes_loses_nothing(
                        "detour merged into the new master", interval_s=0.05)
             wait_until(lambda: httpx.get(svc.url + "/readyz", timeout=5).json()["degraded"]
                        is False, 30, "recovered", interval_s=0.05)
-            faults = {b: codec.decode_fault(b, v) for b, v in r.hgetall(f"{PREFIX}:faults").items()}
+            stored = raw_table.fields(r, f"{PREFIX}:faults")
+            faults = {b: codec.decode_fault(b, v) for b, v in stored.items()}
             for m in missed:
                 assert faults[m["brokerName"]].available_at == m["availableAt"]
             assert faults["a"].available_at == seen["availableAt"]
-            routes = set(r.hkeys(f"{PREFIX}:routes"))
+            routes = raw_table.names(r, f"{PREFIX}:routes")
             assert {"t", "u"} <= routes and "gone" not in routes  # the delete was kept too
             assert '"maxAvoidedPercent":80' in r.hget(META, "config")  # the newer config
         assert c.get("/config").json()["maxAvoidedPercent"] == 80

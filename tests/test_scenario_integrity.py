@@ -15,7 +15,7 @@ from service.app import create_app
 from service.settings import Settings
 from service.store import codec
 from service.store.merge import Candidates, calls
-from tests import lua
+from tests import lua, raw_table
 from tests.asgi_client import TestClient
 from tests.procs import PATIENT_CALL_TIMEOUT_S, RedisServer, ServiceProcess, wait_until
 from tests.proxy import DelayProxy
@@ -212,8 +212,8 @@ def test_a_flush_is_noticed_by_the_first_write_after_it(redis_url: str,
         # A route write into a flushed table re-seeds first as well.
         raw.flushall()
         assert c.put("/routes/u", json=ROUTE).status_code == 200
-        assert {"t", "u"} <= set(raw.hkeys(f"{PREFIX}:routes"))
-        assert "a" in raw.hkeys(f"{PREFIX}:faults")
+        assert {"t", "u"} <= raw_table.names(raw, f"{PREFIX}:routes")
+        assert "a" in raw_table.names(raw, f"{PREFIX}:faults")
 
 
 def _merge_into(raw: Any, writer: str, epoch: str, items: dict[str, str],
@@ -244,10 +244,10 @@ def test_merging_replicas_converge_and_no_window_shrinks(redis_url: str,
     runs = [one, two] if order == "short-first" else [two, one]
     epochs = {_merge_into(raw, *run)[0] for run in runs}
     assert len(epochs) == 1 and raw.hget(f"{PREFIX}:meta", "epoch") in epochs
-    faults = raw.hgetall(f"{PREFIX}:faults")
+    faults = raw_table.fields(raw, f"{PREFIX}:faults")
     # a: the later end (two's), the rest from the newer stamp (one's: latency 5, stamp 9)
     assert faults == {"a": f"9@5,{far}", "b": f"3@5,{far}", "c": f"3@5,{far}"}
-    assert set(raw.hkeys(f"{PREFIX}:routes")) == {"t", "u"}
+    assert raw_table.names(raw, f"{PREFIX}:routes") == {"t", "u"}
     assert raw.zscore(f"{PREFIX}:ends", "a") == far  # the eviction index follows
     assert int(raw.hget(f"{PREFIX}:meta", "hlc")) >= 9  # new stamps come after the merged
     restored = [e["b"] for _, e in raw.xrange(f"{PREFIX}:events") if e["r"] == "recovery"]
@@ -356,7 +356,7 @@ def test_a_table_of_ended_windows_at_the_cap_takes_a_new_broker_at_once(
             batch = {"reports": [{"brokerName": f"old{i}", "latencyMs": 1}
                                  for i in range(start, start + 1000)]}
             assert c.post("/report-latency:batch", json=batch).status_code == 200
-        assert raw.hlen(f"{PREFIX}:faults") == cap
+        assert raw_table.size(raw, f"{PREFIX}:faults") == cap
         raw.config_resetstat()
         raw.config_set("slowlog-log-slower-than", 0)
         raw.config_set("slowlog-max-len", 1000)
@@ -366,8 +366,8 @@ def test_a_table_of_ended_windows_at_the_cap_takes_a_new_broker_at_once(
                                                  "isolation": True})
             assert r.status_code == 200, r.text
             assert r.json()["degraded"] is False
-        assert raw.hlen(f"{PREFIX}:faults") <= cap
-        assert raw.zcard(f"{PREFIX}:ends") == raw.hlen(f"{PREFIX}:faults")
+        assert raw_table.size(raw, f"{PREFIX}:faults") <= cap
+        assert raw.zcard(f"{PREFIX}:ends") == raw_table.size(raw, f"{PREFIX}:faults")
         stats: dict[str, Any] = raw.info("commandstats")
         # The eviction read the index, never the whole table.
         assert "cmdstat_hgetall" not in stats
@@ -390,7 +390,7 @@ def test_a_table_of_ended_windows_at_the_cap_takes_a_new_broker_at_once(
         refused = c.post("/report-latency", json={"brokerName": "late", "latencyMs": 0,
                                                    "isolation": True})
         assert refused.status_code == 409 and refused.json()["error"] == "TABLE_FULL"
-        assert raw.hlen(f"{PREFIX}:faults") <= cap
+        assert raw_table.size(raw, f"{PREFIX}:faults") <= cap
 
 
 def test_a_report_id_is_applied_once_on_every_store(client: TestClient) -> None:
@@ -433,7 +433,7 @@ def test_a_full_table_of_ended_windows_takes_a_new_broker_while_redis_is_late(
             proxy.hold_s = 0
             wait_until(lambda: c.get("/readyz").json()["degraded"] is False, 30, "replayed",
                        interval_s=0.05)
-            assert raw.hlen(f"{PREFIX}:faults") <= 20
-            assert "new" in raw.hkeys(f"{PREFIX}:faults")
+            assert raw_table.size(raw, f"{PREFIX}:faults") <= 20
+            assert "new" in raw_table.names(raw, f"{PREFIX}:faults")
     finally:
         proxy.close()

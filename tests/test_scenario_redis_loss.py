@@ -27,6 +27,7 @@ from detour.model import BrokerRoute, Config, Route
 from service.settings import Settings
 from service.store import ReportIn, codec
 from service.store.redis import RedisStore
+from tests import raw_table
 from tests.procs import RedisServer, wait_until_async
 from tests.proxy import DelayProxy
 
@@ -102,7 +103,7 @@ def recovered(stores: list[RedisStore]) -> Callable[[], bool]:
 def table(c: redis.Redis) -> dict[str, int]:
     """Broker -> window end, as Redis holds it."""
     return {b: codec.decode_fault(b, v).available_at
-            for b, v in c.hgetall(f"{PREFIX}:faults").items()}
+            for b, v in raw_table.fields(c, f"{PREFIX}:faults").items()}
 
 
 async def isolate(store: RedisStore, broker: str) -> int:
@@ -178,8 +179,8 @@ def test_an_older_snapshot_restart_keeps_every_later_write(
                 for b, end in {**before, **after}.items():
                     assert held[b] == end, b
                 assert held["j1"] == journaled[0].available_at  # as answered, to the ms
-                assert "gone" not in c.hkeys(f"{PREFIX}:routes")
-                assert "t" in c.hkeys(f"{PREFIX}:routes")
+                assert "gone" not in raw_table.names(c, f"{PREFIX}:routes")
+                assert "t" in raw_table.names(c, f"{PREFIX}:routes")
                 logged = [e["b"] for _, e in c.xrange(f"{PREFIX}:latency-log")]
                 assert logged.count("j1") == 1
                 # why each window is open came back with it
@@ -233,7 +234,7 @@ def test_redis_killed_again_during_the_merge_still_converges(
                 with persisted.client() as c:
                     deadline = time.monotonic() + 30
                     while time.monotonic() < deadline:
-                        if c.hlen(f"{PREFIX}:faults") > 0:
+                        if raw_table.size(c, f"{PREFIX}:faults") > 0:
                             persisted.crash()
                             killed.set()
                             return
@@ -409,7 +410,7 @@ def test_another_redis_at_the_same_address_with_a_newer_looking_table_is_merged(
             with swapped.client() as c:
                 held = table(c)
                 assert all(held[b] == end for b, end in {**mine, **theirs}.items())
-                assert {"t", "gone"} <= set(c.hkeys(f"{PREFIX}:routes"))
+                assert {"t", "gone"} <= raw_table.names(c, f"{PREFIX}:routes")
             await until(lambda: {*mine, *theirs} <= replica.view.faults.keys()
                         and replica.view.config.max_avoided_percent == 60, "the replica too")
         finally:
@@ -421,3 +422,99 @@ def test_another_redis_at_the_same_address_with_a_newer_looking_table_is_merged(
         for s in (first, other, swapped):
             if s is not None:
                 s.stop()
+
+
+META = f"{PREFIX}:meta"
+
+
+def _hold_a_table(stores: list[RedisStore]) -> Callable[[], Awaitable[int]]:
+    """A route, a deleted route (its grave) and a window, pushed to every replica."""
+
+    async def hold() -> int:
+        await stores[0].put_route(ROUTE)
+        await stores[0].put_route(GONE)
+        assert await stores[0].delete_route("gone")
+        end = await isolate(stores[0], "a")
+        await until(lambda: all("a" in s.view.faults and "t" in s.view.routes
+                                and "gone" not in s.view.routes for s in stores), "pushed")
+        return end
+
+    return hold
+
+
+@pytest.mark.parametrize("lost", ["faults", "routes", "graves"])
+def test_a_hash_dropped_whole_is_merged_back_by_every_replica(lost: str) -> None:
+    """Redis drops keys whole: an evicting ``maxmemory-policy`` under memory pressure, a DEL
+    of one key. With the table's meta intact, a dropped hash read as an empty one: no
+    replica noticed, and the next snapshot or report built on it (a new replica without the
+    routes, a window forgotten). Each hash now carries the table's epoch
+    (lua/lib/item.lua ``table_epoch``): without it the table has no epoch, every replica
+    merges what it holds, and the hash is back whole, under a new epoch."""
+    server = RedisServer()
+
+    async def scenario() -> None:
+        stores = await started(server.url, 2)
+        try:
+            end = await _hold_a_table(stores)()
+            with server.client() as c:
+                epoch = c.hget(META, "epoch")
+                assert c.delete(f"{PREFIX}:{lost}") == 1
+
+            def back() -> bool:
+                with server.client() as c:
+                    return (c.hget(META, "epoch") not in (None, epoch)
+                            and table(c).get("a") == end
+                            and "t" in raw_table.names(c, f"{PREFIX}:routes"))
+
+            await until(back, f"the {lost} hash merged back")
+            await until(recovered(stores), "every replica recovered")
+            with server.client() as c:
+                now = c.hget(META, "epoch")
+                for key in ("faults", "routes", "graves"):
+                    assert c.hget(f"{PREFIX}:{key}", codec.MARK) == now, key
+                assert "gone" not in raw_table.names(c, f"{PREFIX}:routes")
+                # (a grave goes back only to beat a copy the table holds: the replicas keep
+                # theirs, and a merge that brings the route back meets them)
+                assert (c.hget(f"{PREFIX}:graves", "r#gone") is None) == (lost == "graves")
+            for s in stores:
+                assert s.view.faults["a"].available_at == end and "t" in s.view.routes
+        finally:
+            for s in stores:
+                await s.close()
+
+    try:
+        run(scenario)
+    finally:
+        server.stop()
+
+
+def test_a_report_into_a_dropped_faults_hash_keeps_the_window() -> None:
+    """The report that meets the dropped hash first (before any poll): it was applied to no
+    item and wrote a fresh one, without the window, pushed to every replica: a sick broker
+    back in rotation. Now the script finds no epoch and writes nothing; the replica merges
+    and applies the report on the merged item: its vote is added, the window kept."""
+    server = RedisServer()
+
+    async def scenario() -> None:
+        # no poll during the test: the report is what meets the loss
+        store = RedisStore(Settings(redis_url=server.url, sync_interval_s=60,
+                                    redis_call_timeout_s=5.0))
+        await store.start()
+        try:
+            end = await _hold_a_table([store])()
+            with server.client() as c:
+                assert c.delete(f"{PREFIX}:faults") == 1
+            # a slow report: written at once (a fast one waits for the next flush), a
+            # suspect vote on the item it finds; on no item, an item without the window
+            (out,) = await store.report_many([ReportIn("a", 600, producer="p")])
+            assert out.available_at == end
+            with server.client() as c:
+                assert table(c) == {"a": end}
+            assert store.view.faults["a"].available_at == end
+        finally:
+            await store.close()
+
+    try:
+        run(scenario)
+    finally:
+        server.stop()

@@ -27,6 +27,7 @@ from service import metrics
 from service.settings import Settings
 from service.store import ReportIn, codec, scripts
 from service.store.redis import RedisStore
+from tests import raw_table
 from tests.procs import RedisServer
 from tests.test_scenario_redis_loss import (
     PREFIX,
@@ -61,7 +62,7 @@ def resume(store: RedisStore) -> None:
 
 def routes_in(persisted: Persisted) -> set[str]:
     with persisted.client() as c:
-        return set(c.hkeys(f"{PREFIX}:routes"))
+        return raw_table.names(c, f"{PREFIX}:routes")
 
 
 @pytest.fixture
@@ -132,7 +133,7 @@ def test_a_delete_of_an_entry_the_table_lacks_leaves_its_grave() -> None:
             resume(b)
             await until(recovered([b]), "b resynced")
             with server.client() as c:
-                assert set(c.hkeys(f"{PREFIX}:routes")) == {"u"}
+                assert raw_table.names(c, f"{PREFIX}:routes") == {"u"}
                 assert c.hexists(f"{PREFIX}:graves", "r#t")
             assert "t" not in b.view.routes
         finally:
@@ -178,7 +179,7 @@ async def write_then_roll_back(server: RedisServer, a: RedisStore, b: RedisStore
                 "pushed")
     with server.client() as c:
         c.execute_command("DEBUG", "RELOAD", "NOSAVE")
-        assert set(c.hkeys(f"{PREFIX}:routes")) == {"t1", "t2"}  # rolled back
+        assert raw_table.names(c, f"{PREFIX}:routes") == {"t1", "t2"}  # rolled back
 
 
 async def converged(server: RedisServer, stores: list[RedisStore]) -> None:
@@ -186,8 +187,8 @@ async def converged(server: RedisServer, stores: list[RedisStore]) -> None:
 
     def done() -> bool:
         with server.client() as c:
-            routes = set(c.hkeys(f"{PREFIX}:routes"))
-            faults = set(c.hkeys(f"{PREFIX}:faults"))
+            routes = raw_table.names(c, f"{PREFIX}:routes")
+            faults = raw_table.names(c, f"{PREFIX}:faults")
         return routes == {"t2", "t3"} and "bA" not in faults and all(
             s.view.routes.keys() == {"t2", "t3"} and "bA" not in s.view.faults for s in stores)
 

@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from service.store import codec
+from tests import raw_table
 from tests.procs import (
     PATIENT_ENV,
     RedisServer,
@@ -95,7 +96,7 @@ def test_failover_to_a_replica_that_missed_writes_loses_nothing_a_replica_holds(
                            "detour re-seeded the promoted replica", interval_s=0.05)
                 wait_until(lambda: httpx.get(svc.url + "/readyz", timeout=5).json()[
                     "degraded"] is False, 30, "recovered", interval_s=0.05)
-                faults = r.hgetall(f"{PREFIX}:faults")
+                faults = raw_table.fields(r, f"{PREFIX}:faults")
                 for m in missed:
                     item = codec.decode_fault("", faults[m["brokerName"]])
                     assert item.available_at == m["availableAt"]

@@ -11,6 +11,7 @@ import redis
 
 from service.app import create_app
 from service.settings import Settings
+from tests import raw_table
 from tests.asgi_client import TestClient
 from tests.procs import PATIENT_ENV, ServiceProcess, write_tokens
 
@@ -114,8 +115,9 @@ def test_flooding_one_namespace_leaves_the_other_alone(redis_url: str, tmp_path:
                                       headers=h("flood")).status_code)
         # Every wave fits once ended windows are dropped (1% isolations stay open).
         assert statuses == [200] * 8
-        assert raw.hlen("flood:{a}:faults") <= 1000
+        assert raw_table.size(raw, "flood:{a}:faults") <= 1000
         assert set(raw.scan_iter("flood:*")) <= {
+            "flood:{a}:routes", "flood:{a}:graves", "flood:{b}:graves",
             "flood:{a}:faults", "flood:{a}:meta", "flood:{a}:latency-log", "flood:{a}:events",
             "flood:{b}:faults", "flood:{b}:meta", "flood:{b}:routes", "flood:{b}:latency-log",
             "flood:{b}:events", "flood:{a}:ends", "flood:{b}:ends", "flood:{a}:writers",

@@ -163,6 +163,12 @@ def decode_fault(broker: str, raw: str) -> FaultItem:
     )
 
 
+#: The field that carries the table's epoch in each hash of the table (lua/lib/item.lua
+#: ``MARK``): never a name (NAME_PATTERN has no ``~``), so readers of a whole hash skip it.
+MARK = "~epoch"
+
+
 def pairs(flat: Sequence[str]) -> list[tuple[str, str]]:
-    """Redis's flat ``HGETALL`` reply as (field, value) pairs."""
-    return list(zip(flat[::2], flat[1::2], strict=True))
+    """Redis's flat ``HGETALL`` reply of a table hash as (field, value) pairs, without
+    the table's mark."""
+    return [(k, v) for k, v in zip(flat[::2], flat[1::2], strict=True) if k != MARK]

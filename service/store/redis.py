@@ -3,7 +3,8 @@
 Layout (all keys share the ``{namespace}`` hash tag, so one Cluster slot):
 
     {prefix}:{ns}:faults   hash broker -> item ("stamp@latencyMs,availableAt,...",
-                           service/store/lua/lib/item.lua)
+                           service/store/lua/lib/item.lua); and "~epoch" -> the table's
+                           epoch, as in routes and graves (lib/item.lua ``table_epoch``)
     {prefix}:{ns}:routes   hash topic  -> "stamp|" + JSON [[brokerName, writeQueueNums,
                            address], ...]
     {prefix}:{ns}:meta     hash version (bumped by every visible change), hlc (the last
@@ -32,6 +33,7 @@ the scripts' reply fields.
 Integrity (docs/reliability.md): Redis is the meeting point, not the only copy. Every
 replica holds the table; when there is any sign that Redis lost or rolled back data (the
 server under a reconnection lost this replica's mark, the table's epoch is gone or another,
+a hash of the table lacks the epoch's mark (``~epoch``: Redis dropped it whole),
 this replica's acknowledged sequence numbers, the table's version or its last stamp went
 back, the table's history no longer holds the lineage pair this replica reached (a rollback
 in place that later writes took past this replica's version), a config older than this
@@ -635,6 +637,8 @@ class RedisStore:
             self._ids,
             self._ids_index,
             self._ids_forgotten,
+            self._routes,
+            self._graves,
         )
 
     def _saw_values(self, values: Sequence[str]) -> None:
@@ -776,7 +780,16 @@ class RedisStore:
         ``expected``: the config stamp the change was made on (a table whose config changed
         meanwhile is not written: raises ConfigChanged). ``held``: a delete of an entry this
         replica's copy holds, which leaves its grave even where the table lacks it."""
-        keys = (key, self._meta, self._events, self._ends, self._graves, self._graves_index)
+        keys = (
+            key,
+            self._meta,
+            self._events,
+            self._ends,
+            self._graves,
+            self._graves_index,
+            self._faults,
+            self._routes,
+        )
         for _ in range(3):
             await self.confirm()
             args = (
@@ -873,7 +886,7 @@ class RedisStore:
             held = self.held()
             now, flat, epoch, version, high_water, hlc, known = await self._eval(
                 "fault_items",
-                (self._faults, self._meta, self._writers),
+                (self._faults, self._meta, self._writers, self._routes, self._graves),
                 (self._replica_id, *self._lineage),
             )
             lost = self._loss(epoch, int(high_water), int(version), int(hlc), held, int(known) == 1)
@@ -889,7 +902,7 @@ class RedisStore:
         replica = None if primary else self._tier.client
         raw = await self._eval(
             "snapshot",
-            (self._faults, self._routes, self._meta, self._writers),
+            (self._faults, self._routes, self._meta, self._writers, self._graves),
             (self._replica_id, *self._lineage),
             client=replica,
         )
@@ -967,7 +980,10 @@ class RedisStore:
         """The table's identity from the server the follower reads, or the primary's."""
         replica = None if primary else self._tier.client
         raw = await self._eval(
-            "poll", (self._meta, self._writers), (self._replica_id, *self._lineage), client=replica
+            "poll",
+            (self._meta, self._writers, self._faults, self._routes, self._graves),
+            (self._replica_id, *self._lineage),
+            client=replica,
         )
         reply = PollReply.decode(raw)
         if replica is None:

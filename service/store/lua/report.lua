@@ -18,6 +18,7 @@
 -- KEYS[9] report ids index: sorted set (score 0) of "scope#first ms (13 digits)#reportId",
 --         so a scope's oldest ids come first (ZRANGEBYLEX) and are counted by ZLEXCOUNT
 -- KEYS[10] ids forgotten: hash scope -> the newest first sighting (ms) of an id it dropped
+-- KEYS[11], KEYS[12] routes, graves hashes (with KEYS[1], the marks: lib/item.lua table_epoch)
 -- ARGV[1] the config stamp the caller chose durations and rule with: the table's is newer
 --         -> status -1 (stale, nothing written); older -> status -3 (the table lost it)
 -- ARGV[2] update rule: "extend", "overwrite" (lastReportWins) or "off" (avoidance disabled)
@@ -73,7 +74,8 @@ local base = ARGV[11] ~= '' and tonumber(ARGV[11]) or now
 local function dated(age)
   return math.min(base - tonumber(age), now)
 end
-local epoch = redis.call('HGET', KEYS[2], 'epoch') or ''
+local marked = {KEYS[1], KEYS[11], KEYS[12]}
+local epoch = table_epoch(KEYS[2], marked)
 local writer = ARGV[8]
 local g = {}
 for x in string.gmatch(ARGV[9], '[^,]+') do
@@ -88,7 +90,7 @@ if string.sub(held, 1, 1) == '+' then
   held = string.sub(held, 2)
   if epoch == '' then
     epoch = held
-    redis.call('HSET', KEYS[2], 'epoch', epoch)
+    mark_table(KEYS[2], epoch, marked)
   end
 end
 local config_stamp = tonumber(redis.call('HGET', KEYS[2], 'config_stamp') or '0')
@@ -247,13 +249,15 @@ if rule ~= 'off' then
   end
   local new = count_new()
   if new > 0 then
-    local size = redis.call('HLEN', KEYS[1])
+    local size = redis.call('HLEN', KEYS[1]) - redis.call('HEXISTS', KEYS[1], MARK)
     if size + new > cap then
       if redis.call('ZCARD', KEYS[5]) < size then
         -- A table written before the index existed: index it once.
         local all = redis.call('HGETALL', KEYS[1])
         for j = 1, #all, 2 do
-          redis.call('ZADD', KEYS[5], item_end(all[j + 1]), all[j])
+          if all[j] ~= MARK then
+            redis.call('ZADD', KEYS[5], item_end(all[j + 1]), all[j])
+          end
         end
       end
       -- detour.apply.make_room: the items whose window ended longest ago, as many as

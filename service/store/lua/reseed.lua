@@ -11,7 +11,8 @@
 -- KEYS[1] faults hash   KEYS[2] routes hash   KEYS[3] meta hash   KEYS[4] event log stream
 -- KEYS[5] window ends sorted set   KEYS[6] graves hash   KEYS[7] graves index (by time)
 -- ARGV[1] change channel
--- ARGV[2] a fresh epoch: taken when the table has none (emptied, flushed, never had one)
+-- ARGV[2] a fresh epoch: taken when the table has none (emptied, flushed, never had one,
+--         or a hash of it lost: lib/item.lua table_epoch)
 -- ARGV[3] event log cap (0 = no events)   ARGV[4] the merging replica's id
 -- ARGV[5] announce (0/1): push a "reseed" change (field: the replica's id) so the other
 --         replicas merge theirs too (the last call of a merge a replica saw the cause of)
@@ -23,11 +24,13 @@
 -- returns {epoch, version, config written (0/1), routes written, items written, graves
 --   applied, items refused for want of room}
 local now = clock_ms()
-local epoch = redis.call('HGET', KEYS[3], 'epoch')
-if not epoch then
+local marked = {KEYS[1], KEYS[2], KEYS[6]}
+local epoch = table_epoch(KEYS[3], marked)
+if epoch == '' then
+  -- no epoch, or a hash lost (its mark gone): a fresh one, which every replica merges into
   epoch = ARGV[2]
-  redis.call('HSET', KEYS[3], 'epoch', epoch)
 end
+mark_table(KEYS[3], epoch, marked)
 local top_stamp = 0
 local function seen(stamp)
   if stamp > top_stamp then
@@ -129,7 +132,7 @@ for j = i, #ARGV, 2 do
   local merged, old_end = nil, nil
   if not cur then
     if mine.stamp > grave_of('f#' .. broker) then
-      if redis.call('HLEN', KEYS[1]) < cap then
+      if redis.call('HLEN', KEYS[1]) - redis.call('HEXISTS', KEYS[1], MARK) < cap then
         merged = value
       else
         refused = refused + 1

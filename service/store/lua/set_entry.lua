@@ -7,6 +7,7 @@
 -- KEYS[3] event log stream   KEYS[4] window ends sorted set (report.lua's KEYS[5])
 -- KEYS[5] graves hash: "r#topic" / "f#broker" -> the delete's stamp
 -- KEYS[6] graves index: sorted set of the same members by delete time (ms)
+-- KEYS[7], KEYS[8] faults, routes hashes (with KEYS[5], the marks: lib/item.lua table_epoch)
 -- ARGV[1] change channel   ARGV[2] kind ("route" | "config" | "fault")   ARGV[3] field
 -- ARGV[4] value (a route's JSON, the config's JSON); "" deletes the field
 -- ARGV[5] event log cap (0 = no event): an operator's delete of a broker whose window was
@@ -26,12 +27,13 @@
 --   caller holds (nothing pushed); -1 when the epoch differs, -2 when the config changed
 --   meanwhile (stamp: the table's config stamp); nothing written then
 local now = clock_ms()
-local epoch, held = redis.call('HGET', KEYS[2], 'epoch') or '', ARGV[6]
+local marked = {KEYS[7], KEYS[8], KEYS[5]}
+local epoch, held = table_epoch(KEYS[2], marked), ARGV[6]
 if string.sub(held, 1, 1) == '+' then
   held = string.sub(held, 2)
   if epoch == '' then
     epoch = held
-    redis.call('HSET', KEYS[2], 'epoch', epoch)
+    mark_table(KEYS[2], epoch, marked)
   end
 end
 if epoch ~= held then

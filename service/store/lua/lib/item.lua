@@ -159,3 +159,31 @@ local function push(meta, channel, kind, field, value, stamp)
   end
   return v
 end
+
+-- The table's epoch, kept in meta and, as the field MARK, in each hash a select or a merge
+-- reads (faults, routes, graves). Redis drops keys whole (an evicting maxmemory-policy, a
+-- DEL of one key): a table whose meta outlived one of its hashes lacks that hash's mark,
+-- and has no epoch then, whatever meta says, so every replica merges what it holds, as on
+-- any other loss. MARK is no name a broker, a topic or a grave may have (NAME_PATTERN);
+-- codec.MARK is the same field for the readers of whole hashes.
+local MARK = '~epoch'
+
+local function table_epoch(meta, marked)
+  local epoch = redis.call('HGET', meta, 'epoch')
+  if not epoch then
+    return ''
+  end
+  for _, key in ipairs(marked) do
+    if redis.call('HGET', key, MARK) ~= epoch then
+      return ''
+    end
+  end
+  return epoch
+end
+
+local function mark_table(meta, epoch, marked)
+  redis.call('HSET', meta, 'epoch', epoch)
+  for _, key in ipairs(marked) do
+    redis.call('HSET', key, MARK, epoch)
+  end
+end
