@@ -180,8 +180,9 @@ class TableView:
         #: its update: bound here rather than delegated, as every select calls both.
         self.counter = self.selector.counter
         self.set_counter = self.selector.set_counter
-        #: Moves on every change a select may read (``select_reads``: a window, votes, a
-        #: route, the config): the answers kept in ``memos`` hold only within one epoch.
+        #: Moves on every change a select may read (``select_reads``: a window, votes, the
+        #: config, a snapshot): the answers kept in ``memos`` hold only within one epoch (and
+        #: for one route object: a route write replaces the object, and moves no epoch).
         self.select_epoch = 0
         #: The kept answers of unkeyed selects (detour.memo, detour.selector.choose_kept).
         self.memos: Memos[Any] = Memos()
@@ -329,7 +330,10 @@ class TableView:
         if version <= self._route_v.get(topic, 0):
             return
         self._route_v[topic] = version
-        self.select_epoch += 1
+        # No select epoch: a topic's kept answers are kept for its route object
+        # (``Memos.fresh``), which this write replaces; another topic's route is nothing
+        # its selects read, and ending every topic's answers on each route write made a
+        # busy table of routes decide in full again and again.
         if route is None:
             self.routes.pop(topic, None)
             self.route_stamps.pop(topic, None)

@@ -524,3 +524,25 @@ def test_step_kept_steps_the_counter_as_the_kept_answer_did_or_changes_nothing()
 
     state.set_counter("t", 0x7FFFFFFF)  # the counter wraps as set_counter's does
     assert state.step_kept("t", [("q", 1)]) == "q" and state.counter("t") == 0
+
+
+@pytest.mark.unit
+def test_another_topics_route_write_keeps_the_kept_answers() -> None:
+    """A topic's answers are kept for its route object: a write of another topic's route
+    keeps them (every select of every topic decided in full again after each route write
+    of any topic); a write of its own route replaces them."""
+    clock = [NOW]
+    view = TableView(lambda: clock[0])
+    view.replace(Snapshot(version=1, config=ROCKETMQ_4, config_version=1,
+                          routes={"t": route_of([2, 2])}, faults={}))
+    lap = [service_choose(view, "t", None) for _ in range(8)]
+    kept = view.memos.fresh(view.routes["t"], view.config, NOW, None, view.select_epoch)
+    assert kept is not None
+
+    other = wire.route({"topic": "other", "brokers": [{"brokerName": "z", "writeQueueNums": 1}]})
+    view.apply_route("other", other, 2)
+    assert view.memos.fresh(view.routes["t"], view.config, NOW, None, view.select_epoch) is kept
+    assert [service_choose(view, "t", None) for _ in range(8)] == lap
+
+    view.apply_route("t", route_of([1, 3]), 3)
+    assert view.memos.fresh(view.routes["t"], view.config, NOW, None, view.select_epoch) is None
