@@ -135,14 +135,15 @@ class Memos(Generic[T]):
         """The memo of ``route`` for ``producer``, valid at ``now_ms`` on a table at
         select epoch ``epoch``: refreshed when either moved past it, new when the route or
         the config is another object than the one it was kept for."""
+        memo = self.fresh(route, config, now_ms, producer, epoch)
+        if memo is not None:
+            return memo
         key = (route.topic, producer)
         memo = self._by.get(key)
         if memo is None or memo.route is not route or memo.config is not config:
             if memo is None and len(self._by) >= self.cap:
                 self._by.clear()
             memo = self._by[key] = TopicMemo(route, config)
-        elif memo.epoch == epoch and memo.since <= now_ms < memo.until:
-            return memo
         memo.refresh(faults, now_ms, producer, epoch)
         return memo
 
