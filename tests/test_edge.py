@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.edge.hosts import HostNames
+from service.edge.hosts import REMEMBERED, HostNames
 from tests.procs import ServiceProcess, ahead_of_the_machine, write_tokens
 
 pytestmark = [pytest.mark.e2e]
@@ -356,9 +356,9 @@ def test_host_verdicts_are_remembered_within_a_bound() -> None:
              b"rebind.example.com:8080": False, b"10.1.2.3": True, b"[::1": False}
     for _ in range(2):  # judged, then remembered
         assert {h: hosts.allows(h) for h in cases} == cases
-    for i in range(3 * HostNames.REMEMBERED):
+    for i in range(3 * REMEMBERED):
         assert hosts.allows(b"name-%d.example" % i) is False
-        assert len(hosts._verdicts) <= HostNames.REMEMBERED
+        assert len(hosts._seen) <= REMEMBERED
     assert {h: hosts.allows(h) for h in cases} == cases
 
 
@@ -374,9 +374,9 @@ def test_host_syntax_is_judged_the_same_remembered_or_not_within_a_bound() -> No
              b"h\x00": False}
     for _ in range(2):  # judged, then remembered
         assert {h: module.valid_host(h) for h in cases} == cases
-    for i in range(3 * module._REMEMBERED):
+    for i in range(3 * REMEMBERED):
         assert module.valid_host(b"n%d.example" % i) is True
-        assert len(module._VERDICTS) <= module._REMEMBERED
+        assert len(module._syntax_seen) <= REMEMBERED
     assert {h: module.valid_host(h) for h in cases} == cases
 
 

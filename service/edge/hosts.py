@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 #: ``uri-host [ ":" port ]`` (RFC 9110 section 7.2, RFC 3986 section 3.2.2): an IP literal
 #: in brackets, or a reg-name (an IPv4 address is one too), then at most a port.
@@ -21,23 +21,37 @@ _HOST_SYNTAX = re.compile(
 )
 
 
-#: Host value -> ``valid_host``'s verdict, for the values seen last (every request asks,
-#: and a producer sends the same Host each time: a lookup instead of a match on the
-#: select's path). Cleared when full: bounded whatever the values.
-_VERDICTS: dict[bytes, bool] = {}
-_REMEMBERED = 256
+#: How many Host values each verdict remembers (``remembered``).
+REMEMBERED = 256
 
 
-def valid_host(value: bytes) -> bool:
+def remembered(judge: Callable[[bytes], bool]) -> tuple[Callable[[bytes], bool], dict[bytes, bool]]:
+    """``judge`` with its verdicts kept for the values seen last, and what is kept. Every
+    request asks, and a producer sends the same Host each time: a lookup instead of a
+    parse on the select's path. Cleared when full, so a client sending a new value each
+    time costs what it did without it, and memory stays bounded whatever the values."""
+    seen: dict[bytes, bool] = {}
+
+    def lookup(value: bytes) -> bool:
+        verdict = seen.get(value)
+        if verdict is None:
+            if len(seen) >= REMEMBERED:
+                seen.clear()
+            verdict = seen[value] = judge(value)
+        return verdict
+
+    return lookup, seen
+
+
+def _host_syntax(value: bytes) -> bool:
     """Whether a Host header value is ``host[:port]`` at all (RFC 9112 section 3.2: a
     server answers 400 to one that is not). Empty is valid: a target without an authority.
     Spaces, a user (``u@h``), a path or a second colon are not."""
-    verdict = _VERDICTS.get(value)
-    if verdict is None:
-        if len(_VERDICTS) >= _REMEMBERED:
-            _VERDICTS.clear()
-        verdict = _VERDICTS[value] = _HOST_SYNTAX.fullmatch(value.strip(b" \t")) is not None
-    return verdict
+    return _HOST_SYNTAX.fullmatch(value.strip(b" \t")) is not None
+
+
+#: ``_host_syntax``, remembered.
+valid_host, _syntax_seen = remembered(_host_syntax)
 
 
 def _port_ok(port: str) -> bool:
@@ -87,6 +101,10 @@ def authority(target: bytes) -> bytes | None:
     return b"" if b"@" in host else host
 
 
+def _any(value: bytes) -> bool:
+    return True
+
+
 class HostNames:
     """Which Host names requests may carry: loopback names (``localhost``, ``*.localhost``),
     any IP literal (a rebinding page always sends a name: its own), and the configured
@@ -96,29 +114,15 @@ class HostNames:
         names = {n.strip().lower().rstrip(".") for n in configured if n.strip()}
         self.any = "*" in names
         self.names = frozenset(names - {"*"})
-        #: Host value -> verdict, for the values seen last: a producer's connections send
-        #: the same Host on every request, and parsing it (an IP literal, mostly) is a
-        #: visible share of a select's cost. Cleared when full, so a client sending a new
-        #: Host each time costs what it did without it, and memory stays bounded.
-        self._verdicts: dict[bytes, bool] = {}
-
-    #: How many Host values ``allows`` remembers.
-    REMEMBERED = 256
+        #: Whether a Host value names an allowed host; remembered (``remembered``:
+        #: parsing it, an IP literal mostly, is a visible share of a select's cost).
+        self.allows: Callable[[bytes], bool]
+        self.allows, self._seen = remembered(_any if self.any else self._judge)
 
     @classmethod
     def parse(cls, setting: str | None, bind_host: str) -> HostNames:
         """From ``DETOUR_ALLOWED_HOSTS`` (comma-separated) plus the bound host, if a name."""
         return cls([*(setting or "").split(","), bind_host])
-
-    def allows(self, value: bytes) -> bool:
-        if self.any:
-            return True
-        verdict = self._verdicts.get(value)
-        if verdict is None:
-            if len(self._verdicts) >= self.REMEMBERED:
-                self._verdicts.clear()
-            verdict = self._verdicts[value] = self._judge(value)
-        return verdict
 
     def _judge(self, value: bytes) -> bool:
         name = _host_name(value).rstrip(".")
