@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "the report alone": lambda: table.apply_report("bench-a", 3, False),
         }
         epochs = itertools.count(-2, -1)  # a new epoch each call: a refresh each call
-        steps["the memo's refresh after a change (`steady`)"] = lambda: view.memos.current(
+        steps["the memo's refresh after a change (`steady`)"] = lambda: view.memos.renew(
             route, view.config, view.faults, view.now_ms(), table.producer, next(epochs)
         )
         for fn in steps.values():

@@ -44,6 +44,8 @@ class TopicMemo(Generic[T]):
 
     route: Route
     config: Config
+    #: whose memo this is (``choose_kept`` reads it in ``Memos.latest``)
+    producer: str | None = None
     epoch: int = -1
     since: int = 0
     until: int = 0
@@ -97,33 +99,32 @@ class TopicMemo(Generic[T]):
 class Memos(Generic[T]):
     """A table copy's kept answers, by topic and producer (each producer's own windows may
     give it its own avoidance). Bounded: past ``cap`` pairs they are all dropped and learnt
-    again, so a stream of new producer names costs decisions, never memory."""
+    again, so a stream of new producer names costs decisions, never memory.
+
+    A store, not a judge: whether a memo may answer is ``detour.selector.choose_kept``'s
+    rule, in one place. ``latest`` is the memo last used for each topic, whatever its
+    producer, so that the select's common case finds it with one lookup by the topic name
+    (a cached client has one producer; the pair key costs a tuple and its hash per select).
+    """
 
     def __init__(self, cap: int = 1024) -> None:
         self.cap = cap
         self._by: dict[tuple[str, str | None], TopicMemo[T]] = {}
+        #: topic -> the memo last used for it (one of ``_by``'s; at most one per topic)
+        self.latest: dict[str, TopicMemo[T]] = {}
 
     def __len__(self) -> int:
         return len(self._by)
 
-    def fresh(
-        self, route: Route, config: Config, now_ms: int, producer: str | None, epoch: int
-    ) -> TopicMemo[T] | None:
-        """The memo of ``route`` for ``producer`` when it is still valid at ``now_ms`` on a
-        table at select epoch ``epoch`` (what ``current`` returns without working anything
-        out), else None: the select's common case, in one call."""
-        memo = self._by.get((route.topic, producer))
-        if (
-            memo is not None
-            and memo.epoch == epoch
-            and memo.since <= now_ms < memo.until
-            and memo.route is route
-            and memo.config is config
-        ):
-            return memo
-        return None
+    def get(self, topic: str, producer: str | None) -> TopicMemo[T] | None:
+        """The memo kept for ``producer``'s selects of ``topic``, made the topic's latest;
+        None when there is none. Valid or not: that is the caller's to judge."""
+        memo = self._by.get((topic, producer))
+        if memo is not None:
+            self.latest[topic] = memo
+        return memo
 
-    def current(
+    def renew(
         self,
         route: Route,
         config: Config,
@@ -132,20 +133,20 @@ class Memos(Generic[T]):
         producer: str | None,
         epoch: int,
     ) -> TopicMemo[T]:
-        """The memo of ``route`` for ``producer``, valid at ``now_ms`` on a table at
-        select epoch ``epoch``: refreshed when either moved past it, new when the route or
-        the config is another object than the one it was kept for."""
-        memo = self.fresh(route, config, now_ms, producer, epoch)
-        if memo is not None:
-            return memo
-        key = (route.topic, producer)
+        """The memo of ``route`` for ``producer`` worked out again at ``now_ms`` on a table
+        at select epoch ``epoch`` (the caller found it no longer valid, or none): new when
+        the route or the config is another object than the one it was kept for."""
+        topic = route.topic
+        key = (topic, producer)
         memo = self._by.get(key)
         if memo is None or memo.route is not route or memo.config is not config:
             if memo is None and len(self._by) >= self.cap:
-                self._by.clear()
-            memo = self._by[key] = TopicMemo(route, config)
+                self.clear()
+            memo = self._by[key] = TopicMemo(route, config, producer)
         memo.refresh(faults, now_ms, producer, epoch)
+        self.latest[topic] = memo
         return memo
 
     def clear(self) -> None:
         self._by.clear()
+        self.latest.clear()

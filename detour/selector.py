@@ -14,9 +14,9 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from detour.decide import NO_SCORES, Ask, Table, decide, draw
-from detour.memo import TopicMemo
 from detour.model import Route
 from detour.policy import Choice, probation_on
+from detour.selector_state import COUNTER_MASK
 from detour.view import TableView
 
 T = TypeVar("T")
@@ -73,25 +73,41 @@ def choose_kept(
     Such a select reads no draw when its answer is kept, so none is taken from the
     module's generator, which nobody reads in order.
 
-    The common case, a memo still valid and an answer kept for the counter's start, is
-    two calls (``Memos.fresh``, ``SelectorState.step_kept``): a producer thread that
-    slept runs its first microseconds cold, and every call costs it (docs/BENCHMARKS.md,
-    "Cached decide in fewer calls")."""
-    fresh = view.memos.fresh(route, view.config, now_ms, producer, view.select_epoch)
-    if fresh is not None:
-        hit = view.selector.step_kept(route.topic, fresh.answers)
-        if hit is not None:
-            return hit  # type: ignore[no-any-return]
-    memo: TopicMemo[T] = view.memos.current(
-        route, view.config, view.faults, now_ms, producer, view.select_epoch
-    )
+    The rule of when a memo may answer is here and only here: it was worked out for this
+    route object and config object, at this select epoch, and ``now_ms`` is in its
+    window. The common case (the topic's latest memo is this producer's and valid, an
+    answer is kept for the counter's start) makes no call at all: a producer thread that
+    slept runs its first microseconds cold, and each call, lookup and object it touches
+    then costs it (docs/BENCHMARKS.md, "Cached decide, one frame")."""
     topic = route.topic
+    memos = view.memos
+    memo = memos.latest.get(topic)
+    if memo is None or memo.producer != producer:
+        memo = memos.get(topic, producer)
+    if (
+        memo is not None
+        and memo.epoch == view.select_epoch
+        and memo.since <= now_ms < memo.until
+        and memo.route is route
+        and memo.config is view.config
+    ):
+        counters = view.selector.counters
+        c = counters.get(topic)
+        if c is not None:
+            answers = memo.answers
+            kept = answers[c % len(answers)]
+            if kept is not None:
+                del counters[topic]  # to the end: most recently used (the size does not change)
+                counters[topic] = (c + kept[1]) & COUNTER_MASK
+                return kept[0]  # type: ignore[no-any-return]
+    else:
+        memo = memos.renew(route, view.config, view.faults, now_ms, producer, view.select_epoch)
     counter = view.counter(topic)
     start = counter % len(route.queues)
     kept = memo.answers[start]
     if kept is not None:
         view.set_counter(topic, counter + kept[1])
-        return kept[0]
+        return kept[0]  # type: ignore[no-any-return]
     choice = choose_on(view, route, Ask(None, producer, None), None, now_ms)
     answer = render(route, choice)
     memo.keep(start, choice, answer, counter)

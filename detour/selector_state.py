@@ -25,7 +25,7 @@ from detour.policy import idle_score, peak_ewma, probe_free
 T = TypeVar("T")
 
 #: Only a counter's value modulo small route sizes matters.
-_COUNTER_MASK = 0x7FFFFFFF
+COUNTER_MASK = 0x7FFFFFFF
 
 
 class SelectorState:
@@ -39,7 +39,10 @@ class SelectorState:
         # Plain dicts used as LRUs: a use moves the key to the end (delete, insert),
         # so the first key is the least recently used. Cheaper than an OrderedDict on
         # the select path.
-        self._counters: dict[str, int] = {}
+        #: topic -> counter. Public for one writer besides these methods: a select answered
+        #: from a kept answer (``detour.selector.choose_kept``) steps a counter that exists,
+        #: in place and moved to the end as ``set_counter`` does, without a call of its own.
+        self.counters: dict[str, int] = {}
         #: peak-EWMA latency (ms) and when it was last updated, per broker.
         self._ewma: dict[str, tuple[float, int]] = {}
         #: broker -> (window end, when) of the last probe this replica handed out
@@ -47,50 +50,33 @@ class SelectorState:
 
     def sizes(self) -> tuple[int, int, int]:
         """(topic counters, EWMA scores, probes) held now: what the bounds hold down."""
-        return len(self._counters), len(self._ewma), len(self._probes)
+        return len(self.counters), len(self._ewma), len(self._probes)
 
     # -- round robin -------------------------------------------------------
     def counter(self, topic: str) -> int:
         """The topic's round-robin position (a random start, as RocketMQ's per-thread
         index, so replicas starting together do not all pick the same first queue)."""
-        c = self._counters.get(topic)
+        c = self.counters.get(topic)
         if c is None:
             c = random.randrange(1 << 16)
             self._store_counter(topic, c)
         return c
 
-    def step_kept(self, topic: str, answers: list[tuple[T, int] | None]) -> T | None:
-        """The answer kept in ``answers`` (by the walk's start) for the topic's counter,
-        the counter stepped as that answer's decision stepped it; None, and nothing
-        changed, when the topic has no counter yet or no answer is kept for its start.
-        One call for what ``counter`` and ``set_counter`` do around a kept answer: the
-        select's common case (``detour.selector.choose_kept``)."""
-        counters = self._counters
-        c = counters.get(topic)
-        if c is None:
-            return None
-        kept = answers[c % len(answers)]
-        if kept is None:
-            return None
-        del counters[topic]  # to the end: most recently used (the size does not change)
-        counters[topic] = (c + kept[1]) & _COUNTER_MASK
-        return kept[0]
-
     def set_counter(self, topic: str, value: int) -> None:
-        counters = self._counters
+        counters = self.counters
         if topic in counters:
             del counters[topic]  # to the end: most recently used
-        self._store_counter(topic, value & _COUNTER_MASK)
+        self._store_counter(topic, value & COUNTER_MASK)
 
     def _store_counter(self, topic: str, value: int) -> None:
-        counters = self._counters
+        counters = self.counters
         counters[topic] = value
         if len(counters) > self.max_topics:
             del counters[next(iter(counters))]
 
     def forget_topic(self, topic: str) -> None:
         """The topic's route was deleted."""
-        self._counters.pop(topic, None)
+        self.counters.pop(topic, None)
 
     # -- latency scores ----------------------------------------------------
     def observe_latency(self, broker: str, latency_ms: int, now_ms: int) -> None:

@@ -331,7 +331,7 @@ class TableView:
             return
         self._route_v[topic] = version
         # No select epoch: a topic's kept answers are kept for its route object
-        # (``Memos.fresh``), which this write replaces; another topic's route is nothing
+        # (``choose_kept``'s rule), which this write replaces; another topic's route is nothing
         # its selects read, and ending every topic's answers on each route write made a
         # busy table of routes decide in full again and again.
         if route is None:

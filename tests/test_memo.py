@@ -428,8 +428,8 @@ def test_a_memo_of_another_view_or_route_is_never_used() -> None:
     objects: the memo kept for one is never read for the other, whatever the epochs say."""
     memos: Memos[str] = Memos()
     a, b = route_of([2, 2]), route_of([1, 1, 1])
-    first = memos.current(a, ROCKETMQ_4, {}, NOW, None, 7)
-    second = memos.current(b, ROCKETMQ_4, {}, NOW, None, 7)
+    first = memos.renew(a, ROCKETMQ_4, {}, NOW, None, 7)
+    second = memos.renew(b, ROCKETMQ_4, {}, NOW, None, 7)
     assert second is not first and second.route is b
     assert len(second.answers) == len(b.queues)
 
@@ -478,52 +478,120 @@ def test_every_way_the_view_changes_ends_the_kept_answers(change: str) -> None:
         assert got.text(False) == rendered(route, want).text(False)
 
 
+def counted(view: TableView, producer: str | None = "p1") -> tuple[list[int], Any]:
+    """``choose_kept`` on ``view``'s topic t, with a render that counts the selects decided
+    in full (a kept answer is never rendered again)."""
+    full = [0]
+
+    def render(route: Route, choice: Choice) -> tuple[Any, ...]:
+        full[0] += 1
+        return answer_of(choice)
+
+    def choose(now: int = NOW, who: str | None = producer, route: Route | None = None) -> Any:
+        return selector.choose_kept(view, route or view.routes["t"], who, now, render)
+
+    return full, choose
+
+
+def lapped(config: Config = ROCKETMQ_4) -> TableView:
+    """A view of topic t (2 brokers x 2 queues) whose every walk start has an answer kept."""
+    view = TableView(lambda: NOW)
+    view.replace(Snapshot(version=1, config=config, config_version=1,
+                          routes={"t": route_of([2, 2])}, faults={}))  # fmt: skip
+    _, choose = counted(view)
+    for _ in range(8):
+        choose()
+    return view
+
+
+def worked_out(view: TableView) -> tuple[int, int, int]:
+    """Which memo is the topic's latest, and when it was worked out (epoch, since)."""
+    memo = view.memos.latest["t"]
+    return id(memo), memo.epoch, memo.since
+
+
 @pytest.mark.unit
-def test_fresh_is_the_memo_current_returns_without_working_anything_out() -> None:
-    """``Memos.fresh`` (the select's one-call lookup) answers the memo exactly when
-    ``current`` would return it as it is; every way it may not be used answers None."""
-    memos: Memos[str] = Memos()
-    route, config = route_of([2, 2]), ROCKETMQ_4
-    memo = memos.current(route, config, {}, NOW, "p1", 7)
+def test_a_memo_answers_exactly_while_the_rule_holds() -> None:
+    """The one rule (``choose_kept``): a memo answers only for the route object and config
+    object it was worked out for, at its select epoch, within its window, to its producer;
+    every other way it is worked out again (or a new one made) before the select."""
+    view = lapped()
+    memo = view.memos.latest["t"]
+    before = worked_out(view)
     assert memo.until > NOW
-    assert memos.fresh(route, config, NOW, "p1", 7) is memo
-    assert memos.fresh(route, config, memo.until - 1, "p1", 7) is memo
-    for why, args in {
-        "epoch moved": (route, config, NOW, "p1", 8),
-        "at its end": (route, config, memo.until, "p1", 7),
-        "before its start": (route, config, NOW - 1, "p1", 7),
-        "another producer": (route, config, NOW, "p2", 7),
-        "another route object": (route_of([2, 2]), config, NOW, "p1", 7),
-        "another config object": (route, replace(config), NOW, "p1", 7),
-    }.items():
-        assert memos.fresh(*args) is None, why
-    assert memos.current(route, config, {}, NOW, "p1", 7) is memo  # nothing was changed
+    full, choose = counted(view)
+    choose()
+    choose(memo.until - 1)
+    assert full[0] == 0 and worked_out(view) == before  # answered from it, both
+
+    ways: dict[str, Any] = {
+        "epoch moved": lambda v: setattr(v, "select_epoch", v.select_epoch + 1),
+        "at its end": lambda v: v.memos.latest["t"].until,
+        "before its start": lambda v: v.memos.latest["t"].since - 1,
+        "another producer": lambda v: "p2",
+        "another route object": lambda v: route_of([2, 2]),
+        "another config object": lambda v: setattr(v, "config", replace(v.config)),
+    }
+    for why, change in ways.items():
+        view = lapped()
+        before = worked_out(view)
+        _, choose = counted(view)
+        got = change(view)
+        if why in ("at its end", "before its start"):
+            choose(now=got)
+        elif why == "another producer":
+            choose(who=got)
+        elif why == "another route object":
+            choose(route=got)
+        else:
+            choose()
+        assert worked_out(view) != before, why
 
 
 @pytest.mark.unit
-def test_step_kept_steps_the_counter_as_the_kept_answer_did_or_changes_nothing() -> None:
-    from detour.selector_state import SelectorState
+def test_a_kept_answer_steps_the_counter_as_its_decision_did() -> None:
+    """A kept answer moves the topic counter by what its decision moved it, wraps it as
+    ``set_counter`` does, and makes the topic the most recently used of the counters' LRU
+    (past the cap the least recently used goes, not a topic kept answers serve)."""
+    view = lapped()
+    full, choose = counted(view)
+    state = view.selector
+    state.max_topics = 3
+    start = state.counter("t")
+    assert view.memos.latest["t"].answers[start % 4] is not None  # kept for the start
+    view.set_counter("u", 5)  # u is the most recently used
+    choose()
+    assert full[0] == 0
+    assert state.counter("t") == start + 1  # every queue available: one step
+    view.set_counter("v", 0)
+    view.set_counter("w", 0)  # past the cap: u goes, not t
+    assert "u" not in state.counters and state.counter("t") == start + 1
 
-    state = SelectorState(max_topics=3)
-    answers: list[tuple[str, int] | None] = [("q0", 1), None, ("q2", 3)]
-    assert state.step_kept("t", answers) is None  # no counter yet: the full select sets one
-    assert state.sizes()[0] == 0
+    view.set_counter("t", 0x7FFFFFFF)  # the counter wraps as set_counter's does
+    choose()
+    assert full[0] == 0 and state.counter("t") == 0
 
-    state.set_counter("t", 1)
-    state.set_counter("u", 5)
-    assert state.step_kept("t", answers) is None  # nothing kept for start 1
-    assert state.counter("t") == 1
 
-    state.set_counter("t", 2)
-    state.set_counter("u", 5)  # u is the most recently used
-    assert state.step_kept("t", answers) == "q2"
-    assert state.counter("t") == 5  # moved as the decision moved it
-    state.set_counter("v", 0)
-    state.set_counter("w", 0)  # past the cap: the least recently used (u) goes, not t
-    assert state.sizes()[0] == 3 and state.counter("t") == 5
-
-    state.set_counter("t", 0x7FFFFFFF)  # the counter wraps as set_counter's does
-    assert state.step_kept("t", [("q", 1)]) == "q" and state.counter("t") == 0
+@pytest.mark.unit
+def test_a_topics_latest_memo_follows_its_producers() -> None:
+    """Two producers selecting one topic in turn on the service: each is answered from its
+    own memo (none is worked out again as the topic's latest moves between them), and each
+    answer is the full select's."""
+    view = lapped()
+    full_view = lapped()
+    full, choose = counted(view)
+    for _ in range(8):
+        choose(who="p2")  # p2's lap: its own memo
+    kept = {p: view.memos.get("t", p) for p in ("p1", "p2")}
+    assert kept["p1"] is not kept["p2"] and None not in kept.values()
+    decided = full[0]
+    for i in range(16):
+        who = ("p1", "p2")[i % 2]
+        got = choose(who=who)
+        want = selector.choose_on(full_view, full_view.routes["t"], Ask(None, who), None, NOW)
+        assert view.memos.latest["t"] is kept[who]
+        assert got[0] == answer_of(want)[0]
+    assert full[0] == decided  # all sixteen kept
 
 
 @pytest.mark.unit
@@ -536,13 +604,15 @@ def test_another_topics_route_write_keeps_the_kept_answers() -> None:
     view.replace(Snapshot(version=1, config=ROCKETMQ_4, config_version=1,
                           routes={"t": route_of([2, 2])}, faults={}))
     lap = [service_choose(view, "t", None) for _ in range(8)]
-    kept = view.memos.fresh(view.routes["t"], view.config, NOW, None, view.select_epoch)
-    assert kept is not None
+    kept = view.memos.latest["t"]
+    full, choose = counted(view, None)
 
     other = wire.route({"topic": "other", "brokers": [{"brokerName": "z", "writeQueueNums": 1}]})
     view.apply_route("other", other, 2)
-    assert view.memos.fresh(view.routes["t"], view.config, NOW, None, view.select_epoch) is kept
     assert [service_choose(view, "t", None) for _ in range(8)] == lap
+    choose()
+    assert full[0] == 0 and view.memos.latest["t"] is kept
 
     view.apply_route("t", route_of([1, 3]), 3)
-    assert view.memos.fresh(view.routes["t"], view.config, NOW, None, view.select_epoch) is None
+    choose()
+    assert full[0] == 1 and view.memos.latest["t"] is not kept
