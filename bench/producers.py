@@ -134,9 +134,55 @@ class TimedLock:
         self.release()
 
 
+def _phases(cfg: dict[str, Any]) -> list[tuple[str, float, float, float]]:
+    """(name, start, end, sends a second in all) of the two phases."""
+    over_end = cfg["start"] + cfg["over_s"]
+    return [("over", cfg["start"], over_end, cfg["rate_over"]),
+            ("after", over_end, over_end + cfg["after_s"], cfg["rate_after"])]
+
+
+def floor_worker(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A floor, in a process of its own with one thread: a call paced as one producer's
+    sends are (``cfg["floor"]``: ``select``, the bare in-process select on a table with the
+    same route and nothing else, no SDK, stream or reports; ``empty``, a call of a function
+    that does nothing). A thread that slept runs its first microseconds slowly (cold
+    caches, an idle vCPU waking), so their p99s are what a decision after a sleep costs on
+    this machine: this select's, and any decision's at the least.
+
+    Not a thread of the producers' processes: there, each floor thread woke as often as the
+    sending thread and then waited for the interpreter it held, so the floors took the
+    sender's core from it in the middle of its decisions (beside a CPU hog, its p99 was
+    80-177 µs with them and 7-37 µs without: docs/BENCHMARKS.md, "The floors moved out")."""
+    bare = LocalTable(lambda: int(time.time() * 1000), producer="floor")
+    bare.set_route(TOPIC, wire.route({"topic": TOPIC, **ROUTE}))
+
+    def nothing() -> None:
+        return None
+
+    fn: Callable[[], object] = nothing
+    if cfg["floor"] == "select":
+        fn = lambda: bare.select(TOPIC, None)  # noqa: E731 - the call timed
+    out: dict[str, list[float]] = {}
+    for name, start, end, rate in _phases(cfg):
+        period = cfg["threads"] / rate if rate > 0 else end - start
+        due = start + 0.5 * period / cfg["threads"]  # between two sends
+        mine = out[name] = []
+        while due < end:
+            now = time.time()
+            if now < due:
+                time.sleep(due - now)
+            t0 = time.perf_counter_ns()
+            fn()
+            mine.append((time.perf_counter_ns() - t0) / 1000)
+            due += period
+    return {"floor": cfg["floor"], "us": {k: percentiles(v) for k, v in out.items()}}
+
+
 def worker(cfg: dict[str, Any]) -> dict[str, Any]:
     """One producer process: ``threads`` threads sending on one SDK client, paced to
     ``rate_over`` then ``rate_after`` sends a second in all."""
+    if cfg.get("floor"):
+        return floor_worker(cfg)
     client = DetourClient(cfg["url"], mode=cfg["mode"], producer=f"bench-{os.getpid()}")
     # Collections of the cyclic GC, timed: a decision that lands on one waits for it.
     gc_pauses: list[tuple[int, float]] = []
@@ -167,9 +213,7 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
             with contextlib.suppress(DetourUnavailable):
                 client.select(TOPIC)
             time.sleep(0.05)
-    phases = [("over", cfg["start"], cfg["start"] + cfg["over_s"], cfg["rate_over"]),
-              ("after", cfg["start"] + cfg["over_s"],
-               cfg["start"] + cfg["over_s"] + cfg["after_s"], cfg["rate_after"])]
+    phases = _phases(cfg)
     lock = threading.Lock()
     decide: dict[str, list[float]] = {p[0]: [] for p in phases}
     report: dict[str, list[float]] = {p[0]: [] for p in phases}
@@ -213,34 +257,6 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
                 decide[name] += mine_decide
                 report[name] += mine_report
 
-    # The floors: the bare in-process select (no SDK, no stream, no reports) on a table
-    # with the same route, and a call of a function that does nothing, each paced as the
-    # sends are, in the same process. A thread that slept runs its first microseconds
-    # slowly (cold caches, an idle vCPU waking), so their p99s are what a decision after a
-    # sleep costs on this machine: this select's, and any decision's at the least.
-    floor: dict[str, list[float]] = {p[0]: [] for p in phases}
-    empty: dict[str, list[float]] = {p[0]: [] for p in phases}
-    bare = LocalTable(lambda: int(time.time() * 1000), producer="floor")
-    bare.set_route(TOPIC, wire.route({"topic": TOPIC, **ROUTE}))
-
-    def nothing() -> None:
-        return None
-
-    def floor_loop(fn: Callable[[], object], out: dict[str, list[float]], at: float) -> None:
-        for name, start, end, rate in phases:
-            period = cfg["threads"] / rate if rate > 0 else end - start
-            due = start + at * period / cfg["threads"]
-            mine = []
-            while due < end:
-                now = time.time()
-                if now < due:
-                    time.sleep(due - now)
-                t0 = time.perf_counter_ns()
-                fn()
-                mine.append((time.perf_counter_ns() - t0) / 1000)
-                due += period
-            out[name] += mine
-
     seen: dict[int, float] = {}
     stop = threading.Event()
 
@@ -258,9 +274,6 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
                for i in range(cfg["threads"])]
     watcher = threading.Thread(target=watch_canary)
     if cached:
-        threads.append(threading.Thread(
-            target=floor_loop, args=(lambda: bare.select(TOPIC, None), floor, 0.5)))
-        threads.append(threading.Thread(target=floor_loop, args=(nothing, empty, 0.25)))
         watcher.start()
     for t in threads:
         t.start()
@@ -273,8 +286,6 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
     stats = client.stats()
     return {
         "decide_us": {k: percentiles(v) for k, v in decide.items()},
-        "floor_us": {k: percentiles(v) for k, v in floor.items()},
-        "empty_us": {k: percentiles(v) for k, v in empty.items()},
         "gc_us": {
             str(g): percentiles([us for gen, us in gc_pauses if gen == g]) for g in (0, 1, 2)
         },
@@ -350,9 +361,12 @@ def run_one(cap: tuple[int, int], mode: str, args: argparse.Namespace,
                    "over_s": args.over, "after_s": args.after,
                    "rate_over": offered / args.procs, "rate_after": cap_rps / 5 / args.procs,
                    "time_locks": args.time_locks}
+            # Cached mode: the floors too, each in a process of its own (``floor_worker``).
+            cfgs = [cfg] * args.procs + (
+                [{**cfg, "floor": f} for f in ("select", "empty")] if mode == "cached" else [])
             procs = [subprocess.Popen(
-                [sys.executable, "-m", "bench.producers", "--worker", json.dumps(cfg)],
-                cwd=ROOT, stdout=subprocess.PIPE, text=True) for _ in range(args.procs)]
+                [sys.executable, "-m", "bench.producers", "--worker", json.dumps(c)],
+                cwd=ROOT, stdout=subprocess.PIPE, text=True) for c in cfgs]
             acked: dict[int, float] = {}
             rss: list[int] = []
             done = threading.Event()
@@ -398,8 +412,10 @@ def run_one(cap: tuple[int, int], mode: str, args: argparse.Namespace,
                         p.kill()
             after_throttled = cpu.throttled()
             counts = detour_counts(svc.url)
+            floors = {r["floor"]: r["us"] for r in results if "floor" in r}
+            results = [r for r in results if "floor" not in r]
             return summarize(mode, cap, cap_rps, offered, start, args, results, acked, rss,
-                             counts, before, after_throttled, quiet)
+                             counts, before, after_throttled, quiet, floors)
     finally:
         redis.stop()
 
@@ -408,7 +424,8 @@ def summarize(mode: str, cap: tuple[int, int], cap_rps: float, offered: float, s
               args: argparse.Namespace, results: list[dict[str, Any]],
               acked: dict[int, float], rss: list[int], counts: dict[str, Any],
               before: dict[str, int], after: dict[str, int],
-              quiet: tuple[float, float]) -> dict[str, Any]:
+              quiet: tuple[float, float],
+              floors: dict[str, dict[str, Any]]) -> dict[str, Any]:
     def worst(key: str, phase: str, stat: str) -> float | None:
         vals = [r[key][phase][stat] for r in results if r[key][phase][stat] is not None]
         return max(vals) if vals else None
@@ -430,10 +447,10 @@ def summarize(mode: str, cap: tuple[int, int], cap_rps: float, offered: float, s
             "decide_max_us": worst("decide_us", phase, "max"),
             "report_p99_us": worst("report_us", phase, "p99"),
             "report_max_us": worst("report_us", phase, "max"),
-            "floor_p50_us": median("floor_us", phase, "p50"),
-            "floor_p99_us": worst("floor_us", phase, "p99"),
-            "empty_p50_us": median("empty_us", phase, "p50"),
-            "empty_p99_us": worst("empty_us", phase, "p99"),
+            "floor_p50_us": floors.get("select", {}).get(phase, {}).get("p50"),
+            "floor_p99_us": floors.get("select", {}).get(phase, {}).get("p99"),
+            "empty_p50_us": floors.get("empty", {}).get(phase, {}).get("p50"),
+            "empty_p99_us": floors.get("empty", {}).get(phase, {}).get("p99"),
         }
     failed: Counter[str] = Counter()
     stats: Counter[str] = Counter()
