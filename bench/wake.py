@@ -10,7 +10,8 @@ decision costs: the floor under every design),
 in a process with no other thread, in a loop and after sleeps of 0.5, 2, 5 and 30 ms (the
 last: a producer thread of bench/producers.py between its sends), each case for at least
 ``--seconds`` and 300 calls. bench/producers.py measures the same select and the empty
-call paced as its sends, beside them; docs/BENCHMARKS.md compares them.
+call paced as its sends, each in a process of its own beside the producers;
+docs/BENCHMARKS.md compares them.
 """
 
 from __future__ import annotations
