@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Mapping
-from typing import TypeVar
 
 from detour.model import Config, FaultItem
 from detour.policy import idle_score, peak_ewma, probe_free
-
-T = TypeVar("T")
 
 #: Only a counter's value modulo small route sizes matters.
 COUNTER_MASK = 0x7FFFFFFF
