@@ -151,7 +151,13 @@ def test_isolation_windows_count_failures_by_reason_and_slow_answers_not(
     def added(broker: str, reason: str) -> float:
         return count(broker, reason) - before[(broker, reason)]
 
-    report("iso-fail", 0, True, "p1")
+    # The first failure completed 50 ms ago (``ageMs``): the second's window ends later
+    # whatever the clock reads between the two (in one millisecond, it would end at the
+    # same moment and extend nothing).
+    r = client.post("/report-latency:batch", json={"reports": [
+        {"brokerName": "iso-fail", "latencyMs": 0, "isolation": True, "producer": "p1",
+         "ageMs": 50}]})
+    assert r.status_code == 200, r.text
     report("iso-fail", 0, True, "p2")  # extends the window: a failure again
     report("iso-slow", 600, False, "p1")
     assert added("iso-fail", "isolation") == 2
