@@ -423,6 +423,20 @@ def test_the_services_kept_answers_are_bounded_by_pairs_not_by_producer_names() 
 
 
 @pytest.mark.unit
+def test_the_latest_memos_are_bounded_with_the_kept_ones() -> None:
+    """``Memos.latest`` holds one of the kept memos per topic: a stream of new topic names
+    never grows it past the kept ones, which the cap bounds."""
+    memos: Memos[str] = Memos(cap=64)
+    for n in range(3 * memos.cap):
+        brokers = [{"brokerName": "a", "writeQueueNums": 1}]
+        route = wire.route({"topic": f"t{n}", "brokers": brokers})
+        memo = memos.renew(route, ROCKETMQ_4, {}, NOW, f"p{n % 3}", 7)
+        assert memos.latest[route.topic] is memo
+        assert len(memos.latest) <= len(memos) <= memos.cap
+    assert len(memos.latest) > 0
+
+
+@pytest.mark.unit
 def test_a_memo_of_another_view_or_route_is_never_used() -> None:
     """Two routes of one topic name (another namespace's view, a route replaced) are other
     objects: the memo kept for one is never read for the other, whatever the epochs say."""
